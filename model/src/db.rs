@@ -1,0 +1,562 @@
+//! Reference semantics of Pelican's PostgreSQL schema.
+//!
+//! Each method of [`Db`] is the twin of exactly one SQL statement, whose text
+//! is the `const` beside it in [`sql`]: the real binding runs that text, and
+//! nothing else in the workspace restates its conditions. A method answers
+//! what Postgres answers: the rows affected, or the rows returned. The
+//! conditions in each `WHERE` are the protocol: the fence check (S3), the
+//! status checks that make terminal states final (S2), the lease that keeps a
+//! live attempt from being taken over, and the dispatch that makes old stream
+//! entries stale.
+//!
+//! Timestamps are passed in (`$now`) instead of `now()` so that the simulator
+//! and the checker control time; the binding passes the worker's clock.
+
+use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use crate::status::{AttemptOutcome, ErrorClass, RunStatus};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub mod sql;
+
+/// One row of `runs`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunRow {
+    /// Primary key.
+    pub run_id: RunId,
+    /// The job kind (which handler runs it).
+    pub kind: String,
+    /// The job's input (JSON text).
+    pub input: String,
+    /// Lifecycle state.
+    pub status: RunStatus,
+    /// Current publication number; stream entries of older dispatches are stale.
+    pub dispatch: Dispatch,
+    /// The fence of the newest attempt (0: none yet).
+    pub active_fence: Fence,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Attempts allowed.
+    pub attempts_max: u32,
+    /// While running: the attempt's lease, renewed by heartbeats.
+    pub lease_until: Option<Timestamp>,
+    /// While waiting for a retry: when it is due.
+    pub retry_at: Option<Timestamp>,
+    /// When the current dispatch was published (NULL: not yet, the outbox).
+    pub published_at: Option<Timestamp>,
+    /// The stream entry that announced the current dispatch, or that the
+    /// current attempt was claimed from.
+    pub entry_id: Option<EntryId>,
+    /// The result, once succeeded.
+    pub result: Option<String>,
+    /// The last error's class and message.
+    pub error: Option<(ErrorClass, String)>,
+}
+
+/// One row of `attempts`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttemptRow {
+    /// Its fence.
+    pub fence: Fence,
+    /// The consumer (worker) that claimed it.
+    pub worker: String,
+    /// The entry it was claimed from.
+    pub entry_id: EntryId,
+    /// The dispatch it was claimed for.
+    pub dispatch: Dispatch,
+    /// How it ended, once recorded.
+    pub outcome: Option<AttemptOutcome>,
+}
+
+/// One row of `dead_letters`: what an operator needs to investigate (S6).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The stream entry the last attempt came from.
+    pub source_entry: Option<EntryId>,
+    /// Why the run died.
+    pub class: ErrorClass,
+    /// The last error message.
+    pub message: String,
+    /// Every attempt: number, fence, outcome.
+    pub attempts: Vec<(AttemptNo, Fence, Option<AttemptOutcome>)>,
+    /// Whether an operator requeued it (the run then runs again).
+    pub requeued: bool,
+}
+
+/// What a successful claim returns: the new attempt's fence and number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Claimed {
+    /// The new fence.
+    pub fence: Fence,
+    /// The new attempt's number.
+    pub attempt: AttemptNo,
+}
+
+/// A run the sweeper looks at: possibly without a stream entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The run.
+    pub run_id: RunId,
+    /// Its dispatch.
+    pub dispatch: Dispatch,
+    /// Its entry, if one was recorded.
+    pub entry_id: Option<EntryId>,
+}
+
+/// The database: `runs`, `attempts`, `effects` (the side-effect ledger of the
+/// demo tool service) and `dead_letters`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Db {
+    /// `runs`.
+    pub runs: BTreeMap<RunId, RunRow>,
+    /// `attempts`, keyed by (run, attempt number).
+    pub attempts: BTreeMap<(RunId, AttemptNo), AttemptRow>,
+    /// `effects`: idempotency key → times requested (applied once, at insert).
+    pub effects: BTreeMap<String, u64>,
+    /// `dead_letters`.
+    pub dead_letters: BTreeMap<RunId, DeadLetter>,
+}
+
+impl Db {
+    /// An empty database (after migrations).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn attempt_mut(&mut self, run: RunId, fence: Fence) -> Option<&mut AttemptRow> {
+        self.attempts
+            .range_mut((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
+            .map(|(_, a)| a)
+            .find(|a| a.fence == fence)
+    }
+
+    /// The row of `run` if it is `running` under `fence` (the fenced-write
+    /// condition shared by every write an attempt makes).
+    fn fenced(&mut self, run: RunId, fence: Fence) -> Option<&mut RunRow> {
+        self.runs
+            .get_mut(&run)
+            .filter(|r| r.active_fence == fence && r.status == RunStatus::Running)
+    }
+
+    /// [`sql::INSERT_RUN`]: a new run, `queued`, dispatch 1, not yet published.
+    /// Idempotent: a second insert of the same id affects no row.
+    pub fn insert_run(&mut self, run: RunId, kind: &str, input: &str, attempts_max: u32) -> u64 {
+        if self.runs.contains_key(&run) {
+            return 0;
+        }
+        self.runs.insert(
+            run,
+            RunRow {
+                run_id: run,
+                kind: kind.to_owned(),
+                input: input.to_owned(),
+                status: RunStatus::Queued,
+                dispatch: Dispatch(1),
+                active_fence: Fence(0),
+                attempts: 0,
+                attempts_max,
+                lease_until: None,
+                retry_at: None,
+                published_at: None,
+                entry_id: None,
+                result: None,
+                error: None,
+            },
+        );
+        1
+    }
+
+    /// [`sql::MARK_PUBLISHED`]: the XADD of `dispatch` succeeded with `entry`.
+    pub fn mark_published(
+        &mut self,
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        now: Timestamp,
+    ) -> u64 {
+        match self.runs.get_mut(&run) {
+            Some(r) if r.dispatch == dispatch && r.status == RunStatus::Queued => {
+                r.published_at = Some(now);
+                r.entry_id = Some(entry);
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`sql::CLAIM`]: start a new attempt of `run` for the delivery of
+    /// `entry`, if the entry's dispatch is current, the run is queued (or
+    /// running under an expired lease: a reclaim), and attempts remain. The
+    /// new fence is one more than every earlier fence of the run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn claim(
+        &mut self,
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        worker: &str,
+        now: Timestamp,
+        lease_ms: u64,
+    ) -> Option<Claimed> {
+        let r = self.runs.get_mut(&run)?;
+        let claimable = match r.status {
+            RunStatus::Queued => true,
+            RunStatus::Running => r.lease_until.is_some_and(|l| l <= now),
+            _ => false,
+        };
+        if r.dispatch != dispatch || !claimable || r.attempts >= r.attempts_max {
+            return None;
+        }
+        Some(self.start_attempt(run, entry, worker, now, lease_ms))
+    }
+
+    fn start_attempt(
+        &mut self,
+        run: RunId,
+        entry: EntryId,
+        worker: &str,
+        now: Timestamp,
+        lease_ms: u64,
+    ) -> Claimed {
+        let r = self.runs.get_mut(&run).expect("caller checked the row");
+        r.status = RunStatus::Running;
+        r.active_fence = Fence(r.active_fence.0 + 1);
+        r.attempts += 1;
+        r.lease_until = Some(now.add_ms(lease_ms));
+        r.retry_at = None;
+        r.entry_id = Some(entry);
+        let claimed = Claimed {
+            fence: r.active_fence,
+            attempt: AttemptNo(r.attempts),
+        };
+        let dispatch = r.dispatch;
+        self.attempts.insert(
+            (run, claimed.attempt),
+            AttemptRow {
+                fence: claimed.fence,
+                worker: worker.to_owned(),
+                entry_id: entry,
+                dispatch,
+                outcome: None,
+            },
+        );
+        claimed
+    }
+
+    /// Mutant twin of [`Db::claim`] that also takes over cancelled runs
+    /// (`ReviveCancelled`). Never compiled into a release build.
+    #[cfg(feature = "mutants")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn claim_reviving(
+        &mut self,
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        worker: &str,
+        now: Timestamp,
+        lease_ms: u64,
+    ) -> Option<Claimed> {
+        let r = self.runs.get(&run)?;
+        if r.status == RunStatus::Cancelled && r.attempts < r.attempts_max {
+            return Some(self.start_attempt(run, entry, worker, now, lease_ms));
+        }
+        self.claim(run, dispatch, entry, worker, now, lease_ms)
+    }
+
+    /// [`sql::READ_RUN`].
+    #[must_use]
+    pub fn read_run(&self, run: RunId) -> Option<RunRow> {
+        self.runs.get(&run).cloned()
+    }
+
+    /// [`sql::HEARTBEAT`]: extend the lease of the attempt holding `fence`.
+    pub fn heartbeat(&mut self, run: RunId, fence: Fence, now: Timestamp, lease_ms: u64) -> u64 {
+        match self.fenced(run, fence) {
+            Some(r) => {
+                r.lease_until = Some(now.add_ms(lease_ms));
+                1
+            }
+            None => 0,
+        }
+    }
+
+    /// [`sql::COMPLETE`]: the attempt holding `fence` succeeded.
+    pub fn complete(&mut self, run: RunId, fence: Fence, result: &str) -> u64 {
+        let Some(r) = self.fenced(run, fence) else {
+            return 0;
+        };
+        r.status = RunStatus::Succeeded;
+        r.result = Some(result.to_owned());
+        r.lease_until = None;
+        self.set_outcome(run, fence, AttemptOutcome::Succeeded);
+        1
+    }
+
+    fn set_outcome(&mut self, run: RunId, fence: Fence, outcome: AttemptOutcome) {
+        if let Some(a) = self.attempt_mut(run, fence) {
+            a.outcome = Some(outcome);
+        }
+    }
+
+    /// [`sql::FAIL`]: the attempt holding `fence` failed terminally.
+    pub fn fail(&mut self, run: RunId, fence: Fence, class: ErrorClass, message: &str) -> u64 {
+        let Some(r) = self.fenced(run, fence) else {
+            return 0;
+        };
+        r.status = RunStatus::Failed;
+        r.error = Some((class, message.to_owned()));
+        r.lease_until = None;
+        self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        1
+    }
+
+    /// [`sql::SCHEDULE_RETRY`]: the attempt holding `fence` failed retryably;
+    /// the run waits until `retry_at` under the next dispatch, so its current
+    /// entry becomes stale and can be acknowledged.
+    pub fn schedule_retry(
+        &mut self,
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: &str,
+        retry_at: Timestamp,
+    ) -> u64 {
+        let Some(r) = self.fenced(run, fence) else {
+            return 0;
+        };
+        r.status = RunStatus::RetryWait;
+        r.retry_at = Some(retry_at);
+        r.dispatch = Dispatch(r.dispatch.0 + 1);
+        r.published_at = None;
+        r.lease_until = None;
+        r.error = Some((class, message.to_owned()));
+        self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        1
+    }
+
+    /// Mutant twin (`RetryInPel`): records the failed attempt but leaves the
+    /// run running, relying on the PEL for the retry. Never in a release build.
+    #[cfg(feature = "mutants")]
+    pub fn record_failure_only(
+        &mut self,
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: &str,
+    ) -> u64 {
+        let Some(r) = self.fenced(run, fence) else {
+            return 0;
+        };
+        r.error = Some((class, message.to_owned()));
+        self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        1
+    }
+
+    fn bury(&mut self, run: RunId, class: ErrorClass, message: &str) {
+        let r = self.runs.get_mut(&run).expect("caller checked the row");
+        r.status = RunStatus::Dead;
+        r.lease_until = None;
+        r.error = Some((class, message.to_owned()));
+        let source_entry = r.entry_id;
+        let attempts = self
+            .attempts
+            .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
+            .map(|((_, n), a)| (*n, a.fence, a.outcome))
+            .collect();
+        self.dead_letters.insert(
+            run,
+            DeadLetter {
+                source_entry,
+                class,
+                message: message.to_owned(),
+                attempts,
+                requeued: false,
+            },
+        );
+    }
+
+    /// [`sql::DEAD_LETTER`]: the attempt holding `fence` failed and was the
+    /// last one allowed: the run is dead, with a dead-letter record.
+    pub fn dead_letter(&mut self, run: RunId, fence: Fence, class: ErrorClass, message: &str) -> u64 {
+        if self.fenced(run, fence).is_none() {
+            return 0;
+        }
+        self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        self.bury(run, class, message);
+        1
+    }
+
+    /// [`sql::DEAD_LETTER_EXHAUSTED`]: the run's attempts are used up and its
+    /// last attempt is gone (its lease expired, or it never ran): dead, with
+    /// class `exhausted`.
+    pub fn dead_letter_exhausted(&mut self, run: RunId, dispatch: Dispatch, now: Timestamp) -> u64 {
+        let Some(r) = self.runs.get(&run) else {
+            return 0;
+        };
+        let gone = match r.status {
+            RunStatus::Queued => true,
+            RunStatus::Running => r.lease_until.is_some_and(|l| l <= now),
+            _ => false,
+        };
+        if r.dispatch != dispatch || !gone || r.attempts < r.attempts_max {
+            return 0;
+        }
+        self.bury(run, ErrorClass::Exhausted, "attempts exhausted");
+        1
+    }
+
+    /// [`sql::CANCEL`]: the first terminal write wins; cancelling a running
+    /// run makes every later write of its attempt fail the status check.
+    pub fn cancel(&mut self, run: RunId) -> u64 {
+        match self.runs.get_mut(&run) {
+            Some(r) if !r.status.is_terminal() => {
+                r.status = RunStatus::Cancelled;
+                r.lease_until = None;
+                r.retry_at = None;
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`sql::PROMOTE_RETRIES`]: due retries become queued (unpublished), at
+    /// most `limit` of them, oldest `retry_at` first.
+    pub fn promote_retries(&mut self, now: Timestamp, limit: usize) -> u64 {
+        let mut due: Vec<(Timestamp, RunId)> = self
+            .runs
+            .values()
+            .filter(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= now))
+            .map(|r| (r.retry_at.expect("filtered"), r.run_id))
+            .collect();
+        due.sort();
+        due.truncate(limit);
+        for (_, run) in &due {
+            let r = self.runs.get_mut(run).expect("collected above");
+            r.status = RunStatus::Queued;
+            r.retry_at = None;
+            r.published_at = None;
+        }
+        due.len() as u64
+    }
+
+    /// [`sql::UNPUBLISHED`]: the outbox — queued runs whose current dispatch
+    /// has no confirmed XADD, lowest run id first.
+    #[must_use]
+    pub fn unpublished(&self, limit: usize) -> Vec<Candidate> {
+        self.runs
+            .values()
+            .filter(|r| r.status == RunStatus::Queued && r.published_at.is_none())
+            .take(limit)
+            .map(candidate)
+            .collect()
+    }
+
+    /// [`sql::ORPHAN_CANDIDATES`]: runs that should have been picked up long
+    /// ago: queued and published at least `grace_ms` ago, or running with a
+    /// lease expired at least `grace_ms` ago. The sweeper checks whether
+    /// their entry still exists in the stream or the PEL.
+    #[must_use]
+    pub fn orphan_candidates(&self, now: Timestamp, grace_ms: u64, limit: usize) -> Vec<Candidate> {
+        let cutoff = now.sub_ms(grace_ms);
+        self.runs
+            .values()
+            .filter(|r| match r.status {
+                RunStatus::Queued => r.published_at.is_some_and(|t| t <= cutoff),
+                RunStatus::Running => r.lease_until.is_some_and(|t| t <= cutoff),
+                _ => false,
+            })
+            .take(limit)
+            .map(candidate)
+            .collect()
+    }
+
+    /// [`sql::REQUEUE_RUN`]: re-dispatch a run whose entry is gone (trimmed,
+    /// deleted, or lost with Redis' data), if it is still queued at `dispatch`
+    /// or running at `dispatch` under an expired lease.
+    pub fn requeue_run(&mut self, run: RunId, dispatch: Dispatch, now: Timestamp) -> u64 {
+        match self.runs.get_mut(&run) {
+            Some(r) if r.dispatch == dispatch && orphaned(r, now) => {
+                redispatch(r);
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`sql::REQUEUE_ENTRY`]: as [`Db::requeue_run`], for the run whose
+    /// current entry is `entry` (XAUTOCLAIM reported it deleted; S8).
+    pub fn requeue_entry(&mut self, entry: EntryId, now: Timestamp) -> u64 {
+        let mut n = 0;
+        for r in self.runs.values_mut() {
+            if r.entry_id == Some(entry) && orphaned(r, now) {
+                redispatch(r);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// [`sql::DLQ_REQUEUE`]: an operator's explicit re-run of a dead run, with
+    /// `extra_attempts` more attempts.
+    pub fn dlq_requeue(&mut self, run: RunId, extra_attempts: u32) -> u64 {
+        match (self.runs.get_mut(&run), self.dead_letters.get_mut(&run)) {
+            (Some(r), Some(d)) if r.status == RunStatus::Dead && !d.requeued => {
+                d.requeued = true;
+                r.attempts_max = r.attempts.saturating_add(extra_attempts);
+                redispatch(r);
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`sql::APPLY_EFFECT`]: the demo tool service's ledger. Returns 1 when
+    /// `key` is new (the effect is applied), 0 for a repeat (deduplicated).
+    pub fn apply_effect(&mut self, key: &str) -> u64 {
+        let n = self.effects.entry(key.to_owned()).or_insert(0);
+        *n += 1;
+        u64::from(*n == 1)
+    }
+
+    /// Model-only: "a long time passes" for every stored deadline (leases,
+    /// retry times, publication times). See [`crate::stream::Stream::age_all`].
+    pub fn age_all(&mut self) {
+        for r in self.runs.values_mut() {
+            for t in [&mut r.lease_until, &mut r.retry_at, &mut r.published_at]
+                .into_iter()
+                .flatten()
+            {
+                *t = Timestamp::ZERO;
+            }
+        }
+    }
+}
+
+fn candidate(r: &RunRow) -> Candidate {
+    Candidate {
+        run_id: r.run_id,
+        dispatch: r.dispatch,
+        entry_id: r.entry_id,
+    }
+}
+
+fn orphaned(r: &RunRow, now: Timestamp) -> bool {
+    match r.status {
+        RunStatus::Queued => true,
+        RunStatus::Running => r.lease_until.is_some_and(|l| l <= now),
+        _ => false,
+    }
+}
+
+fn redispatch(r: &mut RunRow) {
+    r.status = RunStatus::Queued;
+    r.dispatch = Dispatch(r.dispatch.0 + 1);
+    r.published_at = None;
+    r.lease_until = None;
+    r.retry_at = None;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,164 @@
+//! The SQL text of every statement Pelican runs, each beside the [`Db`]
+//! method that is its reference twin. Times are milliseconds (`bigint`) passed
+//! by the caller, as in the model, so that no statement reads the server's
+//! clock.
+//!
+//! [`Db`]: super::Db
+
+/// The schema (`pelican migrate`).
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        bigint PRIMARY KEY,
+    kind          text    NOT NULL,
+    input         text    NOT NULL,
+    status        text    NOT NULL CHECK (status IN
+                  ('queued','running','retry_wait','succeeded','failed','cancelled','dead')),
+    dispatch      integer NOT NULL,
+    active_fence  bigint  NOT NULL,
+    attempts      integer NOT NULL,
+    attempts_max  integer NOT NULL,
+    lease_until   bigint,
+    retry_at      bigint,
+    published_at  bigint,
+    entry_id      text,
+    result        text,
+    error_class   text,
+    error_message text
+);
+CREATE INDEX IF NOT EXISTS runs_outbox ON runs (run_id) WHERE status = 'queued' AND published_at IS NULL;
+CREATE INDEX IF NOT EXISTS runs_retry ON runs (retry_at) WHERE status = 'retry_wait';
+CREATE INDEX IF NOT EXISTS runs_entry ON runs (entry_id);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id   bigint  NOT NULL REFERENCES runs (run_id),
+    attempt  integer NOT NULL,
+    fence    bigint  NOT NULL,
+    worker   text    NOT NULL,
+    entry_id text    NOT NULL,
+    dispatch integer NOT NULL,
+    outcome  text,
+    PRIMARY KEY (run_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    run_id       bigint PRIMARY KEY REFERENCES runs (run_id),
+    source_entry text,
+    class        text   NOT NULL,
+    message      text   NOT NULL,
+    attempts     jsonb  NOT NULL,
+    requeued     boolean NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS effects (
+    key      text   PRIMARY KEY,
+    requests bigint NOT NULL
+);
+"#;
+
+/// [`super::Db::insert_run`]: `$1` run, `$2` kind, `$3` input, `$4` attempts_max.
+pub const INSERT_RUN: &str = "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
+     VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4) ON CONFLICT (run_id) DO NOTHING";
+
+/// [`super::Db::mark_published`]: `$1` run, `$2` dispatch, `$3` entry, `$4` now.
+pub const MARK_PUBLISHED: &str = "UPDATE runs SET published_at = $4, entry_id = $3 \
+     WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'";
+
+/// [`super::Db::claim`]: `$1` run, `$2` dispatch, `$3` entry, `$4` worker,
+/// `$5` now, `$6` lease_ms. Returns the new fence and attempt number.
+pub const CLAIM: &str = "WITH claimed AS ( \
+       UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+              lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+        WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
+          AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
+       RETURNING run_id, active_fence, attempts, dispatch) \
+     INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+     SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed \
+     RETURNING fence, attempt";
+
+/// [`super::Db::read_run`]: `$1` run.
+pub const READ_RUN: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+     lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+     FROM runs WHERE run_id = $1";
+
+/// [`super::Db::heartbeat`]: `$1` run, `$2` fence, `$3` now, `$4` lease_ms.
+pub const HEARTBEAT: &str = "UPDATE runs SET lease_until = $3 + $4 \
+     WHERE run_id = $1 AND active_fence = $2 AND status = 'running'";
+
+/// [`super::Db::complete`]: `$1` run, `$2` fence, `$3` result.
+pub const COMPLETE: &str = "WITH done AS ( \
+       UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL \
+        WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+     UPDATE attempts SET outcome = 'succeeded' \
+      WHERE run_id IN (SELECT run_id FROM done) AND fence = $2";
+
+/// [`super::Db::fail`]: `$1` run, `$2` fence, `$3` class, `$4` message.
+pub const FAIL: &str = "WITH done AS ( \
+       UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL \
+        WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+     UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2";
+
+/// [`super::Db::schedule_retry`]: `$1` run, `$2` fence, `$3` class,
+/// `$4` message, `$5` retry_at.
+pub const SCHEDULE_RETRY: &str = "WITH done AS ( \
+       UPDATE runs SET status = 'retry_wait', retry_at = $5, dispatch = dispatch + 1, \
+              published_at = NULL, lease_until = NULL, error_class = $3, error_message = $4 \
+        WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+     UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2";
+
+/// [`super::Db::dead_letter`]: `$1` run, `$2` fence, `$3` class, `$4` message.
+pub const DEAD_LETTER: &str = "WITH done AS ( \
+       UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL \
+        WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, entry_id), \
+     outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2) \
+     INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
+     SELECT d.run_id, d.entry_id, $3, $4, (SELECT coalesce(jsonb_agg(jsonb_build_array(a.attempt, a.fence, \
+            CASE WHEN a.fence = $2 THEN $3 ELSE a.outcome END) ORDER BY a.attempt), '[]') \
+            FROM attempts a WHERE a.run_id = d.run_id) FROM done d";
+
+/// [`super::Db::dead_letter_exhausted`]: `$1` run, `$2` dispatch, `$3` now.
+pub const DEAD_LETTER_EXHAUSTED: &str = "WITH done AS ( \
+       UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
+              lease_until = NULL \
+        WHERE run_id = $1 AND dispatch = $2 AND attempts >= attempts_max \
+          AND (status = 'queued' OR (status = 'running' AND lease_until <= $3)) RETURNING run_id, entry_id) \
+     INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
+     SELECT d.run_id, d.entry_id, 'exhausted', 'attempts exhausted', (SELECT coalesce(jsonb_agg( \
+            jsonb_build_array(a.attempt, a.fence, a.outcome) ORDER BY a.attempt), '[]') \
+            FROM attempts a WHERE a.run_id = d.run_id) FROM done d";
+
+/// [`super::Db::cancel`]: `$1` run.
+pub const CANCEL: &str = "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL \
+     WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')";
+
+/// [`super::Db::promote_retries`]: `$1` now, `$2` limit.
+pub const PROMOTE_RETRIES: &str = "UPDATE runs SET status = 'queued', retry_at = NULL, published_at = NULL \
+     WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= $1 \
+                      ORDER BY retry_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// [`super::Db::unpublished`]: `$1` limit.
+pub const UNPUBLISHED: &str = "SELECT run_id, dispatch, entry_id FROM runs \
+     WHERE status = 'queued' AND published_at IS NULL ORDER BY run_id LIMIT $1";
+
+/// [`super::Db::orphan_candidates`]: `$1` cutoff (now - grace_ms), `$2` limit.
+pub const ORPHAN_CANDIDATES: &str = "SELECT run_id, dispatch, entry_id FROM runs \
+     WHERE (status = 'queued' AND published_at <= $1) OR (status = 'running' AND lease_until <= $1) \
+     ORDER BY run_id LIMIT $2";
+
+/// [`super::Db::requeue_run`]: `$1` run, `$2` dispatch, `$3` now.
+pub const REQUEUE_RUN: &str = "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
+            lease_until = NULL, retry_at = NULL \
+     WHERE run_id = $1 AND dispatch = $2 \
+       AND (status = 'queued' OR (status = 'running' AND lease_until <= $3))";
+
+/// [`super::Db::requeue_entry`]: `$1` entry, `$2` now.
+pub const REQUEUE_ENTRY: &str = "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
+            lease_until = NULL, retry_at = NULL \
+     WHERE entry_id = $1 AND (status = 'queued' OR (status = 'running' AND lease_until <= $2))";
+
+/// [`super::Db::dlq_requeue`]: `$1` run, `$2` extra attempts.
+pub const DLQ_REQUEUE: &str = "WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
+       RETURNING run_id) \
+     UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
+            published_at = NULL, lease_until = NULL, retry_at = NULL \
+     WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead'";
+
+/// [`super::Db::apply_effect`]: `$1` key. Returns whether it was new.
+pub const APPLY_EFFECT: &str = "INSERT INTO effects (key, requests) VALUES ($1, 1) \
+     ON CONFLICT (key) DO UPDATE SET requests = effects.requests + 1 RETURNING (requests = 1) AS applied";

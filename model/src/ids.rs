@@ -1,0 +1,170 @@
+//! Identifiers: runs, stream entries, fences, dispatches, attempts, workers.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A run: one job a user asked for, from `POST /runs` to its terminal state.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct RunId(pub u64);
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "run-{}", self.0)
+    }
+}
+
+/// The fencing token of an attempt. Each new attempt of a run gets a fence
+/// greater than every earlier fence of that run (S3); `Fence(0)` means "no
+/// attempt yet".
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct Fence(pub u64);
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fence {}", self.0)
+    }
+}
+
+/// The publication number of a run. A run is published once per dispatch:
+/// at submission, after each scheduled retry and after each recovery. A stream
+/// entry carries the dispatch it announces, so an entry whose dispatch is
+/// older than the run's is stale and can be acknowledged without work.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct Dispatch(pub u32);
+
+impl fmt::Display for Dispatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dispatch {}", self.0)
+    }
+}
+
+/// The 1-based number of an attempt of one run.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct AttemptNo(pub u32);
+
+impl fmt::Display for AttemptNo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt {}", self.0)
+    }
+}
+
+/// A worker process, and so a consumer of the group. Its consumer name is
+/// [`WorkerId::consumer`].
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct WorkerId(pub u32);
+
+impl WorkerId {
+    /// The consumer name this worker uses in the consumer group.
+    #[must_use]
+    pub fn consumer(self) -> String {
+        format!("w{}", self.0)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
+    }
+}
+
+/// A stream entry ID, `<ms>-<seq>`, ordered as Redis orders them.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct EntryId {
+    /// Milliseconds part.
+    pub ms: u64,
+    /// Sequence part.
+    pub seq: u64,
+}
+
+impl EntryId {
+    /// `0-0`, the smallest ID; Redis uses it as "no ID" in several replies.
+    pub const ZERO: EntryId = EntryId { ms: 0, seq: 0 };
+    /// The largest ID.
+    pub const MAX: EntryId = EntryId {
+        ms: u64::MAX,
+        seq: u64::MAX,
+    };
+
+    /// An ID from its two parts.
+    #[must_use]
+    pub const fn new(ms: u64, seq: u64) -> EntryId {
+        EntryId { ms, seq }
+    }
+
+    /// The next ID after `self` (used for exclusive ranges), or `None` at the end.
+    #[must_use]
+    pub fn successor(self) -> Option<EntryId> {
+        if self.seq < u64::MAX {
+            Some(EntryId::new(self.ms, self.seq + 1))
+        } else if self.ms < u64::MAX {
+            Some(EntryId::new(self.ms + 1, 0))
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// Why a string is not a stream entry ID.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid stream ID {0:?}: expected <ms>-<seq> with two unsigned integers")]
+pub struct ParseEntryIdError(pub String);
+
+impl FromStr for EntryId {
+    type Err = ParseEntryIdError;
+
+    /// Parses the strict `<ms>-<seq>` form Redis replies with (a bare `<ms>`
+    /// means `<ms>-0`, as Redis accepts in commands).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseEntryIdError(s.to_owned());
+        let (ms, seq) = match s.split_once('-') {
+            Some((ms, seq)) => (ms, seq),
+            None => (s, "0"),
+        };
+        let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+        if !digits(ms) || !digits(seq) {
+            return Err(err());
+        }
+        Ok(EntryId::new(
+            ms.parse().map_err(|_| err())?,
+            seq.parse().map_err(|_| err())?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_parse_order_and_print() {
+        let a: EntryId = "5-1".parse().unwrap();
+        assert_eq!(a, EntryId::new(5, 1));
+        assert_eq!("7".parse::<EntryId>().unwrap(), EntryId::new(7, 0));
+        assert!(EntryId::new(5, 2) > a && EntryId::new(6, 0) > EntryId::new(5, u64::MAX));
+        assert_eq!(a.to_string(), "5-1");
+        for bad in ["", "-", "1-", "-1", "a-1", "1-2-3", "1--2", "+1-2"] {
+            assert!(bad.parse::<EntryId>().is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(EntryId::new(1, u64::MAX).successor(), Some(EntryId::new(2, 0)));
+        assert_eq!(EntryId::MAX.successor(), None);
+    }
+}

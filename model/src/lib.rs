@@ -1,0 +1,5 @@
+pub mod db;
+pub mod ids;
+pub mod status;
+pub mod stream;
+pub mod time;
