@@ -91,6 +91,8 @@ pub struct Claimed {
     pub fence: Fence,
     /// The new attempt's number.
     pub attempt: AttemptNo,
+    /// Attempts the run allows (the last one dead-letters instead of retrying).
+    pub attempts_max: u32,
 }
 
 /// A run the sweeper looks at: possibly without a stream entry.
@@ -230,6 +232,7 @@ impl Db {
         let claimed = Claimed {
             fence: r.active_fence,
             attempt: AttemptNo(r.attempts),
+            attempts_max: r.attempts_max,
         };
         let dispatch = r.dispatch;
         self.attempts.insert(

@@ -61,16 +61,16 @@ pub const MARK_PUBLISHED: &str = "UPDATE runs SET published_at = $4, entry_id = 
      WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'";
 
 /// [`super::Db::claim`]: `$1` run, `$2` dispatch, `$3` entry, `$4` worker,
-/// `$5` now, `$6` lease_ms. Returns the new fence and attempt number.
+/// `$5` now, `$6` lease_ms. Returns the new fence, attempt number and attempts_max.
 pub const CLAIM: &str = "WITH claimed AS ( \
        UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
               lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
         WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
           AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
-       RETURNING run_id, active_fence, attempts, dispatch) \
-     INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-     SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed \
-     RETURNING fence, attempt";
+       RETURNING run_id, active_fence, attempts, attempts_max, dispatch), \
+     recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+       SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+     SELECT active_fence, attempts, attempts_max FROM claimed";
 
 /// [`super::Db::read_run`]: `$1` run.
 pub const READ_RUN: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \

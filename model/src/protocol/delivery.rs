@@ -1,0 +1,476 @@
+//! The worker's handling of one delivery, from receipt to acknowledgement.
+//!
+//! ```text
+//! entry ──malformed──▶ quarantine (dead stream) ──▶ XACK
+//!   │
+//!   └─▶ claim (fenced attempt) ──refused──▶ read run ──▶ terminal / stale ──▶ XACK
+//!          │                                   ├──▶ exhausted ──▶ dead letter ──▶ XACK
+//!          │                                   └──▶ owned elsewhere: leave pending
+//!          ▼
+//!       execute ◀── heartbeat (lease in Postgres, idle reset in the PEL)
+//!          │           └── rejected: abort, read run
+//!          ▼
+//!       fenced write (result / failure / retry_at / dead letter)
+//!          ├──accepted──▶ XACK                         (S4: ack after durable)
+//!          └──rejected──▶ read run ──▶ terminal ──▶ XACK, else leave pending (S3)
+//! ```
+//!
+//! Any command without a reply ends the delivery with the entry left pending:
+//! that is always safe, because a pending entry is reclaimed and every step
+//! above is idempotent under the run's dispatch and fence.
+
+use super::{
+    Command, DbOp, DbReply, DeadEntry, Execution, Input, JobEntry, Mutant, Policy, StreamOp,
+    StreamReply,
+};
+use crate::db::{Claimed, RunRow};
+use crate::ids::{Dispatch, EntryId, RunId, WorkerId};
+use crate::status::{ErrorClass, JobOutcome, RunStatus};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// How a delivery ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DeliveryEnd {
+    /// Acknowledged after the run's next step was durable.
+    Acked(AckReason),
+    /// Left in the PEL for a later reclaim.
+    LeftPending(PendingReason),
+}
+
+/// Why an entry was acknowledged (S4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AckReason {
+    /// This attempt's outcome was written.
+    Written,
+    /// The run was already terminal.
+    Terminal,
+    /// The entry's dispatch is older than the run's.
+    Stale,
+    /// The run's attempts were exhausted; it is now dead.
+    Exhausted,
+    /// The entry was malformed or named an unknown run (S10).
+    Quarantined,
+    /// Mutant behaviour; never in a correct build.
+    Mutant,
+}
+
+/// Why an entry was left pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PendingReason {
+    /// A command got no reply.
+    Unavailable,
+    /// Another attempt owns the run (a live lease or a newer fence).
+    OwnedElsewhere,
+    /// Mutant behaviour; never in a correct build.
+    Mutant,
+}
+
+/// What the delivery is waiting for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum Phase {
+    /// PublishDead (quarantine) outstanding.
+    Quarantining,
+    /// Claim outstanding.
+    Claiming,
+    /// ReadRun outstanding; `refused_claim` when it follows a refused claim.
+    Reading { refused_claim: bool },
+    /// The job runs.
+    Executing { claimed: Claimed, heartbeat: Heartbeat, outcome: Option<JobOutcome> },
+    /// NoFence mutant: reading the run's current fence before writing.
+    ReadingFence { claimed: Claimed, outcome: JobOutcome },
+    /// A fenced write outstanding.
+    Writing(Write),
+    /// DeadLetterExhausted outstanding.
+    Burying,
+    /// PublishDead (dead-letter notification) outstanding.
+    Notifying,
+    /// Ack outstanding.
+    Acking { why: AckReason, then_write: Option<DbOp> },
+    /// Over.
+    Done(DeliveryEnd),
+}
+
+/// Which fenced write is outstanding, and what follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum Write {
+    /// Result, terminal failure or retry: ack when accepted.
+    Result,
+    /// Dead letter: notify the dead stream, then ack.
+    Dead(ErrorClass),
+    /// AckBeforeCommit mutant: the ack already happened.
+    AckedFirst,
+    /// RetryInPel mutant: leave the entry pending either way.
+    LeavePending,
+}
+
+/// Where the heartbeat is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum Heartbeat {
+    /// Waiting for its timer.
+    Idle,
+    /// The lease renewal is outstanding.
+    Renewing,
+    /// The PEL idle reset is outstanding.
+    Touching,
+}
+
+/// One delivery being handled by a worker (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Delivery {
+    policy: Policy,
+    worker: WorkerId,
+    entry: EntryId,
+    job: JobEntry,
+    entropy: u64,
+    phase: Phase,
+    own: Option<Claimed>,
+    outbox: VecDeque<Command>,
+}
+
+impl Delivery {
+    /// Starts handling `entry` (just read or reclaimed by `worker`).
+    /// `entropy` is the driver's random draw for retry jitter.
+    #[must_use]
+    pub fn new(
+        now: Timestamp,
+        policy: &Policy,
+        worker: WorkerId,
+        entry: EntryId,
+        job: JobEntry,
+        entropy: u64,
+    ) -> Delivery {
+        let mut d = Delivery {
+            policy: policy.clone(),
+            worker,
+            entry,
+            job,
+            entropy,
+            phase: Phase::Claiming,
+            own: None,
+            outbox: VecDeque::new(),
+        };
+        match d.job.clone() {
+            JobEntry::Malformed { reason } => d.quarantine(now, reason),
+            JobEntry::Job { run, dispatch } => {
+                let (worker, lease_ms) = (d.worker.consumer(), d.policy.lease_ms);
+                let op = if d.policy.is(Mutant::ReviveCancelled) {
+                    DbOp::ClaimReviving { run, dispatch, entry, worker, now, lease_ms }
+                } else {
+                    DbOp::Claim { run, dispatch, entry, worker, now, lease_ms }
+                };
+                d.send(Command::Db(op));
+            }
+        }
+        d
+    }
+
+    /// The stream entry being handled.
+    #[must_use]
+    pub fn entry(&self) -> EntryId {
+        self.entry
+    }
+
+    /// The decoded entry.
+    #[must_use]
+    pub fn job(&self) -> &JobEntry {
+        &self.job
+    }
+
+    /// The run and dispatch the entry names, if well-formed.
+    #[must_use]
+    pub fn run(&self) -> Option<(RunId, Dispatch)> {
+        match self.job {
+            JobEntry::Job { run, dispatch } => Some((run, dispatch)),
+            JobEntry::Malformed { .. } => None,
+        }
+    }
+
+    /// The attempt this delivery holds, while executing.
+    #[must_use]
+    pub fn claimed(&self) -> Option<Claimed> {
+        match &self.phase {
+            Phase::Executing { claimed, .. } | Phase::ReadingFence { claimed, .. } => Some(*claimed),
+            _ => None,
+        }
+    }
+
+    /// The fence of the attempt this delivery claimed itself, if it did.
+    #[must_use]
+    pub fn own_fence(&self) -> Option<crate::ids::Fence> {
+        self.own.map(|c| c.fence)
+    }
+
+    /// Whether the job is running (started and not yet reported).
+    #[must_use]
+    pub fn is_executing(&self) -> bool {
+        matches!(&self.phase, Phase::Executing { outcome: None, .. })
+    }
+
+    /// How it ended, once it has.
+    #[must_use]
+    pub fn end(&self) -> Option<DeliveryEnd> {
+        match self.phase {
+            Phase::Done(end) => Some(end),
+            _ => None,
+        }
+    }
+
+    /// Whether it has ended and every command was drained.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.end().is_some() && self.outbox.is_empty()
+    }
+
+    /// The next command for the driver.
+    #[must_use]
+    pub fn poll(&mut self) -> Option<Command> {
+        self.outbox.pop_front()
+    }
+
+    fn send(&mut self, c: Command) {
+        self.outbox.push_back(c);
+    }
+
+    fn finish(&mut self, end: DeliveryEnd) {
+        self.phase = Phase::Done(end);
+    }
+
+    fn quarantine(&mut self, now: Timestamp, reason: String) {
+        self.phase = Phase::Quarantining;
+        let entry = DeadEntry::Quarantined { source: self.entry, reason };
+        self.send(Command::Stream(StreamOp::PublishDead { entry, now }));
+    }
+
+    fn ack(&mut self, why: AckReason) {
+        self.phase = Phase::Acking { why, then_write: None };
+        self.send(Command::Stream(StreamOp::Ack { ids: vec![self.entry] }));
+    }
+
+    fn read(&mut self, refused_claim: bool) {
+        let (run, _) = self.run().expect("only well-formed entries are read");
+        self.phase = Phase::Reading { refused_claim };
+        self.send(Command::Db(DbOp::ReadRun { run }));
+    }
+
+    /// Feeds the answer to the outstanding command, a timer, or the job's end.
+    pub fn handle(&mut self, now: Timestamp, input: Input) {
+        let phase = std::mem::replace(&mut self.phase, Phase::Claiming);
+        match (phase, input) {
+            (phase @ Phase::Done(_), _) => self.phase = phase,
+            (Phase::Executing { claimed, heartbeat, outcome }, input) => {
+                self.on_executing(now, claimed, heartbeat, outcome, input);
+            }
+            (_, Input::Unavailable) => self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable)),
+            (Phase::Quarantining, Input::Stream(Ok(StreamReply::Added(_)))) => {
+                self.ack(AckReason::Quarantined);
+            }
+            (Phase::Claiming, Input::Db(DbReply::Claimed(Some(claimed)))) => {
+                self.own = Some(claimed);
+                self.start(now, claimed);
+            }
+            (Phase::Claiming, Input::Db(DbReply::Claimed(None))) => self.read(true),
+            (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
+                self.decide(now, row, refused_claim);
+            }
+            (Phase::ReadingFence { claimed, outcome }, Input::Db(DbReply::Run(row))) => {
+                // NoFence: write with whatever fence the run has now.
+                let fence = row.map_or(claimed.fence, |r| r.active_fence);
+                self.write_outcome(now, Claimed { fence, ..claimed }, outcome);
+            }
+            (Phase::Writing(kind), Input::Db(DbReply::Rows(rows))) => {
+                if kind == Write::AckedFirst {
+                    self.finish(DeliveryEnd::Acked(AckReason::Mutant));
+                } else if kind == Write::LeavePending {
+                    self.finish(DeliveryEnd::LeftPending(PendingReason::Mutant));
+                } else if let (1, Write::Dead(class)) = (rows, kind) {
+                    self.notify_dead(now, class);
+                } else if rows == 1 {
+                    self.ack(AckReason::Written);
+                } else if self.policy.is(Mutant::StaleAck) {
+                    self.ack(AckReason::Mutant);
+                } else {
+                    // Rejected: a newer attempt holds the run, or it is
+                    // terminal. Never overwrite; find out which.
+                    self.read(false);
+                }
+            }
+            (Phase::Burying, Input::Db(DbReply::Rows(rows))) => {
+                if rows == 1 {
+                    self.notify_dead(now, ErrorClass::Exhausted);
+                } else {
+                    self.read(false);
+                }
+            }
+            (Phase::Notifying, Input::Stream(_)) => {
+                // The notification is best effort: the dead_letters row is
+                // the durable record, so ack either way.
+                self.ack(AckReason::Written);
+            }
+            (Phase::Acking { why, then_write }, Input::Stream(Ok(StreamReply::Acked(_)))) => {
+                match then_write {
+                    Some(op) => {
+                        self.phase = Phase::Writing(Write::AckedFirst);
+                        self.send(Command::Db(op));
+                    }
+                    None => self.finish(DeliveryEnd::Acked(why)),
+                }
+            }
+            (phase, input) => {
+                // An answer of the wrong shape (or a stream error such as
+                // NOGROUP after Redis lost its data): leave the entry pending.
+                debug_assert!(
+                    matches!(input, Input::Stream(Err(_)) | Input::Timer),
+                    "unexpected {input:?} in {phase:?}"
+                );
+                let _ = phase;
+                self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable));
+            }
+        }
+    }
+
+    fn start(&mut self, now: Timestamp, claimed: Claimed) {
+        let (run, _) = self.run().expect("claimed a well-formed entry");
+        let (kind, input) = (String::new(), String::new());
+        self.phase = Phase::Executing { claimed, heartbeat: Heartbeat::Idle, outcome: None };
+        self.send(Command::Execute(Execution {
+            run,
+            fence: claimed.fence,
+            attempt: claimed.attempt.0,
+            kind,
+            input,
+        }));
+        self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
+    }
+
+    fn decide(&mut self, now: Timestamp, row: Option<RunRow>, refused_claim: bool) {
+        let (_, dispatch) = self.run().expect("only well-formed entries are read");
+        let Some(row) = row else {
+            return self.quarantine(now, "unknown run".to_owned());
+        };
+        if row.status.is_terminal() {
+            if refused_claim && self.policy.is(Mutant::NoTerminalCheck) {
+                // The bug: run the finished run again under its last fence.
+                let claimed = Claimed {
+                    fence: row.active_fence,
+                    attempt: crate::ids::AttemptNo(row.attempts),
+                    attempts_max: row.attempts_max,
+                };
+                return self.start(now, claimed);
+            }
+            return self.ack(AckReason::Terminal);
+        }
+        if row.dispatch > dispatch {
+            return self.ack(AckReason::Stale);
+        }
+        let gone = match row.status {
+            RunStatus::Queued => true,
+            RunStatus::Running => row.lease_until.is_some_and(|l| l <= now),
+            _ => false,
+        };
+        if row.dispatch == dispatch && gone && row.attempts >= row.attempts_max {
+            self.phase = Phase::Burying;
+            let run = row.run_id;
+            return self.send(Command::Db(DbOp::DeadLetterExhausted { run, dispatch, now }));
+        }
+        self.finish(DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
+    }
+
+    fn on_executing(
+        &mut self,
+        now: Timestamp,
+        claimed: Claimed,
+        heartbeat: Heartbeat,
+        outcome: Option<JobOutcome>,
+        input: Input,
+    ) {
+        let (run, _) = self.run().expect("executing a well-formed entry");
+        let (fence, lease_ms) = (claimed.fence, self.policy.lease_ms);
+        let next = |d: &mut Delivery, heartbeat, outcome| {
+            d.phase = Phase::Executing { claimed, heartbeat, outcome };
+        };
+        match (heartbeat, input) {
+            (Heartbeat::Idle, Input::Timer) if outcome.is_none() => {
+                next(self, Heartbeat::Renewing, None);
+                self.send(Command::Db(DbOp::Heartbeat { run, fence, now, lease_ms }));
+            }
+            (Heartbeat::Renewing, Input::Db(DbReply::Rows(1))) => {
+                next(self, Heartbeat::Touching, outcome);
+                let consumer = self.worker.consumer();
+                self.send(Command::Stream(StreamOp::Touch { consumer, id: self.entry, now }));
+            }
+            (Heartbeat::Renewing, Input::Db(DbReply::Rows(_))) => {
+                // Fenced out or cancelled: stop the job at its next boundary.
+                if outcome.is_none() {
+                    self.send(Command::Abort);
+                }
+                self.read(false);
+            }
+            (Heartbeat::Renewing | Heartbeat::Touching, Input::Unavailable | Input::Stream(_)) => {
+                // A failed renewal is retried at the next tick; the lease
+                // may still hold.
+                match outcome {
+                    Some(outcome) => self.write(now, claimed, outcome),
+                    None => {
+                        next(self, Heartbeat::Idle, None);
+                        self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
+                    }
+                }
+            }
+            (Heartbeat::Idle, Input::Executed(outcome)) => self.write(now, claimed, outcome),
+            (hb, Input::Executed(outcome)) => next(self, hb, Some(outcome)),
+            (hb, input) => {
+                debug_assert!(matches!(input, Input::Timer), "unexpected {input:?} while executing");
+                next(self, hb, outcome);
+            }
+        }
+    }
+
+    fn write(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
+        if self.policy.is(Mutant::NoFence) {
+            let (run, _) = self.run().expect("executing a well-formed entry");
+            self.phase = Phase::ReadingFence { claimed, outcome };
+            return self.send(Command::Db(DbOp::ReadRun { run }));
+        }
+        self.write_outcome(now, claimed, outcome);
+    }
+
+    fn write_outcome(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
+        let (run, _) = self.run().expect("executing a well-formed entry");
+        let fence = claimed.fence;
+        let (op, kind) = match outcome {
+            JobOutcome::Succeeded { result } => (DbOp::Complete { run, fence, result }, Write::Result),
+            JobOutcome::Failed { class: ErrorClass::Terminal | ErrorClass::Exhausted, message } => {
+                let class = ErrorClass::Terminal;
+                (DbOp::Fail { run, fence, class, message }, Write::Result)
+            }
+            JobOutcome::Failed { class, message } if self.policy.is(Mutant::RetryInPel) => {
+                // The bug: record the failure, leave the entry in the PEL as
+                // "the retry".
+                (DbOp::RecordFailureOnly { run, fence, class, message }, Write::LeavePending)
+            }
+            JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
+                let backoff_ms = self.policy.backoff_ms(claimed.attempt.0, self.entropy);
+                let retry_at = now.add_ms(backoff_ms);
+                (DbOp::ScheduleRetry { run, fence, class, message, retry_at }, Write::Result)
+            }
+            JobOutcome::Failed { class, message } => {
+                (DbOp::DeadLetter { run, fence, class, message }, Write::Dead(class))
+            }
+        };
+        if self.policy.is(Mutant::AckBeforeCommit) {
+            self.phase = Phase::Acking { why: AckReason::Mutant, then_write: Some(op) };
+            return self.send(Command::Stream(StreamOp::Ack { ids: vec![self.entry] }));
+        }
+        self.phase = Phase::Writing(kind);
+        self.send(Command::Db(op));
+    }
+
+    fn notify_dead(&mut self, now: Timestamp, class: ErrorClass) {
+        let (run, _) = self.run().expect("buried a well-formed entry");
+        self.phase = Phase::Notifying;
+        let entry = DeadEntry::Run { run, source: self.entry, class };
+        self.send(Command::Stream(StreamOp::PublishDead { entry, now }));
+    }
+}

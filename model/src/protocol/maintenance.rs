@@ -1,0 +1,167 @@
+//! Maintenance: the durable side of retries and recovery, driven by Postgres.
+//!
+//! * **Retries**: due `retry_wait` runs become `queued` again (S6). Back-off
+//!   lives in `retry_at`, never in the PEL.
+//! * **Outbox**: queued runs whose current dispatch was never confirmed
+//!   published (the API's XADD failed or its reply was lost, a retry was
+//!   promoted, a run was requeued) are published, then marked (S1).
+//! * **Sweep**: runs that should have been picked up long ago — queued and
+//!   published, or running with a long-expired lease — are checked against
+//!   Redis; if their entry is neither in the stream nor pending (Redis lost
+//!   it, or it was trimmed before delivery), they are re-dispatched (S1, S8).
+
+use super::{Command, DbOp, DbReply, Input, JobEntry, Mutant, Policy, StreamOp, StreamReply};
+use crate::db::Candidate;
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// One maintenance pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum MaintenanceTask {
+    /// Promote due retries.
+    Retries,
+    /// Publish the outbox.
+    Outbox,
+    /// Re-dispatch runs whose entry is gone.
+    Sweep,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum Phase {
+    Idle,
+    Promoting,
+    ListingOutbox,
+    Publishing(Candidate),
+    Marking(Candidate),
+    ListingOrphans,
+    Locating(Candidate),
+    Requeuing(Candidate),
+}
+
+/// The maintenance loop (each worker runs one; they are safe to overlap).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Maintenance {
+    policy: Policy,
+    phase: Phase,
+    todo: VecDeque<Candidate>,
+    outbox: VecDeque<Command>,
+    published: u64,
+    requeued: u64,
+}
+
+impl Maintenance {
+    /// An idle maintenance loop.
+    #[must_use]
+    pub fn new(policy: &Policy) -> Maintenance {
+        Maintenance {
+            policy: policy.clone(),
+            phase: Phase::Idle,
+            todo: VecDeque::new(),
+            outbox: VecDeque::new(),
+            published: 0,
+            requeued: 0,
+        }
+    }
+
+    /// Whether no pass is running.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.phase == Phase::Idle && self.outbox.is_empty()
+    }
+
+    /// Entries published and runs re-dispatched so far.
+    #[must_use]
+    pub fn counters(&self) -> (u64, u64) {
+        (self.published, self.requeued)
+    }
+
+    /// Starts a pass; ignored while one is running.
+    pub fn start(&mut self, now: Timestamp, task: MaintenanceTask) {
+        if self.phase != Phase::Idle {
+            return;
+        }
+        let limit = self.policy.sweep_batch_max;
+        let (phase, op) = match task {
+            MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { now, limit }),
+            MaintenanceTask::Outbox if self.policy.is(Mutant::NoPublishRecovery) => return,
+            MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::Unpublished { limit }),
+            MaintenanceTask::Sweep => {
+                let grace_ms = self.policy.sweep_grace_ms;
+                (Phase::ListingOrphans, DbOp::OrphanCandidates { now, grace_ms, limit })
+            }
+        };
+        self.phase = phase;
+        self.outbox.push_back(Command::Db(op));
+    }
+
+    /// The next command.
+    #[must_use]
+    pub fn poll(&mut self) -> Option<Command> {
+        self.outbox.pop_front()
+    }
+
+    fn send(&mut self, phase: Phase, c: Command) {
+        self.phase = phase;
+        self.outbox.push_back(c);
+    }
+
+    /// Moves to the next candidate of the current listing, or goes idle.
+    fn next(&mut self, now: Timestamp, publishing: bool) {
+        let Some(c) = self.todo.pop_front() else {
+            self.phase = Phase::Idle;
+            return;
+        };
+        if publishing {
+            let entry = JobEntry::Job { run: c.run_id, dispatch: c.dispatch };
+            self.send(Phase::Publishing(c), Command::Stream(StreamOp::Publish { entry, now }));
+        } else if let Some(id) = c.entry_id {
+            self.send(Phase::Locating(c), Command::Stream(StreamOp::Locate { id }));
+        } else {
+            self.requeue(now, c);
+        }
+    }
+
+    fn requeue(&mut self, now: Timestamp, c: Candidate) {
+        let op = DbOp::RequeueRun { run: c.run_id, dispatch: c.dispatch, now };
+        self.send(Phase::Requeuing(c), Command::Db(op));
+    }
+
+    /// Feeds the answer to the outstanding command.
+    pub fn handle(&mut self, now: Timestamp, input: Input) {
+        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+        match (phase, input) {
+            (_, Input::Unavailable) => self.todo.clear(),
+            (Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
+                self.todo = cs.into();
+                self.next(now, true);
+            }
+            (Phase::Publishing(c), Input::Stream(Ok(StreamReply::Added(entry)))) => {
+                let op = DbOp::MarkPublished { run: c.run_id, dispatch: c.dispatch, entry, now };
+                self.send(Phase::Marking(c), Command::Db(op));
+            }
+            (Phase::Marking(_), Input::Db(DbReply::Rows(n))) => {
+                self.published += n;
+                self.next(now, true);
+            }
+            (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
+                self.todo = cs.into();
+                self.next(now, false);
+            }
+            (Phase::Locating(c), Input::Stream(Ok(StreamReply::Located { in_stream, pending }))) => {
+                if in_stream || pending {
+                    // Still deliverable, or the reclaimer's to take over.
+                    self.next(now, false);
+                } else {
+                    self.requeue(now, c);
+                }
+            }
+            (Phase::Requeuing(_), Input::Db(DbReply::Rows(n))) => {
+                self.requeued += n;
+                self.next(now, false);
+            }
+            (Phase::Promoting, _) => {}
+            (_, _) => self.todo.clear(),
+        }
+    }
+}

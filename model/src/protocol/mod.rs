@@ -1,0 +1,391 @@
+//! The protocol: each role of Pelican as a sans-IO state machine.
+//!
+//! A role never awaits, never reads a clock and never draws randomness. The
+//! driver (real/ on live servers, sim/ under madsim, the checker in
+//! `pelican-checker`) owns all three and runs the same loop for every role:
+//!
+//! ```
+//! use pelican_model::protocol::{Command, Delivery, Input, Policy, JobEntry};
+//! use pelican_model::{Db, ids::*, time::Timestamp, world::Redis};
+//!
+//! let policy = Policy::default();
+//! let mut db = Db::new();
+//! let mut redis = Redis::default();
+//! db.insert_run(RunId(7), "noop", "{}", policy.attempts_max);
+//! let entry = EntryId::new(1, 0);
+//! let mut now = Timestamp(1_000);
+//! let mut delivery = Delivery::new(
+//!     now, &policy, WorkerId(0), entry, JobEntry::Job { run: RunId(7), dispatch: Dispatch(1) }, 0,
+//! );
+//! // Mutate once (`new` or `handle`), then drain every command.
+//! while !delivery.is_done() {
+//!     let Some(command) = delivery.poll() else { break };
+//!     let input = match command {
+//!         Command::Db(op) => Input::Db(db.execute(&op)),
+//!         Command::Stream(op) => Input::Stream(redis.execute(&op)),
+//!         Command::Execute(_) => Input::Executed(pelican_model::JobOutcome::Succeeded {
+//!             result: "42".into(),
+//!         }),
+//!         Command::SetTimer(_) | Command::Abort => continue,
+//!     };
+//!     now = now.add_ms(1);
+//!     delivery.handle(now, input);
+//! }
+//! assert_eq!(db.read_run(RunId(7)).unwrap().status, pelican_model::RunStatus::Succeeded);
+//! ```
+//!
+//! Every command that reaches a server is data ([`DbOp`], [`StreamOp`]); its
+//! result comes back as an [`Input`]. A role has at most one such command
+//! outstanding, so a lost reply ([`Input::Unavailable`]) is always about the
+//! command the role is waiting for.
+
+use crate::db::{Candidate, Claimed, Db, RunRow};
+use crate::ids::{Dispatch, EntryId, Fence, RunId};
+use crate::status::{ErrorClass, JobOutcome};
+use crate::stream::{AutoClaim, StreamError};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+
+mod delivery;
+mod maintenance;
+mod mutant;
+mod reclaimer;
+mod submitter;
+
+pub use delivery::{Delivery, DeliveryEnd};
+pub use maintenance::{Maintenance, MaintenanceTask};
+pub use mutant::Mutant;
+pub use reclaimer::{Reclaimer, ReclaimerEvent};
+pub use submitter::{Submitter, SubmitterEnd};
+
+/// The knobs of the protocol, with units in their names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Policy {
+    /// How long a claim or heartbeat keeps an attempt's ownership.
+    pub lease_ms: u64,
+    /// How often a running attempt renews its lease (well below `lease_ms`).
+    pub heartbeat_ms: u64,
+    /// XAUTOCLAIM's min-idle-time: deliveries idle this long are reclaimed.
+    pub reclaim_min_idle_ms: u64,
+    /// XAUTOCLAIM's COUNT.
+    pub reclaim_batch_max: usize,
+    /// Attempts allowed per run (S6).
+    pub attempts_max: u32,
+    /// First retry back-off.
+    pub backoff_base_ms: u64,
+    /// Back-off cap.
+    pub backoff_cap_ms: u64,
+    /// How long a queued run may sit published, or a running run sit with an
+    /// expired lease, before the sweeper checks that its entry still exists.
+    pub sweep_grace_ms: u64,
+    /// Rows per maintenance query.
+    pub sweep_batch_max: usize,
+    /// The protocol bug to inject (only with the `mutants` feature).
+    pub mutant: Option<Mutant>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            lease_ms: 30_000,
+            heartbeat_ms: 10_000,
+            reclaim_min_idle_ms: 60_000,
+            reclaim_batch_max: 16,
+            attempts_max: 5,
+            backoff_base_ms: 1_000,
+            backoff_cap_ms: 60_000,
+            sweep_grace_ms: 120_000,
+            sweep_batch_max: 64,
+            mutant: None,
+        }
+    }
+}
+
+impl Policy {
+    /// Whether mutant `m` is active. Always false without the `mutants`
+    /// feature, so the correct protocol is all a release build contains.
+    #[must_use]
+    #[inline]
+    pub fn is(&self, m: Mutant) -> bool {
+        cfg!(feature = "mutants") && self.mutant == Some(m)
+    }
+
+    /// The delay before retry `attempt + 1`: exponential from
+    /// `backoff_base_ms`, capped at `backoff_cap_ms`, with "equal jitter" drawn
+    /// from `entropy` (the driver's randomness, passed in).
+    #[must_use]
+    pub fn backoff_ms(&self, attempt: u32, entropy: u64) -> u64 {
+        let exp = self
+            .backoff_base_ms
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(32))
+            .min(self.backoff_cap_ms);
+        let half = exp / 2;
+        half + entropy % (exp - half + 1)
+    }
+
+    /// The idempotency key of side effect `tool_call` of `run` (S5): stable
+    /// across attempts, so the external service applies it once.
+    #[must_use]
+    pub fn idempotency_key(&self, run: RunId, tool_call: u32, fence: Fence) -> String {
+        if self.is(Mutant::NoIdempotencyKey) {
+            // The bug: a key that changes with every attempt.
+            return format!("{run}/{tool_call}/{}", fence.0);
+        }
+        format!("{run}/{tool_call}")
+    }
+}
+
+/// What a job stream entry says, once decoded. The real binding writes
+/// `run_id` and `dispatch` fields; anything else decodes to `Malformed`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum JobEntry {
+    /// "Run `run` for its dispatch `dispatch`".
+    Job {
+        /// The run.
+        run: RunId,
+        /// The dispatch this entry announces.
+        dispatch: Dispatch,
+    },
+    /// Could not be decoded (S10); quarantined with the reason.
+    Malformed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// An entry of the dead-letter stream: a notification for operators; the
+/// durable record of a dead run is its `dead_letters` row.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DeadEntry {
+    /// A run died after its attempts.
+    Run {
+        /// The run.
+        run: RunId,
+        /// The job entry it was last delivered by.
+        source: EntryId,
+        /// Why.
+        class: ErrorClass,
+    },
+    /// A malformed or unknown job entry was quarantined (S10).
+    Quarantined {
+        /// The job entry.
+        source: EntryId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A database command: one SQL statement, executed by [`Db::execute`] in the
+/// model and by the binding's twin on Postgres.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum DbOp {
+    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32 },
+    MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId, now: Timestamp },
+    Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 },
+    ReadRun { run: RunId },
+    Heartbeat { run: RunId, fence: Fence, now: Timestamp, lease_ms: u64 },
+    Complete { run: RunId, fence: Fence, result: String },
+    Fail { run: RunId, fence: Fence, class: ErrorClass, message: String },
+    ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, retry_at: Timestamp },
+    DeadLetter { run: RunId, fence: Fence, class: ErrorClass, message: String },
+    DeadLetterExhausted { run: RunId, dispatch: Dispatch, now: Timestamp },
+    Cancel { run: RunId },
+    PromoteRetries { now: Timestamp, limit: usize },
+    Unpublished { limit: usize },
+    OrphanCandidates { now: Timestamp, grace_ms: u64, limit: usize },
+    RequeueRun { run: RunId, dispatch: Dispatch, now: Timestamp },
+    RequeueEntry { entry: EntryId, now: Timestamp },
+    ApplyEffect { key: String },
+    /// Mutant statement (`ReviveCancelled`).
+    ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 },
+    /// Mutant statement (`RetryInPel`).
+    RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String },
+}
+
+impl DbOp {
+    /// Whether this statement writes (the rest only read).
+    #[must_use]
+    pub fn is_write(&self) -> bool {
+        !matches!(
+            self,
+            DbOp::ReadRun { .. } | DbOp::Unpublished { .. } | DbOp::OrphanCandidates { .. }
+        )
+    }
+
+    /// The run a fenced write targets and the fence it carries.
+    #[must_use]
+    pub fn fenced_write(&self) -> Option<(RunId, Fence)> {
+        match self {
+            DbOp::Heartbeat { run, fence, .. }
+            | DbOp::Complete { run, fence, .. }
+            | DbOp::Fail { run, fence, .. }
+            | DbOp::ScheduleRetry { run, fence, .. }
+            | DbOp::DeadLetter { run, fence, .. }
+            | DbOp::RecordFailureOnly { run, fence, .. } => Some((*run, *fence)),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a [`DbOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DbReply {
+    /// Rows affected.
+    Rows(u64),
+    /// A claim's result.
+    Claimed(Option<Claimed>),
+    /// A row read.
+    Run(Option<RunRow>),
+    /// Rows selected by the sweeper.
+    Candidates(Vec<Candidate>),
+}
+
+impl Db {
+    /// Executes one command against the reference database.
+    ///
+    /// # Panics
+    /// On a mutant statement in a build without the `mutants` feature: the
+    /// protocol cannot issue one there.
+    pub fn execute(&mut self, op: &DbOp) -> DbReply {
+        use DbReply::{Candidates, Claimed as C, Rows};
+        match op {
+            DbOp::InsertRun { run, kind, input, attempts_max } => {
+                Rows(self.insert_run(*run, kind, input, *attempts_max))
+            }
+            DbOp::MarkPublished { run, dispatch, entry, now } => {
+                Rows(self.mark_published(*run, *dispatch, *entry, *now))
+            }
+            DbOp::Claim { run, dispatch, entry, worker, now, lease_ms } => {
+                C(self.claim(*run, *dispatch, *entry, worker, *now, *lease_ms))
+            }
+            DbOp::ReadRun { run } => DbReply::Run(self.read_run(*run)),
+            DbOp::Heartbeat { run, fence, now, lease_ms } => {
+                Rows(self.heartbeat(*run, *fence, *now, *lease_ms))
+            }
+            DbOp::Complete { run, fence, result } => Rows(self.complete(*run, *fence, result)),
+            DbOp::Fail { run, fence, class, message } => {
+                Rows(self.fail(*run, *fence, *class, message))
+            }
+            DbOp::ScheduleRetry { run, fence, class, message, retry_at } => {
+                Rows(self.schedule_retry(*run, *fence, *class, message, *retry_at))
+            }
+            DbOp::DeadLetter { run, fence, class, message } => {
+                Rows(self.dead_letter(*run, *fence, *class, message))
+            }
+            DbOp::DeadLetterExhausted { run, dispatch, now } => {
+                Rows(self.dead_letter_exhausted(*run, *dispatch, *now))
+            }
+            DbOp::Cancel { run } => Rows(self.cancel(*run)),
+            DbOp::PromoteRetries { now, limit } => Rows(self.promote_retries(*now, *limit)),
+            DbOp::Unpublished { limit } => Candidates(self.unpublished(*limit)),
+            DbOp::OrphanCandidates { now, grace_ms, limit } => {
+                Candidates(self.orphan_candidates(*now, *grace_ms, *limit))
+            }
+            DbOp::RequeueRun { run, dispatch, now } => Rows(self.requeue_run(*run, *dispatch, *now)),
+            DbOp::RequeueEntry { entry, now } => Rows(self.requeue_entry(*entry, *now)),
+            DbOp::ApplyEffect { key } => Rows(self.apply_effect(key)),
+            #[cfg(feature = "mutants")]
+            DbOp::ClaimReviving { run, dispatch, entry, worker, now, lease_ms } => {
+                C(self.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms))
+            }
+            #[cfg(feature = "mutants")]
+            DbOp::RecordFailureOnly { run, fence, class, message } => {
+                Rows(self.record_failure_only(*run, *fence, *class, message))
+            }
+            #[cfg(not(feature = "mutants"))]
+            DbOp::ClaimReviving { .. } | DbOp::RecordFailureOnly { .. } => {
+                panic!("mutant statement {op:?} in a build without the `mutants` feature")
+            }
+        }
+    }
+}
+
+/// A stream command, executed by [`crate::world::Redis::execute`] in the model
+/// and by the binding's twin on Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum StreamOp {
+    /// XADD jobs * run_id .. dispatch ..
+    Publish { entry: JobEntry, now: Timestamp },
+    /// XADD jobs:dead * ...
+    PublishDead { entry: DeadEntry, now: Timestamp },
+    /// XGROUP CREATE jobs group 0 MKSTREAM (BUSYGROUP counts as success).
+    EnsureGroup,
+    /// XREADGROUP GROUP group consumer COUNT n STREAMS jobs >
+    Read { consumer: String, count: usize, now: Timestamp },
+    /// XACK jobs group id...
+    Ack { ids: Vec<EntryId> },
+    /// XAUTOCLAIM jobs group consumer min_idle start COUNT n
+    AutoClaim { consumer: String, min_idle_ms: u64, start: EntryId, count: usize, now: Timestamp },
+    /// XCLAIM jobs group consumer 0 id JUSTID: the heartbeat's idle reset.
+    Touch { consumer: String, id: EntryId, now: Timestamp },
+    /// XRANGE jobs id id + XPENDING jobs group id id 1: does the entry still
+    /// exist, and is it pending?
+    Locate { id: EntryId },
+}
+
+/// The answer to a [`StreamOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum StreamReply {
+    Added(EntryId),
+    GroupReady,
+    Entries(Vec<(EntryId, JobEntry)>),
+    Acked(u64),
+    AutoClaimed(AutoClaim<JobEntry>),
+    Touched(bool),
+    Located { in_stream: bool, pending: bool },
+}
+
+/// Why a command has no answer: the server was unreachable, the call timed
+/// out, or the reply was lost after the command was applied. The role cannot
+/// tell which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+#[error("no reply: server unreachable, timed out, or reply lost")]
+pub struct Unavailable;
+
+/// A job execution the driver must start.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Execution {
+    /// The run.
+    pub run: RunId,
+    /// The attempt's fence (side effects use it to build idempotency keys).
+    pub fence: Fence,
+    /// The attempt number.
+    pub attempt: u32,
+    /// The job kind.
+    pub kind: String,
+    /// The job input.
+    pub input: String,
+}
+
+/// What a role asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Command {
+    /// Run a SQL statement; answer with [`Input::Db`] or [`Input::Unavailable`].
+    Db(DbOp),
+    /// Run a stream command; answer with [`Input::Stream`] or [`Input::Unavailable`].
+    Stream(StreamOp),
+    /// Start the job; answer with [`Input::Executed`] when it ends.
+    Execute(Execution),
+    /// Stop the running job at its next boundary; no answer.
+    Abort,
+    /// Call `handle(now, Input::Timer)` at this time.
+    SetTimer(Timestamp),
+}
+
+/// What the driver feeds a role.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Input {
+    /// A SQL statement's answer.
+    Db(DbReply),
+    /// A stream command's answer.
+    Stream(Result<StreamReply, StreamError>),
+    /// The outstanding command got no reply.
+    Unavailable,
+    /// The job ended.
+    Executed(JobOutcome),
+    /// A timer set with [`Command::SetTimer`] fired.
+    Timer,
+}

@@ -1,0 +1,105 @@
+//! The submitter: what `POST /runs` does. The run row is durable before the
+//! API answers 202 (S1); the XADD is a delivery hint. If it fails, or its
+//! reply is lost, the run is still accepted: the outbox publishes it.
+
+use super::{Command, DbOp, DbReply, Input, JobEntry, Mutant, Policy, StreamOp, StreamReply};
+use crate::ids::{Dispatch, RunId};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// What the API answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SubmitterEnd {
+    /// 202: the run row is durable. `published` says whether the XADD was
+    /// confirmed (if not, the outbox publishes it).
+    Accepted {
+        /// The XADD was confirmed and recorded.
+        published: bool,
+    },
+    /// 503: the run row could not be written (or its answer was lost: a
+    /// retry with the same run id is idempotent).
+    Unavailable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum Phase {
+    Inserting,
+    Publishing,
+    Marking,
+    Done(SubmitterEnd),
+}
+
+/// One `POST /runs`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Submitter {
+    run: RunId,
+    phase: Phase,
+    outbox: VecDeque<Command>,
+}
+
+impl Submitter {
+    /// Starts submitting `run`.
+    #[must_use]
+    pub fn new(policy: &Policy, run: RunId, kind: &str, input: &str) -> Submitter {
+        let attempts_max = if policy.is(Mutant::NoDeadLetter) {
+            u32::MAX
+        } else {
+            policy.attempts_max
+        };
+        let op = DbOp::InsertRun { run, kind: kind.to_owned(), input: input.to_owned(), attempts_max };
+        Submitter { run, phase: Phase::Inserting, outbox: VecDeque::from([Command::Db(op)]) }
+    }
+
+    /// The run.
+    #[must_use]
+    pub fn run(&self) -> RunId {
+        self.run
+    }
+
+    /// The answer, once there is one.
+    #[must_use]
+    pub fn end(&self) -> Option<SubmitterEnd> {
+        match self.phase {
+            Phase::Done(end) => Some(end),
+            _ => None,
+        }
+    }
+
+    /// Whether the row is known durable (the API may answer 202 from here on).
+    #[must_use]
+    pub fn is_accepted(&self) -> bool {
+        matches!(self.phase, Phase::Publishing | Phase::Marking | Phase::Done(SubmitterEnd::Accepted { .. }))
+    }
+
+    /// The next command.
+    #[must_use]
+    pub fn poll(&mut self) -> Option<Command> {
+        self.outbox.pop_front()
+    }
+
+    /// Feeds the answer to the outstanding command.
+    pub fn handle(&mut self, now: Timestamp, input: Input) {
+        let run = self.run;
+        self.phase = match (self.phase, input) {
+            (Phase::Inserting, Input::Db(DbReply::Rows(_))) => {
+                let entry = JobEntry::Job { run, dispatch: Dispatch(1) };
+                self.outbox.push_back(Command::Stream(StreamOp::Publish { entry, now }));
+                Phase::Publishing
+            }
+            (Phase::Inserting, _) => Phase::Done(SubmitterEnd::Unavailable),
+            (Phase::Publishing, Input::Stream(Ok(StreamReply::Added(entry)))) => {
+                let op = DbOp::MarkPublished { run, dispatch: Dispatch(1), entry, now };
+                self.outbox.push_back(Command::Db(op));
+                Phase::Marking
+            }
+            (Phase::Marking, Input::Db(DbReply::Rows(n))) => {
+                Phase::Done(SubmitterEnd::Accepted { published: n == 1 })
+            }
+            (Phase::Publishing | Phase::Marking, _) => {
+                Phase::Done(SubmitterEnd::Accepted { published: false })
+            }
+            (done @ Phase::Done(_), _) => done,
+        };
+    }
+}

@@ -1,0 +1,293 @@
+//! The world every level checks: Redis (the job stream and the dead-letter
+//! stream), Postgres, the external effects, and the history the invariants
+//! need.
+//!
+//! [`World::db`] and [`World::stream`] execute one command each and check, at
+//! that instant, the guarantees that are about a single step: a terminal state
+//! never changes (S2), an accepted fenced write carries its attempt's own fence
+//! and new fences grow (S3), an entry is acknowledged only after its run's
+//! next step is durable (S4), an effect is applied at most once (S5), a
+//! cancelled run never gets a new attempt (S7). Whatever is violated is
+//! recorded in [`World::violations`]; [`crate::invariants`] checks the rest
+//! over the state.
+
+use crate::db::Db;
+use crate::ids::{EntryId, Fence, RunId, WorkerId};
+use crate::protocol::{DbOp, DbReply, DeadEntry, JobEntry, StreamOp, StreamReply};
+use crate::status::RunStatus;
+use crate::stream::{AddId, Stream, StreamError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The consumer group's name.
+pub const GROUP: &str = "pelican";
+
+/// Redis: the job stream with its group, and the dead-letter stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Redis {
+    /// `pelican:jobs`.
+    pub jobs: Stream<JobEntry>,
+    /// `pelican:jobs:dead`.
+    pub dead: Stream<DeadEntry>,
+}
+
+impl Redis {
+    /// Executes one stream command against the reference streams.
+    pub fn execute(&mut self, op: &StreamOp) -> Result<StreamReply, StreamError> {
+        match op {
+            StreamOp::Publish { entry, now } => {
+                self.jobs.xadd(AddId::Auto, entry.clone(), *now).map(StreamReply::Added)
+            }
+            StreamOp::PublishDead { entry, now } => {
+                self.dead.xadd(AddId::Auto, entry.clone(), *now).map(StreamReply::Added)
+            }
+            StreamOp::EnsureGroup => match self.jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
+                Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
+                Err(e) => Err(e),
+            },
+            StreamOp::Read { consumer, count, now } => {
+                self.jobs.xreadgroup(consumer, *count, *now).map(StreamReply::Entries)
+            }
+            StreamOp::Ack { ids } => self.jobs.xack(ids).map(StreamReply::Acked),
+            StreamOp::AutoClaim { consumer, min_idle_ms, start, count, now } => self
+                .jobs
+                .xautoclaim(consumer, *min_idle_ms, *start, *count, false, *now)
+                .map(StreamReply::AutoClaimed),
+            StreamOp::Touch { consumer, id, now } => self
+                .jobs
+                .xclaim(consumer, 0, &[*id], None, true, *now)
+                .map(|got| StreamReply::Touched(!got.is_empty())),
+            StreamOp::Locate { id } => {
+                let in_stream = !self.jobs.xrange(*id, *id, 1).is_empty();
+                let pending = self.jobs.pending(*id).is_some();
+                Ok(StreamReply::Located { in_stream, pending })
+            }
+        }
+    }
+}
+
+/// Who issued a command: the invariants need the issuing attempt's own fence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Issuer {
+    /// The worker, if a worker issued it.
+    pub worker: Option<WorkerId>,
+    /// The fence of the attempt this delivery claimed itself, if any.
+    pub own_fence: Option<Fence>,
+}
+
+/// A guarantee broken at some step.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Violation {
+    /// S2: a terminal run's state or result changed.
+    TerminalChanged(RunId),
+    /// S2: a job was executed without holding a fresh claim.
+    ExecutedWithoutClaim(RunId),
+    /// S3: a fenced write was accepted with a fence other than the writer's own.
+    StaleWriteAccepted(RunId),
+    /// S3: a claim did not increase the fence.
+    FenceNotIncreasing(RunId),
+    /// S4: an entry was acknowledged before its run's next step was durable.
+    AckBeforeDurable(EntryId),
+    /// S5: a side effect was applied twice.
+    EffectTwice(RunId, u32),
+    /// S7: a cancelled run got a new attempt.
+    CancelledRevived(RunId),
+    /// S8: a deleted pending ID was dropped without recovery.
+    TrimmedDropped(EntryId),
+}
+
+impl Violation {
+    /// The guarantee it breaks ("S2", ...).
+    #[must_use]
+    pub fn guarantee(&self) -> &'static str {
+        match self {
+            Violation::TerminalChanged(_) | Violation::ExecutedWithoutClaim(_) => "S2",
+            Violation::StaleWriteAccepted(_) | Violation::FenceNotIncreasing(_) => "S3",
+            Violation::AckBeforeDurable(_) => "S4",
+            Violation::EffectTwice(..) => "S5",
+            Violation::CancelledRevived(_) => "S7",
+            Violation::TrimmedDropped(_) => "S8",
+        }
+    }
+}
+
+/// Redis + Postgres + the external world + history.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct World {
+    /// Redis.
+    pub redis: Redis,
+    /// Postgres.
+    pub db: Db,
+    /// Runs the API answered 202 for.
+    pub accepted: BTreeSet<RunId>,
+    /// Every job entry ever added, by ID (the payload of a trimmed entry is
+    /// still known here).
+    pub entries: BTreeMap<EntryId, JobEntry>,
+    /// Job entries quarantined on the dead stream.
+    pub quarantined: BTreeSet<EntryId>,
+    /// External applications of each logical side effect (run, tool call).
+    pub effects: BTreeMap<(RunId, u32), u32>,
+    /// Deleted IDs reported to each live reclaimer and not yet recovered.
+    pub trimmed_owed: BTreeMap<WorkerId, BTreeSet<EntryId>>,
+    /// Every violation seen.
+    pub violations: BTreeSet<Violation>,
+}
+
+impl World {
+    /// An empty world; the consumer group exists (as after `pelican migrate`).
+    #[must_use]
+    pub fn new() -> World {
+        let mut w = World::default();
+        w.redis
+            .execute(&StreamOp::EnsureGroup)
+            .expect("creating a group on an empty Redis succeeds");
+        w
+    }
+
+    /// Executes a SQL statement, checking S2, S3, S7 at this step.
+    pub fn db(&mut self, op: &DbOp, by: Issuer) -> DbReply {
+        let target = match op {
+            DbOp::Claim { run, .. } | DbOp::ClaimReviving { run, .. } => Some(*run),
+            _ => op.fenced_write().map(|(run, _)| run),
+        };
+        let before = target.and_then(|r| self.db.runs.get(&r).cloned());
+        let terminal_before: Vec<_> = match op {
+            // Set-based statements: snapshot every terminal run.
+            DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. } => self
+                .db
+                .runs
+                .values()
+                .filter(|r| r.status.is_terminal())
+                .map(|r| (r.run_id, r.status, r.result.clone()))
+                .collect(),
+            _ => before
+                .iter()
+                .filter(|r| r.status.is_terminal())
+                .map(|r| (r.run_id, r.status, r.result.clone()))
+                .collect(),
+        };
+        let reply = self.db.execute(op);
+        for (run, status, result) in terminal_before {
+            let now = &self.db.runs[&run];
+            if now.status != status || now.result != result {
+                self.violations.insert(Violation::TerminalChanged(run));
+            }
+        }
+        match (&reply, before) {
+            (DbReply::Claimed(Some(c)), Some(before)) => {
+                if c.fence <= before.active_fence {
+                    self.violations.insert(Violation::FenceNotIncreasing(before.run_id));
+                }
+                if before.status == RunStatus::Cancelled {
+                    self.violations.insert(Violation::CancelledRevived(before.run_id));
+                }
+            }
+            (DbReply::Rows(n), Some(before)) if *n > 0 => {
+                if let Some((run, fence)) = op.fenced_write() {
+                    if by.own_fence != Some(fence) {
+                        self.violations.insert(Violation::StaleWriteAccepted(run));
+                    }
+                    debug_assert_eq!(before.active_fence, fence, "the statement checks the fence");
+                }
+            }
+            _ => {}
+        }
+        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker) {
+            if let Some(owed) = self.trimmed_owed.get_mut(&w) {
+                owed.remove(entry);
+            }
+        }
+        reply
+    }
+
+    /// Executes a stream command, checking S4 at acknowledgements.
+    pub fn stream(&mut self, op: &StreamOp, by: Issuer) -> Result<StreamReply, StreamError> {
+        if let StreamOp::Ack { ids } = op {
+            for id in ids {
+                if self.redis.jobs.pending(*id).is_some() && !self.durable_next_step(*id) {
+                    self.violations.insert(Violation::AckBeforeDurable(*id));
+                }
+            }
+        }
+        let reply = self.redis.execute(op);
+        match (op, &reply) {
+            (StreamOp::Publish { entry, .. }, Ok(StreamReply::Added(id))) => {
+                self.entries.insert(*id, entry.clone());
+            }
+            (StreamOp::PublishDead { entry: DeadEntry::Quarantined { source, .. }, .. }, Ok(_)) => {
+                self.quarantined.insert(*source);
+            }
+            (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r))) => {
+                if let Some(w) = by.worker {
+                    self.trimmed_owed.entry(w).or_default().extend(r.deleted.iter().copied());
+                }
+            }
+            _ => {}
+        }
+        reply
+    }
+
+    /// S4: may entry `id` be acknowledged now?
+    #[must_use]
+    pub fn durable_next_step(&self, id: EntryId) -> bool {
+        match self.entries.get(&id) {
+            None => true, // not a job entry this world published: nothing to lose
+            Some(JobEntry::Malformed { .. }) => self.quarantined.contains(&id),
+            Some(JobEntry::Job { run, dispatch }) => match self.db.runs.get(run) {
+                None => self.quarantined.contains(&id),
+                Some(r) => r.status.is_terminal() || r.dispatch > *dispatch,
+            },
+        }
+    }
+
+    /// Records the external application of side effect `tool_call` of `run`
+    /// when the ledger applied it (`applied`), checking S5.
+    pub fn effect_applied(&mut self, run: RunId, tool_call: u32, applied: bool) {
+        if applied {
+            let n = self.effects.entry((run, tool_call)).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                self.violations.insert(Violation::EffectTwice(run, tool_call));
+            }
+        }
+    }
+
+    /// S2: an execution may start only under a claim this delivery made,
+    /// while the run is running under that fence.
+    pub fn check_execution(&mut self, run: RunId, own_fence: Option<Fence>) {
+        let ok = self.db.runs.get(&run).is_some_and(|r| {
+            r.status == RunStatus::Running && Some(r.active_fence) == own_fence
+        });
+        if !ok {
+            self.violations.insert(Violation::ExecutedWithoutClaim(run));
+        }
+    }
+
+    /// S8: every deleted ID reported to `worker`'s live reclaimer must still
+    /// be held by it (`held`) until recovered.
+    pub fn check_trimmed_held(&mut self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        let dropped: Vec<EntryId> = self
+            .trimmed_owed
+            .get(&worker)
+            .into_iter()
+            .flatten()
+            .filter(|id| !held.contains(id))
+            .copied()
+            .collect();
+        for id in dropped {
+            self.violations.insert(Violation::TrimmedDropped(id));
+        }
+    }
+
+    /// A worker crashed: its reclaimer's obligations die with it (the sweeper
+    /// recovers those runs).
+    pub fn worker_crashed(&mut self, worker: WorkerId) {
+        self.trimmed_owed.remove(&worker);
+    }
+
+    /// Redis lost everything (restart without persistence): both streams and
+    /// the group are gone.
+    pub fn redis_wiped(&mut self) {
+        self.redis = Redis::default();
+    }
+}
