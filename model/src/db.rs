@@ -382,7 +382,13 @@ impl Db {
 
     /// [`sql::DEAD_LETTER`]: the attempt holding `fence` failed and was the
     /// last one allowed: the run is dead, with a dead-letter record.
-    pub fn dead_letter(&mut self, run: RunId, fence: Fence, class: ErrorClass, message: &str) -> u64 {
+    pub fn dead_letter(
+        &mut self,
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: &str,
+    ) -> u64 {
         if self.fenced(run, fence).is_none() {
             return 0;
         }

@@ -164,7 +164,10 @@ mod tests {
         for bad in ["", "-", "1-", "-1", "a-1", "1-2-3", "1--2", "+1-2"] {
             assert!(bad.parse::<EntryId>().is_err(), "{bad:?} parsed");
         }
-        assert_eq!(EntryId::new(1, u64::MAX).successor(), Some(EntryId::new(2, 0)));
+        assert_eq!(
+            EntryId::new(1, u64::MAX).successor(),
+            Some(EntryId::new(2, 0))
+        );
         assert_eq!(EntryId::MAX.successor(), None);
     }
 }

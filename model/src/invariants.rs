@@ -34,20 +34,32 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
         .collect();
     for r in world.db.runs.values() {
         if r.attempts > policy.attempts_max {
-            out.push(broken("S6", format!("{} has {} attempts > {}", r.run_id, r.attempts, policy.attempts_max)));
+            out.push(broken(
+                "S6",
+                format!(
+                    "{} has {} attempts > {}",
+                    r.run_id, r.attempts, policy.attempts_max
+                ),
+            ));
         }
         if r.status == RunStatus::Running {
             let active = world
                 .db
                 .attempts
-                .range((r.run_id, crate::ids::AttemptNo(0))..=(r.run_id, crate::ids::AttemptNo(u32::MAX)))
+                .range(
+                    (r.run_id, crate::ids::AttemptNo(0))
+                        ..=(r.run_id, crate::ids::AttemptNo(u32::MAX)),
+                )
                 .find(|(_, a)| a.fence == r.active_fence);
             if active.is_some_and(|(_, a)| a.outcome.is_some()) {
                 out.push(broken("S6", format!("{} is running after its attempt's outcome was recorded (retry left in the PEL)", r.run_id)));
             }
         }
         if r.status == RunStatus::Dead && !world.db.dead_letters.contains_key(&r.run_id) {
-            out.push(broken("S6", format!("{} is dead without a dead-letter record", r.run_id)));
+            out.push(broken(
+                "S6",
+                format!("{} is dead without a dead-letter record", r.run_id),
+            ));
         }
     }
     out
@@ -65,13 +77,19 @@ pub fn quiescent(world: &World, effects_per_run: u32) -> Vec<Broken> {
         match world.db.runs.get(run) {
             None => out.push(broken("S1", format!("{run} was accepted but has no row"))),
             Some(r) if !r.status.is_terminal() => {
-                out.push(broken("S1", format!("{run} is stuck {} (dispatch {})", r.status, r.dispatch.0)));
+                out.push(broken(
+                    "S1",
+                    format!("{run} is stuck {} (dispatch {})", r.status, r.dispatch.0),
+                ));
             }
             Some(r) if r.status == RunStatus::Succeeded => {
                 for call in 0..effects_per_run {
                     let n = world.effects.get(&(*run, call)).copied().unwrap_or(0);
                     if n != 1 {
-                        out.push(broken("S5", format!("{run} succeeded with effect {call} applied {n} times")));
+                        out.push(broken(
+                            "S5",
+                            format!("{run} succeeded with effect {call} applied {n} times"),
+                        ));
                     }
                 }
             }
@@ -87,7 +105,10 @@ pub fn quiescent(world: &World, effects_per_run: u32) -> Vec<Broken> {
             && world.redis.jobs.entries.contains_key(id)
             && !world.quarantined.contains(id)
         {
-            out.push(broken("S10", format!("malformed entry {id} was never quarantined")));
+            out.push(broken(
+                "S10",
+                format!("malformed entry {id} was never quarantined"),
+            ));
         }
     }
     out

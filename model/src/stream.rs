@@ -201,11 +201,7 @@ impl<P: Clone> Stream<P> {
     }
 
     fn first_id(&self) -> EntryId {
-        self.entries
-            .keys()
-            .next()
-            .copied()
-            .unwrap_or(EntryId::ZERO)
+        self.entries.keys().next().copied().unwrap_or(EntryId::ZERO)
     }
 
     /// `XADD key <id> field value ...`: appends and returns the new ID.
@@ -369,7 +365,12 @@ impl<P: Clone> Stream<P> {
         now: Timestamp,
     ) -> Result<AutoClaim<P>, StreamError> {
         assert!(count > 0, "XAUTOCLAIM COUNT must be positive");
-        let candidates: Vec<EntryId> = self.group()?.pel.range(start..).map(|(id, _)| *id).collect();
+        let candidates: Vec<EntryId> = self
+            .group()?
+            .pel
+            .range(start..)
+            .map(|(id, _)| *id)
+            .collect();
         let mut attempts = count * AUTOCLAIM_ATTEMPTS_FACTOR;
         let mut left = count;
         let mut claimed = Vec::new();
@@ -554,8 +555,7 @@ impl<P: Clone> Stream<P> {
     fn group_info(&self, group: &Group) -> GroupInfo {
         let lag = if self.entries_added == 0 {
             Some(0)
-        } else if group.entries_read.is_some() && !self.range_has_tombstones(group.last_delivered)
-        {
+        } else if group.entries_read.is_some() && !self.range_has_tombstones(group.last_delivered) {
             group.entries_read.map(|r| self.entries_added - r)
         } else {
             self.estimate_distance(group.last_delivered)
@@ -581,6 +581,36 @@ impl<P: Clone> Stream<P> {
     #[must_use]
     pub fn pel_len(&self) -> usize {
         self.group.as_ref().map_or(0, |g| g.pel.len())
+    }
+
+    /// Model-only fault: Redis restarted having lost its newest write (AOF
+    /// `everysec` loses up to the last second). If the newest entry is the
+    /// last one added, it is gone as if never added, together with its
+    /// delivery (which came after it). Returns whether anything was lost.
+    pub fn lose_newest(&mut self) -> bool {
+        let Some((&id, _)) = self.entries.iter().next_back() else {
+            return false;
+        };
+        if id != self.last_id {
+            return false;
+        }
+        self.entries.remove(&id);
+        let previous = self
+            .entries
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(EntryId::ZERO);
+        self.last_id = previous;
+        self.entries_added -= 1;
+        if let Some(g) = self.group.as_mut() {
+            g.pel.remove(&id);
+            if g.last_delivered == id {
+                g.last_delivered = previous;
+                g.entries_read = g.entries_read.map(|r| r.saturating_sub(1));
+            }
+        }
+        true
     }
 
     /// Model-only: every delivery in the PEL becomes idle since the epoch.

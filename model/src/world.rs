@@ -35,21 +35,36 @@ impl Redis {
     /// Executes one stream command against the reference streams.
     pub fn execute(&mut self, op: &StreamOp) -> Result<StreamReply, StreamError> {
         match op {
-            StreamOp::Publish { entry, now } => {
-                self.jobs.xadd(AddId::Auto, entry.clone(), *now).map(StreamReply::Added)
+            StreamOp::Publish { entry, now } => self
+                .jobs
+                .xadd(AddId::Auto, entry.clone(), *now)
+                .map(StreamReply::Added),
+            StreamOp::PublishDead { entry, now } => self
+                .dead
+                .xadd(AddId::Auto, entry.clone(), *now)
+                .map(StreamReply::Added),
+            StreamOp::EnsureGroup => {
+                match self.jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
+                    Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
+                    Err(e) => Err(e),
+                }
             }
-            StreamOp::PublishDead { entry, now } => {
-                self.dead.xadd(AddId::Auto, entry.clone(), *now).map(StreamReply::Added)
-            }
-            StreamOp::EnsureGroup => match self.jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
-                Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
-                Err(e) => Err(e),
-            },
-            StreamOp::Read { consumer, count, now } => {
-                self.jobs.xreadgroup(consumer, *count, *now).map(StreamReply::Entries)
-            }
+            StreamOp::Read {
+                consumer,
+                count,
+                now,
+            } => self
+                .jobs
+                .xreadgroup(consumer, *count, *now)
+                .map(StreamReply::Entries),
             StreamOp::Ack { ids } => self.jobs.xack(ids).map(StreamReply::Acked),
-            StreamOp::AutoClaim { consumer, min_idle_ms, start, count, now } => self
+            StreamOp::AutoClaim {
+                consumer,
+                min_idle_ms,
+                start,
+                count,
+                now,
+            } => self
                 .jobs
                 .xautoclaim(consumer, *min_idle_ms, *start, *count, false, *now)
                 .map(StreamReply::AutoClaimed),
@@ -57,11 +72,25 @@ impl Redis {
                 .jobs
                 .xclaim(consumer, 0, &[*id], None, true, *now)
                 .map(|got| StreamReply::Touched(!got.is_empty())),
-            StreamOp::Locate { id } => {
-                let in_stream = !self.jobs.xrange(*id, *id, 1).is_empty();
-                let pending = self.jobs.pending(*id).is_some();
-                Ok(StreamReply::Located { in_stream, pending })
-            }
+            StreamOp::Locate { id } => Ok(self.locate(*id)),
+        }
+    }
+
+    /// `Locate`: XRANGE id id, XPENDING id id 1, and the group's last
+    /// delivered ID (XINFO GROUPS). Read-only.
+    #[must_use]
+    pub fn locate(&self, id: EntryId) -> StreamReply {
+        let entry = self.jobs.xrange(id, id, 1).pop().map(|(_, e)| e);
+        let pending = self.jobs.pending(id).is_some();
+        let delivered = self
+            .jobs
+            .group
+            .as_ref()
+            .is_some_and(|g| id <= g.last_delivered);
+        StreamReply::Located {
+            entry,
+            pending,
+            delivered,
         }
     }
 }
@@ -153,13 +182,14 @@ impl World {
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
         let terminal_before: Vec<_> = match op {
             // Set-based statements: snapshot every terminal run.
-            DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. } => self
-                .db
-                .runs
-                .values()
-                .filter(|r| r.status.is_terminal())
-                .map(|r| (r.run_id, r.status, r.result.clone()))
-                .collect(),
+            DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. } => {
+                self.db
+                    .runs
+                    .values()
+                    .filter(|r| r.status.is_terminal())
+                    .map(|r| (r.run_id, r.status, r.result.clone()))
+                    .collect()
+            }
             _ => before
                 .iter()
                 .filter(|r| r.status.is_terminal())
@@ -176,10 +206,12 @@ impl World {
         match (&reply, before) {
             (DbReply::Claimed(Some(c)), Some(before)) => {
                 if c.fence <= before.active_fence {
-                    self.violations.insert(Violation::FenceNotIncreasing(before.run_id));
+                    self.violations
+                        .insert(Violation::FenceNotIncreasing(before.run_id));
                 }
                 if before.status == RunStatus::Cancelled {
-                    self.violations.insert(Violation::CancelledRevived(before.run_id));
+                    self.violations
+                        .insert(Violation::CancelledRevived(before.run_id));
                 }
             }
             (DbReply::Rows(n), Some(before)) if *n > 0 => {
@@ -214,12 +246,21 @@ impl World {
             (StreamOp::Publish { entry, .. }, Ok(StreamReply::Added(id))) => {
                 self.entries.insert(*id, entry.clone());
             }
-            (StreamOp::PublishDead { entry: DeadEntry::Quarantined { source, .. }, .. }, Ok(_)) => {
+            (
+                StreamOp::PublishDead {
+                    entry: DeadEntry::Quarantined { source, .. },
+                    ..
+                },
+                Ok(_),
+            ) => {
                 self.quarantined.insert(*source);
             }
             (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r))) => {
                 if let Some(w) = by.worker {
-                    self.trimmed_owed.entry(w).or_default().extend(r.deleted.iter().copied());
+                    self.trimmed_owed
+                        .entry(w)
+                        .or_default()
+                        .extend(r.deleted.iter().copied());
                 }
             }
             _ => {}
@@ -247,7 +288,8 @@ impl World {
             let n = self.effects.entry((run, tool_call)).or_insert(0);
             *n += 1;
             if *n > 1 {
-                self.violations.insert(Violation::EffectTwice(run, tool_call));
+                self.violations
+                    .insert(Violation::EffectTwice(run, tool_call));
             }
         }
     }
@@ -255,9 +297,10 @@ impl World {
     /// S2: an execution may start only under a claim this delivery made,
     /// while the run is running under that fence.
     pub fn check_execution(&mut self, run: RunId, own_fence: Option<Fence>) {
-        let ok = self.db.runs.get(&run).is_some_and(|r| {
-            r.status == RunStatus::Running && Some(r.active_fence) == own_fence
-        });
+        let ok =
+            self.db.runs.get(&run).is_some_and(|r| {
+                r.status == RunStatus::Running && Some(r.active_fence) == own_fence
+            });
         if !ok {
             self.violations.insert(Violation::ExecutedWithoutClaim(run));
         }

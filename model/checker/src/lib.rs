@@ -1,1 +1,199 @@
+//! # pelican-checker: the stateright model of Pelican's recovery protocol
+//!
+//! The model composes the very role machines of `pelican-model` — the
+//! worker's [`Delivery`](pelican_model::protocol::Delivery), the
+//! [`Reclaimer`](pelican_model::protocol::Reclaimer),
+//! [`Maintenance`](pelican_model::protocol::Maintenance) and the
+//! [`Submitter`](pelican_model::protocol::Submitter) — with the reference
+//! [`World`](pelican_model::world::World), and lets stateright explore every
+//! interleaving of their steps with every fault of a bounded
+//! [`Config`]: crashes at any step, pauses past the lease, lost requests and
+//! replies, Redis wipes and partial loss, trims below pending IDs, duplicate
+//! publications, cancels, job outcomes and malformed entries.
+//!
+//! ## Time
+//!
+//! The clock is abstract. Every command runs at the same instant [`NOW`],
+//! and the `Tick` action means "a long time passes": it ages every stored
+//! deadline (leases, `retry_at`, publication times, PEL delivery times) to the
+//! epoch, so each lease expires, each retry falls due and each delivery
+//! becomes idle — through the same comparisons the statements and commands
+//! make. States stay finite without bounding time, and every race between a
+//! lease and its holder (a pause, a late heartbeat) is explored.
+//!
+//! ## Properties
+//!
+//! `always` properties for S2–S8 and S10 hold in every state; S1 and S9 are
+//! checked in every final state (no action enabled: faults spent, every role
+//! idle). `sometimes` properties show the interesting paths are reached.
 
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod report;
+pub mod state;
+pub mod timeline;
+
+pub use config::Config;
+use pelican_model::invariants;
+use pelican_model::status::RunStatus;
+use pelican_model::time::Timestamp;
+use state::{Action, State};
+use stateright::{Model, Property};
+
+/// The instant every command runs at (see "Time" above). Far larger than
+/// every policy duration, so an aged deadline is always in the past.
+pub const NOW: Timestamp = Timestamp(1_000_000_000);
+
+/// The model: a configuration.
+#[derive(Clone, Debug)]
+pub struct PelicanModel {
+    /// What is explored.
+    pub cfg: Config,
+}
+
+impl PelicanModel {
+    /// A model of `cfg`.
+    #[must_use]
+    pub fn new(cfg: Config) -> Self {
+        PelicanModel { cfg }
+    }
+
+    fn is_final(&self, s: &State) -> bool {
+        let mut actions = Vec::new();
+        s.actions(&self.cfg, &mut actions);
+        actions.is_empty()
+    }
+
+    fn broken(&self, s: &State, guarantee: &str) -> bool {
+        invariants::state(&s.world, &self.cfg.policy)
+            .iter()
+            .any(|b| b.guarantee == guarantee)
+    }
+
+    fn broken_at_rest(&self, s: &State, guarantee: &str) -> bool {
+        self.is_final(s)
+            && invariants::quiescent(&s.world, 1)
+                .iter()
+                .any(|b| b.guarantee == guarantee)
+    }
+
+    /// The names of the `always` properties, in order.
+    pub const ALWAYS: [&'static str; 10] = [
+        "S1 nothing lost",
+        "S2 one outcome",
+        "S3 fencing",
+        "S4 ack after durable",
+        "S5 effects once",
+        "S6 bounded retries",
+        "S7 cancellation",
+        "S8 trimmed entries",
+        "S9 no PEL leak",
+        "S10 bad input",
+    ];
+}
+
+fn attempts_pair(s: &State, pred: impl Fn(u32, u32) -> bool) -> bool {
+    s.world.db.attempts.iter().any(|((run, n), a)| {
+        n.0 > 1
+            && s.world
+                .db
+                .attempts
+                .get(&(*run, pelican_model::ids::AttemptNo(n.0 - 1)))
+                .is_some_and(|prev| pred(prev.dispatch.0, a.dispatch.0))
+    })
+}
+
+impl Model for PelicanModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State::initial(&self.cfg)]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        state.actions(&self.cfg, actions);
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut next = last.clone();
+        next.step(&self.cfg, action);
+        Some(next)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        format!("{action:?}")
+    }
+
+    fn format_step(&self, last: &State, action: Action) -> Option<String> {
+        Some(timeline::describe(last, action))
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("S1 nothing lost", |m, s| !m.broken_at_rest(s, "S1")),
+            Property::always("S2 one outcome", |m, s| !m.broken(s, "S2")),
+            Property::always("S3 fencing", |m, s| !m.broken(s, "S3")),
+            Property::always("S4 ack after durable", |m, s| !m.broken(s, "S4")),
+            Property::always("S5 effects once", |m: &PelicanModel, s: &State| {
+                !m.broken(s, "S5") && !m.broken_at_rest(s, "S5")
+            }),
+            Property::always("S6 bounded retries", |m, s| !m.broken(s, "S6")),
+            Property::always("S7 cancellation", |m, s| !m.broken(s, "S7")),
+            Property::always("S8 trimmed entries", |m, s| !m.broken(s, "S8")),
+            Property::always("S9 no PEL leak", |m, s| !m.broken_at_rest(s, "S9")),
+            Property::always("S10 bad input", |m, s| !m.broken_at_rest(s, "S10")),
+            Property::sometimes("reclaim takes over a stalled attempt", |_, s: &State| {
+                attempts_pair(s, |prev, next| prev == next)
+            }),
+            Property::sometimes("late write rejected", |_, s: &State| {
+                s.seen.late_write_rejected
+            }),
+            Property::sometimes("retry scheduled and re-published", |_, s: &State| {
+                attempts_pair(s, |prev, next| next > prev)
+            }),
+            Property::sometimes("dead letter", |_, s: &State| {
+                !s.world.db.dead_letters.is_empty()
+            }),
+            Property::sometimes("cancel beats a running attempt", |_, s: &State| {
+                s.seen.cancel_beat_result
+            }),
+            Property::sometimes("trimmed entry recovered", |_, s: &State| {
+                s.seen.trimmed_recovered
+            }),
+            Property::sometimes(
+                "duplicate publication absorbed",
+                |m: &PelicanModel, s: &State| {
+                    m.is_final(s) && {
+                        let mut seen = std::collections::BTreeSet::new();
+                        s.world.entries.values().any(|e| !seen.insert(e.clone()))
+                            && s.world
+                                .db
+                                .runs
+                                .values()
+                                .any(|r| r.status == RunStatus::Succeeded)
+                    }
+                },
+            ),
+            Property::sometimes(
+                "recovery after total Redis loss",
+                |m: &PelicanModel, s: &State| {
+                    s.budget.redis_wipes < m.cfg.faults.redis_wipes
+                        && m.is_final(s)
+                        && s.world
+                            .db
+                            .runs
+                            .values()
+                            .any(|r| r.status == RunStatus::Succeeded && r.dispatch.0 > 1)
+                },
+            ),
+            Property::sometimes("malformed entry quarantined", |_, s: &State| {
+                !s.world.quarantined.is_empty()
+            }),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests;

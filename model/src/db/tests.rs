@@ -23,7 +23,10 @@ fn insert_is_idempotent_and_starts_queued_unpublished() {
     let mut db = db_with(1, 3);
     assert_eq!(db.insert_run(RunId(1), "other", "{}", 9), 0);
     let r = db.read_run(RunId(1)).unwrap();
-    assert_eq!((r.status, r.dispatch, r.active_fence, r.kind.as_str()), (RunStatus::Queued, Dispatch(1), Fence(0), "noop"));
+    assert_eq!(
+        (r.status, r.dispatch, r.active_fence, r.kind.as_str()),
+        (RunStatus::Queued, Dispatch(1), Fence(0), "noop")
+    );
     assert_eq!(db.unpublished(10).len(), 1);
     assert_eq!(db.mark_published(RunId(1), Dispatch(2), e(1), t(5)), 0);
     assert_eq!(db.mark_published(RunId(1), Dispatch(1), e(1), t(5)), 1);
@@ -33,37 +36,64 @@ fn insert_is_idempotent_and_starts_queued_unpublished() {
 #[test]
 fn claims_get_increasing_fences_and_respect_the_lease() {
     let mut db = db_with(1, 3);
-    let c1 = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
+    let c1 = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
     assert_eq!((c1.fence, c1.attempt), (Fence(1), AttemptNo(1)));
     // A live lease keeps a second claim out.
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(999), LEASE), None);
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(999), LEASE),
+        None
+    );
     // A heartbeat extends it.
     assert_eq!(db.heartbeat(RunId(1), Fence(1), t(900), LEASE), 1);
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(1_500), LEASE), None);
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(1_500), LEASE),
+        None
+    );
     // Expired: the reclaim takes over with a greater fence.
-    let c2 = db.claim(RunId(1), Dispatch(1), e(1), "w1", t(1_900), LEASE).unwrap();
+    let c2 = db
+        .claim(RunId(1), Dispatch(1), e(1), "w1", t(1_900), LEASE)
+        .unwrap();
     assert_eq!((c2.fence, c2.attempt), (Fence(2), AttemptNo(2)));
     // The late attempt's writes are all rejected.
     assert_eq!(db.heartbeat(RunId(1), Fence(1), t(2_000), LEASE), 0);
     assert_eq!(db.complete(RunId(1), Fence(1), "late"), 0);
     assert_eq!(db.fail(RunId(1), Fence(1), ErrorClass::Terminal, "x"), 0);
-    assert_eq!(db.schedule_retry(RunId(1), Fence(1), ErrorClass::Retryable, "x", t(9)), 0);
-    assert_eq!(db.dead_letter(RunId(1), Fence(1), ErrorClass::Retryable, "x"), 0);
+    assert_eq!(
+        db.schedule_retry(RunId(1), Fence(1), ErrorClass::Retryable, "x", t(9)),
+        0
+    );
+    assert_eq!(
+        db.dead_letter(RunId(1), Fence(1), ErrorClass::Retryable, "x"),
+        0
+    );
     assert_eq!(db.complete(RunId(1), Fence(2), "ok"), 1);
     let r = db.read_run(RunId(1)).unwrap();
-    assert_eq!((r.status, r.result.as_deref()), (RunStatus::Succeeded, Some("ok")));
+    assert_eq!(
+        (r.status, r.result.as_deref()),
+        (RunStatus::Succeeded, Some("ok"))
+    );
     assert_eq!(db.attempts[&(RunId(1), AttemptNo(1))].outcome, None);
-    assert_eq!(db.attempts[&(RunId(1), AttemptNo(2))].outcome, Some(AttemptOutcome::Succeeded));
+    assert_eq!(
+        db.attempts[&(RunId(1), AttemptNo(2))].outcome,
+        Some(AttemptOutcome::Succeeded)
+    );
 }
 
 #[test]
 fn terminal_states_are_final() {
     let mut db = db_with(1, 3);
-    let c = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
+    let c = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
     assert_eq!(db.complete(RunId(1), c.fence, "ok"), 1);
     assert_eq!(db.complete(RunId(1), c.fence, "again"), 0);
     assert_eq!(db.cancel(RunId(1)), 0);
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE), None);
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE),
+        None
+    );
     assert_eq!(db.requeue_run(RunId(1), Dispatch(1), t(5_000)), 0);
     assert_eq!(db.requeue_entry(e(1), t(5_000)), 0);
     assert_eq!(db.dead_letter_exhausted(RunId(1), Dispatch(1), t(5_000)), 0);
@@ -72,51 +102,92 @@ fn terminal_states_are_final() {
 #[test]
 fn retry_moves_to_a_new_dispatch_and_the_scheduler_requeues_when_due() {
     let mut db = db_with(1, 3);
-    let c = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
-    assert_eq!(db.schedule_retry(RunId(1), c.fence, ErrorClass::Retryable, "429", t(500)), 1);
+    let c = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
+    assert_eq!(
+        db.schedule_retry(RunId(1), c.fence, ErrorClass::Retryable, "429", t(500)),
+        1
+    );
     let r = db.read_run(RunId(1)).unwrap();
     assert_eq!((r.status, r.dispatch), (RunStatus::RetryWait, Dispatch(2)));
     // The old entry's dispatch can no longer claim.
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w0", t(600), LEASE), None);
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w0", t(600), LEASE),
+        None
+    );
     assert_eq!(db.promote_retries(t(499), 10), 0);
     assert_eq!(db.promote_retries(t(500), 10), 1);
     assert_eq!(db.unpublished(10)[0].dispatch, Dispatch(2));
-    assert!(db.claim(RunId(1), Dispatch(2), e(2), "w1", t(600), LEASE).is_some());
+    assert!(
+        db.claim(RunId(1), Dispatch(2), e(2), "w1", t(600), LEASE)
+            .is_some()
+    );
 }
 
 #[test]
 fn exhausted_runs_die_with_a_dead_letter() {
     let mut db = db_with(1, 1);
-    let c = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
+    let c = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
     // Attempt 1 of 1 crashed: no more claims, but the expired run is buried.
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(2_000), LEASE), None);
-    assert_eq!(db.dead_letter_exhausted(RunId(1), Dispatch(1), t(500)), 0, "lease still live");
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(2_000), LEASE),
+        None
+    );
+    assert_eq!(
+        db.dead_letter_exhausted(RunId(1), Dispatch(1), t(500)),
+        0,
+        "lease still live"
+    );
     assert_eq!(db.dead_letter_exhausted(RunId(1), Dispatch(1), t(2_000)), 1);
     let d = &db.dead_letters[&RunId(1)];
-    assert_eq!((d.class, d.source_entry), (ErrorClass::Exhausted, Some(e(1))));
+    assert_eq!(
+        (d.class, d.source_entry),
+        (ErrorClass::Exhausted, Some(e(1)))
+    );
     assert_eq!(d.attempts, vec![(AttemptNo(1), c.fence, None)]);
     // An explicit requeue runs it again, once.
     assert_eq!(db.dlq_requeue(RunId(1), 2), 1);
     assert_eq!(db.dlq_requeue(RunId(1), 2), 0);
     let r = db.read_run(RunId(1)).unwrap();
-    assert_eq!((r.status, r.attempts_max, r.dispatch), (RunStatus::Queued, 3, Dispatch(2)));
+    assert_eq!(
+        (r.status, r.attempts_max, r.dispatch),
+        (RunStatus::Queued, 3, Dispatch(2))
+    );
 }
 
 #[test]
 fn fenced_dead_letter_records_the_attempt_history() {
     let mut db = db_with(1, 2);
-    let c1 = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
+    let c1 = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
     db.schedule_retry(RunId(1), c1.fence, ErrorClass::Panic, "boom", t(0));
     db.promote_retries(t(0), 1);
-    let c2 = db.claim(RunId(1), Dispatch(2), e(2), "w1", t(0), LEASE).unwrap();
-    assert_eq!(db.dead_letter(RunId(1), c2.fence, ErrorClass::Retryable, "429"), 1);
+    let c2 = db
+        .claim(RunId(1), Dispatch(2), e(2), "w1", t(0), LEASE)
+        .unwrap();
+    assert_eq!(
+        db.dead_letter(RunId(1), c2.fence, ErrorClass::Retryable, "429"),
+        1
+    );
     let d = &db.dead_letters[&RunId(1)];
     assert_eq!(d.source_entry, Some(e(2)));
     assert_eq!(
         d.attempts,
         vec![
-            (AttemptNo(1), Fence(1), Some(AttemptOutcome::Failed(ErrorClass::Panic))),
-            (AttemptNo(2), Fence(2), Some(AttemptOutcome::Failed(ErrorClass::Retryable))),
+            (
+                AttemptNo(1),
+                Fence(1),
+                Some(AttemptOutcome::Failed(ErrorClass::Panic))
+            ),
+            (
+                AttemptNo(2),
+                Fence(2),
+                Some(AttemptOutcome::Failed(ErrorClass::Retryable))
+            ),
         ]
     );
 }
@@ -124,11 +195,16 @@ fn fenced_dead_letter_records_the_attempt_history() {
 #[test]
 fn cancel_wins_over_a_running_attempt_and_blocks_new_ones() {
     let mut db = db_with(1, 3);
-    let c = db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE).unwrap();
+    let c = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
     assert_eq!(db.cancel(RunId(1)), 1);
     assert_eq!(db.heartbeat(RunId(1), c.fence, t(1), LEASE), 0);
     assert_eq!(db.complete(RunId(1), c.fence, "ok"), 0);
-    assert_eq!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE), None);
+    assert_eq!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE),
+        None
+    );
     assert_eq!(db.cancel(RunId(1)), 0);
 }
 
@@ -137,12 +213,21 @@ fn orphans_are_found_after_the_grace_and_requeued_once() {
     let mut db = db_with(1, 3);
     db.insert_run(RunId(2), "noop", "{}", 3);
     db.mark_published(RunId(1), Dispatch(1), e(1), t(100));
-    let c = db.claim(RunId(2), Dispatch(1), e(2), "w0", t(100), LEASE).unwrap();
+    let c = db
+        .claim(RunId(2), Dispatch(1), e(2), "w0", t(100), LEASE)
+        .unwrap();
     assert!(db.orphan_candidates(t(150), 100, 10).is_empty());
     let found = db.orphan_candidates(t(1_200), 100, 10);
-    assert_eq!(found.iter().map(|c| c.run_id).collect::<Vec<_>>(), vec![RunId(1), RunId(2)]);
+    assert_eq!(
+        found.iter().map(|c| c.run_id).collect::<Vec<_>>(),
+        vec![RunId(1), RunId(2)]
+    );
     assert_eq!(db.requeue_run(RunId(1), Dispatch(1), t(1_200)), 1);
-    assert_eq!(db.requeue_run(RunId(1), Dispatch(1), t(1_200)), 0, "dispatch moved on");
+    assert_eq!(
+        db.requeue_run(RunId(1), Dispatch(1), t(1_200)),
+        0,
+        "dispatch moved on"
+    );
     assert_eq!(db.requeue_entry(e(2), t(1_000)), 0, "lease still live");
     assert_eq!(db.requeue_entry(e(2), t(1_100)), 1);
     assert_eq!(db.complete(RunId(2), c.fence, "late"), 0);
@@ -160,7 +245,11 @@ fn effects_apply_once_per_key() {
 #[test]
 fn age_all_expires_every_deadline() {
     let mut db = db_with(1, 3);
-    db.claim(RunId(1), Dispatch(1), e(1), "w0", t(5_000), LEASE).unwrap();
+    db.claim(RunId(1), Dispatch(1), e(1), "w0", t(5_000), LEASE)
+        .unwrap();
     db.age_all();
-    assert!(db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE).is_some());
+    assert!(
+        db.claim(RunId(1), Dispatch(1), e(1), "w1", t(5_000), LEASE)
+            .is_some()
+    );
 }

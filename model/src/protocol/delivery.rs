@@ -77,9 +77,16 @@ enum Phase {
     /// ReadRun outstanding; `refused_claim` when it follows a refused claim.
     Reading { refused_claim: bool },
     /// The job runs.
-    Executing { claimed: Claimed, heartbeat: Heartbeat, outcome: Option<JobOutcome> },
+    Executing {
+        claimed: Claimed,
+        heartbeat: Heartbeat,
+        outcome: Option<JobOutcome>,
+    },
     /// NoFence mutant: reading the run's current fence before writing.
-    ReadingFence { claimed: Claimed, outcome: JobOutcome },
+    ReadingFence {
+        claimed: Claimed,
+        outcome: JobOutcome,
+    },
     /// A fenced write outstanding.
     Writing(Write),
     /// DeadLetterExhausted outstanding.
@@ -87,7 +94,10 @@ enum Phase {
     /// PublishDead (dead-letter notification) outstanding.
     Notifying,
     /// Ack outstanding.
-    Acking { why: AckReason, then_write: Option<DbOp> },
+    Acking {
+        why: AckReason,
+        then_write: Option<DbOp>,
+    },
     /// Over.
     Done(DeliveryEnd),
 }
@@ -156,9 +166,23 @@ impl Delivery {
             JobEntry::Job { run, dispatch } => {
                 let (worker, lease_ms) = (d.worker.consumer(), d.policy.lease_ms);
                 let op = if d.policy.is(Mutant::ReviveCancelled) {
-                    DbOp::ClaimReviving { run, dispatch, entry, worker, now, lease_ms }
+                    DbOp::ClaimReviving {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        now,
+                        lease_ms,
+                    }
                 } else {
-                    DbOp::Claim { run, dispatch, entry, worker, now, lease_ms }
+                    DbOp::Claim {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        now,
+                        lease_ms,
+                    }
                 };
                 d.send(Command::Db(op));
             }
@@ -191,7 +215,9 @@ impl Delivery {
     #[must_use]
     pub fn claimed(&self) -> Option<Claimed> {
         match &self.phase {
-            Phase::Executing { claimed, .. } | Phase::ReadingFence { claimed, .. } => Some(*claimed),
+            Phase::Executing { claimed, .. } | Phase::ReadingFence { claimed, .. } => {
+                Some(*claimed)
+            }
             _ => None,
         }
     }
@@ -239,13 +265,21 @@ impl Delivery {
 
     fn quarantine(&mut self, now: Timestamp, reason: String) {
         self.phase = Phase::Quarantining;
-        let entry = DeadEntry::Quarantined { source: self.entry, reason };
+        let entry = DeadEntry::Quarantined {
+            source: self.entry,
+            reason,
+        };
         self.send(Command::Stream(StreamOp::PublishDead { entry, now }));
     }
 
     fn ack(&mut self, why: AckReason) {
-        self.phase = Phase::Acking { why, then_write: None };
-        self.send(Command::Stream(StreamOp::Ack { ids: vec![self.entry] }));
+        self.phase = Phase::Acking {
+            why,
+            then_write: None,
+        };
+        self.send(Command::Stream(StreamOp::Ack {
+            ids: vec![self.entry],
+        }));
     }
 
     fn read(&mut self, refused_claim: bool) {
@@ -259,10 +293,19 @@ impl Delivery {
         let phase = std::mem::replace(&mut self.phase, Phase::Claiming);
         match (phase, input) {
             (phase @ Phase::Done(_), _) => self.phase = phase,
-            (Phase::Executing { claimed, heartbeat, outcome }, input) => {
+            (
+                Phase::Executing {
+                    claimed,
+                    heartbeat,
+                    outcome,
+                },
+                input,
+            ) => {
                 self.on_executing(now, claimed, heartbeat, outcome, input);
             }
-            (_, Input::Unavailable) => self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable)),
+            (_, Input::Unavailable) => {
+                self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable))
+            }
             (Phase::Quarantining, Input::Stream(Ok(StreamReply::Added(_)))) => {
                 self.ack(AckReason::Quarantined);
             }
@@ -333,7 +376,11 @@ impl Delivery {
     fn start(&mut self, now: Timestamp, claimed: Claimed) {
         let (run, _) = self.run().expect("claimed a well-formed entry");
         let (kind, input) = (String::new(), String::new());
-        self.phase = Phase::Executing { claimed, heartbeat: Heartbeat::Idle, outcome: None };
+        self.phase = Phase::Executing {
+            claimed,
+            heartbeat: Heartbeat::Idle,
+            outcome: None,
+        };
         self.send(Command::Execute(Execution {
             run,
             fence: claimed.fence,
@@ -372,7 +419,11 @@ impl Delivery {
         if row.dispatch == dispatch && gone && row.attempts >= row.attempts_max {
             self.phase = Phase::Burying;
             let run = row.run_id;
-            return self.send(Command::Db(DbOp::DeadLetterExhausted { run, dispatch, now }));
+            return self.send(Command::Db(DbOp::DeadLetterExhausted {
+                run,
+                dispatch,
+                now,
+            }));
         }
         self.finish(DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
     }
@@ -388,17 +439,30 @@ impl Delivery {
         let (run, _) = self.run().expect("executing a well-formed entry");
         let (fence, lease_ms) = (claimed.fence, self.policy.lease_ms);
         let next = |d: &mut Delivery, heartbeat, outcome| {
-            d.phase = Phase::Executing { claimed, heartbeat, outcome };
+            d.phase = Phase::Executing {
+                claimed,
+                heartbeat,
+                outcome,
+            };
         };
         match (heartbeat, input) {
             (Heartbeat::Idle, Input::Timer) if outcome.is_none() => {
                 next(self, Heartbeat::Renewing, None);
-                self.send(Command::Db(DbOp::Heartbeat { run, fence, now, lease_ms }));
+                self.send(Command::Db(DbOp::Heartbeat {
+                    run,
+                    fence,
+                    now,
+                    lease_ms,
+                }));
             }
             (Heartbeat::Renewing, Input::Db(DbReply::Rows(1))) => {
                 next(self, Heartbeat::Touching, outcome);
                 let consumer = self.worker.consumer();
-                self.send(Command::Stream(StreamOp::Touch { consumer, id: self.entry, now }));
+                self.send(Command::Stream(StreamOp::Touch {
+                    consumer,
+                    id: self.entry,
+                    now,
+                }));
             }
             (Heartbeat::Renewing, Input::Db(DbReply::Rows(_))) => {
                 // Fenced out or cancelled: stop the job at its next boundary.
@@ -421,7 +485,10 @@ impl Delivery {
             (Heartbeat::Idle, Input::Executed(outcome)) => self.write(now, claimed, outcome),
             (hb, Input::Executed(outcome)) => next(self, hb, Some(outcome)),
             (hb, input) => {
-                debug_assert!(matches!(input, Input::Timer), "unexpected {input:?} while executing");
+                debug_assert!(
+                    matches!(input, Input::Timer),
+                    "unexpected {input:?} while executing"
+                );
                 next(self, hb, outcome);
             }
         }
@@ -440,28 +507,69 @@ impl Delivery {
         let (run, _) = self.run().expect("executing a well-formed entry");
         let fence = claimed.fence;
         let (op, kind) = match outcome {
-            JobOutcome::Succeeded { result } => (DbOp::Complete { run, fence, result }, Write::Result),
-            JobOutcome::Failed { class: ErrorClass::Terminal | ErrorClass::Exhausted, message } => {
+            JobOutcome::Succeeded { result } => {
+                (DbOp::Complete { run, fence, result }, Write::Result)
+            }
+            JobOutcome::Failed {
+                class: ErrorClass::Terminal | ErrorClass::Exhausted,
+                message,
+            } => {
                 let class = ErrorClass::Terminal;
-                (DbOp::Fail { run, fence, class, message }, Write::Result)
+                (
+                    DbOp::Fail {
+                        run,
+                        fence,
+                        class,
+                        message,
+                    },
+                    Write::Result,
+                )
             }
             JobOutcome::Failed { class, message } if self.policy.is(Mutant::RetryInPel) => {
                 // The bug: record the failure, leave the entry in the PEL as
                 // "the retry".
-                (DbOp::RecordFailureOnly { run, fence, class, message }, Write::LeavePending)
+                (
+                    DbOp::RecordFailureOnly {
+                        run,
+                        fence,
+                        class,
+                        message,
+                    },
+                    Write::LeavePending,
+                )
             }
             JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
                 let backoff_ms = self.policy.backoff_ms(claimed.attempt.0, self.entropy);
                 let retry_at = now.add_ms(backoff_ms);
-                (DbOp::ScheduleRetry { run, fence, class, message, retry_at }, Write::Result)
+                (
+                    DbOp::ScheduleRetry {
+                        run,
+                        fence,
+                        class,
+                        message,
+                        retry_at,
+                    },
+                    Write::Result,
+                )
             }
-            JobOutcome::Failed { class, message } => {
-                (DbOp::DeadLetter { run, fence, class, message }, Write::Dead(class))
-            }
+            JobOutcome::Failed { class, message } => (
+                DbOp::DeadLetter {
+                    run,
+                    fence,
+                    class,
+                    message,
+                },
+                Write::Dead(class),
+            ),
         };
         if self.policy.is(Mutant::AckBeforeCommit) {
-            self.phase = Phase::Acking { why: AckReason::Mutant, then_write: Some(op) };
-            return self.send(Command::Stream(StreamOp::Ack { ids: vec![self.entry] }));
+            self.phase = Phase::Acking {
+                why: AckReason::Mutant,
+                then_write: Some(op),
+            };
+            return self.send(Command::Stream(StreamOp::Ack {
+                ids: vec![self.entry],
+            }));
         }
         self.phase = Phase::Writing(kind);
         self.send(Command::Db(op));
@@ -470,7 +578,11 @@ impl Delivery {
     fn notify_dead(&mut self, now: Timestamp, class: ErrorClass) {
         let (run, _) = self.run().expect("buried a well-formed entry");
         self.phase = Phase::Notifying;
-        let entry = DeadEntry::Run { run, source: self.entry, class };
+        let entry = DeadEntry::Run {
+            run,
+            source: self.entry,
+            class,
+        };
         self.send(Command::Stream(StreamOp::PublishDead { entry, now }));
     }
 }

@@ -16,6 +16,26 @@ use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
+/// Whether candidate `c` can still be reached through its entry, given what
+/// `Locate` found at its ID: the ID must hold this very run and dispatch (after
+/// Redis lost its data an ID can come back holding another entry), and that
+/// entry must be pending (the reclaimer's) or not yet delivered (a reader's).
+#[must_use]
+pub fn still_deliverable(c: &Candidate, located: &StreamReply) -> bool {
+    let ours = JobEntry::Job {
+        run: c.run_id,
+        dispatch: c.dispatch,
+    };
+    match located {
+        StreamReply::Located {
+            entry: Some(e),
+            pending,
+            delivered,
+        } => *e == ours && (*pending || !*delivered),
+        _ => false,
+    }
+}
+
 /// One maintenance pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum MaintenanceTask {
@@ -46,8 +66,6 @@ pub struct Maintenance {
     phase: Phase,
     todo: VecDeque<Candidate>,
     outbox: VecDeque<Command>,
-    published: u64,
-    requeued: u64,
 }
 
 impl Maintenance {
@@ -59,8 +77,6 @@ impl Maintenance {
             phase: Phase::Idle,
             todo: VecDeque::new(),
             outbox: VecDeque::new(),
-            published: 0,
-            requeued: 0,
         }
     }
 
@@ -68,12 +84,6 @@ impl Maintenance {
     #[must_use]
     pub fn is_idle(&self) -> bool {
         self.phase == Phase::Idle && self.outbox.is_empty()
-    }
-
-    /// Entries published and runs re-dispatched so far.
-    #[must_use]
-    pub fn counters(&self) -> (u64, u64) {
-        (self.published, self.requeued)
     }
 
     /// Starts a pass; ignored while one is running.
@@ -88,7 +98,14 @@ impl Maintenance {
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::Unpublished { limit }),
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;
-                (Phase::ListingOrphans, DbOp::OrphanCandidates { now, grace_ms, limit })
+                (
+                    Phase::ListingOrphans,
+                    DbOp::OrphanCandidates {
+                        now,
+                        grace_ms,
+                        limit,
+                    },
+                )
             }
         };
         self.phase = phase;
@@ -113,8 +130,14 @@ impl Maintenance {
             return;
         };
         if publishing {
-            let entry = JobEntry::Job { run: c.run_id, dispatch: c.dispatch };
-            self.send(Phase::Publishing(c), Command::Stream(StreamOp::Publish { entry, now }));
+            let entry = JobEntry::Job {
+                run: c.run_id,
+                dispatch: c.dispatch,
+            };
+            self.send(
+                Phase::Publishing(c),
+                Command::Stream(StreamOp::Publish { entry, now }),
+            );
         } else if let Some(id) = c.entry_id {
             self.send(Phase::Locating(c), Command::Stream(StreamOp::Locate { id }));
         } else {
@@ -123,7 +146,11 @@ impl Maintenance {
     }
 
     fn requeue(&mut self, now: Timestamp, c: Candidate) {
-        let op = DbOp::RequeueRun { run: c.run_id, dispatch: c.dispatch, now };
+        let op = DbOp::RequeueRun {
+            run: c.run_id,
+            dispatch: c.dispatch,
+            now,
+        };
         self.send(Phase::Requeuing(c), Command::Db(op));
     }
 
@@ -137,27 +164,30 @@ impl Maintenance {
                 self.next(now, true);
             }
             (Phase::Publishing(c), Input::Stream(Ok(StreamReply::Added(entry)))) => {
-                let op = DbOp::MarkPublished { run: c.run_id, dispatch: c.dispatch, entry, now };
+                let op = DbOp::MarkPublished {
+                    run: c.run_id,
+                    dispatch: c.dispatch,
+                    entry,
+                    now,
+                };
                 self.send(Phase::Marking(c), Command::Db(op));
             }
-            (Phase::Marking(_), Input::Db(DbReply::Rows(n))) => {
-                self.published += n;
+            (Phase::Marking(_), Input::Db(DbReply::Rows(_))) => {
                 self.next(now, true);
             }
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
                 self.todo = cs.into();
                 self.next(now, false);
             }
-            (Phase::Locating(c), Input::Stream(Ok(StreamReply::Located { in_stream, pending }))) => {
-                if in_stream || pending {
-                    // Still deliverable, or the reclaimer's to take over.
+            (Phase::Locating(c), Input::Stream(Ok(reply))) => {
+                if still_deliverable(&c, &reply) {
+                    // Still to be read, or the reclaimer's to take over.
                     self.next(now, false);
                 } else {
                     self.requeue(now, c);
                 }
             }
-            (Phase::Requeuing(_), Input::Db(DbReply::Rows(n))) => {
-                self.requeued += n;
+            (Phase::Requeuing(_), Input::Db(DbReply::Rows(_))) => {
                 self.next(now, false);
             }
             (Phase::Promoting, _) => {}

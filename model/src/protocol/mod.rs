@@ -53,7 +53,7 @@ mod reclaimer;
 mod submitter;
 
 pub use delivery::{Delivery, DeliveryEnd};
-pub use maintenance::{Maintenance, MaintenanceTask};
+pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
 pub use mutant::Mutant;
 pub use reclaimer::{Reclaimer, ReclaimerEvent};
 pub use submitter::{Submitter, SubmitterEnd};
@@ -180,27 +180,107 @@ pub enum DeadEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub enum DbOp {
-    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32 },
-    MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId, now: Timestamp },
-    Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 },
-    ReadRun { run: RunId },
-    Heartbeat { run: RunId, fence: Fence, now: Timestamp, lease_ms: u64 },
-    Complete { run: RunId, fence: Fence, result: String },
-    Fail { run: RunId, fence: Fence, class: ErrorClass, message: String },
-    ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, retry_at: Timestamp },
-    DeadLetter { run: RunId, fence: Fence, class: ErrorClass, message: String },
-    DeadLetterExhausted { run: RunId, dispatch: Dispatch, now: Timestamp },
-    Cancel { run: RunId },
-    PromoteRetries { now: Timestamp, limit: usize },
-    Unpublished { limit: usize },
-    OrphanCandidates { now: Timestamp, grace_ms: u64, limit: usize },
-    RequeueRun { run: RunId, dispatch: Dispatch, now: Timestamp },
-    RequeueEntry { entry: EntryId, now: Timestamp },
-    ApplyEffect { key: String },
+    InsertRun {
+        run: RunId,
+        kind: String,
+        input: String,
+        attempts_max: u32,
+    },
+    MarkPublished {
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        now: Timestamp,
+    },
+    Claim {
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        worker: String,
+        now: Timestamp,
+        lease_ms: u64,
+    },
+    ReadRun {
+        run: RunId,
+    },
+    Heartbeat {
+        run: RunId,
+        fence: Fence,
+        now: Timestamp,
+        lease_ms: u64,
+    },
+    Complete {
+        run: RunId,
+        fence: Fence,
+        result: String,
+    },
+    Fail {
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: String,
+    },
+    ScheduleRetry {
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: String,
+        retry_at: Timestamp,
+    },
+    DeadLetter {
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: String,
+    },
+    DeadLetterExhausted {
+        run: RunId,
+        dispatch: Dispatch,
+        now: Timestamp,
+    },
+    Cancel {
+        run: RunId,
+    },
+    PromoteRetries {
+        now: Timestamp,
+        limit: usize,
+    },
+    Unpublished {
+        limit: usize,
+    },
+    OrphanCandidates {
+        now: Timestamp,
+        grace_ms: u64,
+        limit: usize,
+    },
+    RequeueRun {
+        run: RunId,
+        dispatch: Dispatch,
+        now: Timestamp,
+    },
+    RequeueEntry {
+        entry: EntryId,
+        now: Timestamp,
+    },
+    ApplyEffect {
+        key: String,
+    },
     /// Mutant statement (`ReviveCancelled`).
-    ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 },
+    ClaimReviving {
+        run: RunId,
+        dispatch: Dispatch,
+        entry: EntryId,
+        worker: String,
+        now: Timestamp,
+        lease_ms: u64,
+    },
     /// Mutant statement (`RetryInPel`).
-    RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String },
+    RecordFailureOnly {
+        run: RunId,
+        fence: Fence,
+        class: ErrorClass,
+        message: String,
+    },
 }
 
 impl DbOp {
@@ -250,49 +330,85 @@ impl Db {
     pub fn execute(&mut self, op: &DbOp) -> DbReply {
         use DbReply::{Candidates, Claimed as C, Rows};
         match op {
-            DbOp::InsertRun { run, kind, input, attempts_max } => {
-                Rows(self.insert_run(*run, kind, input, *attempts_max))
-            }
-            DbOp::MarkPublished { run, dispatch, entry, now } => {
-                Rows(self.mark_published(*run, *dispatch, *entry, *now))
-            }
-            DbOp::Claim { run, dispatch, entry, worker, now, lease_ms } => {
-                C(self.claim(*run, *dispatch, *entry, worker, *now, *lease_ms))
-            }
+            DbOp::InsertRun {
+                run,
+                kind,
+                input,
+                attempts_max,
+            } => Rows(self.insert_run(*run, kind, input, *attempts_max)),
+            DbOp::MarkPublished {
+                run,
+                dispatch,
+                entry,
+                now,
+            } => Rows(self.mark_published(*run, *dispatch, *entry, *now)),
+            DbOp::Claim {
+                run,
+                dispatch,
+                entry,
+                worker,
+                now,
+                lease_ms,
+            } => C(self.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)),
             DbOp::ReadRun { run } => DbReply::Run(self.read_run(*run)),
-            DbOp::Heartbeat { run, fence, now, lease_ms } => {
-                Rows(self.heartbeat(*run, *fence, *now, *lease_ms))
-            }
+            DbOp::Heartbeat {
+                run,
+                fence,
+                now,
+                lease_ms,
+            } => Rows(self.heartbeat(*run, *fence, *now, *lease_ms)),
             DbOp::Complete { run, fence, result } => Rows(self.complete(*run, *fence, result)),
-            DbOp::Fail { run, fence, class, message } => {
-                Rows(self.fail(*run, *fence, *class, message))
-            }
-            DbOp::ScheduleRetry { run, fence, class, message, retry_at } => {
-                Rows(self.schedule_retry(*run, *fence, *class, message, *retry_at))
-            }
-            DbOp::DeadLetter { run, fence, class, message } => {
-                Rows(self.dead_letter(*run, *fence, *class, message))
-            }
+            DbOp::Fail {
+                run,
+                fence,
+                class,
+                message,
+            } => Rows(self.fail(*run, *fence, *class, message)),
+            DbOp::ScheduleRetry {
+                run,
+                fence,
+                class,
+                message,
+                retry_at,
+            } => Rows(self.schedule_retry(*run, *fence, *class, message, *retry_at)),
+            DbOp::DeadLetter {
+                run,
+                fence,
+                class,
+                message,
+            } => Rows(self.dead_letter(*run, *fence, *class, message)),
             DbOp::DeadLetterExhausted { run, dispatch, now } => {
                 Rows(self.dead_letter_exhausted(*run, *dispatch, *now))
             }
             DbOp::Cancel { run } => Rows(self.cancel(*run)),
             DbOp::PromoteRetries { now, limit } => Rows(self.promote_retries(*now, *limit)),
             DbOp::Unpublished { limit } => Candidates(self.unpublished(*limit)),
-            DbOp::OrphanCandidates { now, grace_ms, limit } => {
-                Candidates(self.orphan_candidates(*now, *grace_ms, *limit))
+            DbOp::OrphanCandidates {
+                now,
+                grace_ms,
+                limit,
+            } => Candidates(self.orphan_candidates(*now, *grace_ms, *limit)),
+            DbOp::RequeueRun { run, dispatch, now } => {
+                Rows(self.requeue_run(*run, *dispatch, *now))
             }
-            DbOp::RequeueRun { run, dispatch, now } => Rows(self.requeue_run(*run, *dispatch, *now)),
             DbOp::RequeueEntry { entry, now } => Rows(self.requeue_entry(*entry, *now)),
             DbOp::ApplyEffect { key } => Rows(self.apply_effect(key)),
             #[cfg(feature = "mutants")]
-            DbOp::ClaimReviving { run, dispatch, entry, worker, now, lease_ms } => {
-                C(self.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms))
-            }
+            DbOp::ClaimReviving {
+                run,
+                dispatch,
+                entry,
+                worker,
+                now,
+                lease_ms,
+            } => C(self.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)),
             #[cfg(feature = "mutants")]
-            DbOp::RecordFailureOnly { run, fence, class, message } => {
-                Rows(self.record_failure_only(*run, *fence, *class, message))
-            }
+            DbOp::RecordFailureOnly {
+                run,
+                fence,
+                class,
+                message,
+            } => Rows(self.record_failure_only(*run, *fence, *class, message)),
             #[cfg(not(feature = "mutants"))]
             DbOp::ClaimReviving { .. } | DbOp::RecordFailureOnly { .. } => {
                 panic!("mutant statement {op:?} in a build without the `mutants` feature")
@@ -313,15 +429,29 @@ pub enum StreamOp {
     /// XGROUP CREATE jobs group 0 MKSTREAM (BUSYGROUP counts as success).
     EnsureGroup,
     /// XREADGROUP GROUP group consumer COUNT n STREAMS jobs >
-    Read { consumer: String, count: usize, now: Timestamp },
+    Read {
+        consumer: String,
+        count: usize,
+        now: Timestamp,
+    },
     /// XACK jobs group id...
     Ack { ids: Vec<EntryId> },
     /// XAUTOCLAIM jobs group consumer min_idle start COUNT n
-    AutoClaim { consumer: String, min_idle_ms: u64, start: EntryId, count: usize, now: Timestamp },
+    AutoClaim {
+        consumer: String,
+        min_idle_ms: u64,
+        start: EntryId,
+        count: usize,
+        now: Timestamp,
+    },
     /// XCLAIM jobs group consumer 0 id JUSTID: the heartbeat's idle reset.
-    Touch { consumer: String, id: EntryId, now: Timestamp },
-    /// XRANGE jobs id id + XPENDING jobs group id id 1: does the entry still
-    /// exist, and is it pending?
+    Touch {
+        consumer: String,
+        id: EntryId,
+        now: Timestamp,
+    },
+    /// XRANGE jobs id id + XPENDING jobs group id id 1 + XINFO GROUPS:
+    /// what is at this ID now, is it pending, was it delivered?
     Locate { id: EntryId },
 }
 
@@ -335,7 +465,11 @@ pub enum StreamReply {
     Acked(u64),
     AutoClaimed(AutoClaim<JobEntry>),
     Touched(bool),
-    Located { in_stream: bool, pending: bool },
+    Located {
+        entry: Option<JobEntry>,
+        pending: bool,
+        delivered: bool,
+    },
 }
 
 /// Why a command has no answer: the server was unreachable, the call timed

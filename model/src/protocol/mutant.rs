@@ -74,7 +74,9 @@ impl fmt::Display for Mutant {
 
 /// An unknown mutant name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown mutant {0:?}; known: AckBeforeCommit, NoFence, NoTerminalCheck, NoIdempotencyKey, RetryInPel, NoDeadLetter, StaleAck, IgnoreTrimmed, ReviveCancelled, NoPublishRecovery")]
+#[error(
+    "unknown mutant {0:?}; known: AckBeforeCommit, NoFence, NoTerminalCheck, NoIdempotencyKey, RetryInPel, NoDeadLetter, StaleAck, IgnoreTrimmed, ReviveCancelled, NoPublishRecovery"
+)]
 pub struct UnknownMutant(pub String);
 
 impl FromStr for Mutant {

@@ -95,7 +95,8 @@ impl Reclaimer {
             return false;
         };
         self.phase = Phase::Recovering(entry);
-        self.outbox.push_back(Command::Db(DbOp::RequeueEntry { entry, now }));
+        self.outbox
+            .push_back(Command::Db(DbOp::RequeueEntry { entry, now }));
         true
     }
 
@@ -134,7 +135,8 @@ impl Reclaimer {
                 // wipe): recreate it; the sweeper republishes from Postgres.
                 self.cursor = EntryId::ZERO;
                 self.phase = Phase::EnsuringGroup;
-                self.outbox.push_back(Command::Stream(StreamOp::EnsureGroup));
+                self.outbox
+                    .push_back(Command::Stream(StreamOp::EnsureGroup));
             }
             (Phase::Recovering(entry), Input::Db(DbReply::Rows(_))) => {
                 let done = self.deleted.pop_front();

@@ -47,8 +47,17 @@ impl Submitter {
         } else {
             policy.attempts_max
         };
-        let op = DbOp::InsertRun { run, kind: kind.to_owned(), input: input.to_owned(), attempts_max };
-        Submitter { run, phase: Phase::Inserting, outbox: VecDeque::from([Command::Db(op)]) }
+        let op = DbOp::InsertRun {
+            run,
+            kind: kind.to_owned(),
+            input: input.to_owned(),
+            attempts_max,
+        };
+        Submitter {
+            run,
+            phase: Phase::Inserting,
+            outbox: VecDeque::from([Command::Db(op)]),
+        }
     }
 
     /// The run.
@@ -69,7 +78,10 @@ impl Submitter {
     /// Whether the row is known durable (the API may answer 202 from here on).
     #[must_use]
     pub fn is_accepted(&self) -> bool {
-        matches!(self.phase, Phase::Publishing | Phase::Marking | Phase::Done(SubmitterEnd::Accepted { .. }))
+        matches!(
+            self.phase,
+            Phase::Publishing | Phase::Marking | Phase::Done(SubmitterEnd::Accepted { .. })
+        )
     }
 
     /// The next command.
@@ -83,13 +95,22 @@ impl Submitter {
         let run = self.run;
         self.phase = match (self.phase, input) {
             (Phase::Inserting, Input::Db(DbReply::Rows(_))) => {
-                let entry = JobEntry::Job { run, dispatch: Dispatch(1) };
-                self.outbox.push_back(Command::Stream(StreamOp::Publish { entry, now }));
+                let entry = JobEntry::Job {
+                    run,
+                    dispatch: Dispatch(1),
+                };
+                self.outbox
+                    .push_back(Command::Stream(StreamOp::Publish { entry, now }));
                 Phase::Publishing
             }
             (Phase::Inserting, _) => Phase::Done(SubmitterEnd::Unavailable),
             (Phase::Publishing, Input::Stream(Ok(StreamReply::Added(entry)))) => {
-                let op = DbOp::MarkPublished { run, dispatch: Dispatch(1), entry, now };
+                let op = DbOp::MarkPublished {
+                    run,
+                    dispatch: Dispatch(1),
+                    entry,
+                    now,
+                };
                 self.outbox.push_back(Command::Db(op));
                 Phase::Marking
             }

@@ -27,8 +27,14 @@ fn xadd_auto_ids_follow_the_clock_and_never_go_back() {
     assert_eq!(s.xadd(AddId::Auto, "b", t(10)).unwrap(), id(10, 1));
     // Clock went backwards: the sequence continues.
     assert_eq!(s.xadd(AddId::Auto, "c", t(3)).unwrap(), id(10, 2));
-    assert_eq!(s.xadd(AddId::Explicit(id(10, 2)), "x", t(11)), Err(StreamError::IdTooSmall));
-    assert_eq!(s.xadd(AddId::Explicit(id(20, 5)), "d", t(11)).unwrap(), id(20, 5));
+    assert_eq!(
+        s.xadd(AddId::Explicit(id(10, 2)), "x", t(11)),
+        Err(StreamError::IdTooSmall)
+    );
+    assert_eq!(
+        s.xadd(AddId::Explicit(id(20, 5)), "d", t(11)).unwrap(),
+        id(20, 5)
+    );
     assert_eq!(s.entries_added, 4);
     assert_eq!(s.len(), 4);
 }
@@ -36,10 +42,16 @@ fn xadd_auto_ids_follow_the_clock_and_never_go_back() {
 #[test]
 fn xgroup_create_needs_the_key_or_mkstream_and_is_busy_twice() {
     let mut s: Stream<&str> = Stream::new();
-    assert_eq!(s.xgroup_create("g", Some(EntryId::ZERO), false), Err(StreamError::NoKey));
+    assert_eq!(
+        s.xgroup_create("g", Some(EntryId::ZERO), false),
+        Err(StreamError::NoKey)
+    );
     s.xgroup_create("g", Some(EntryId::ZERO), true).unwrap();
     assert!(s.exists);
-    assert_eq!(s.xgroup_create("g", None, true), Err(StreamError::BusyGroup));
+    assert_eq!(
+        s.xgroup_create("g", None, true),
+        Err(StreamError::BusyGroup)
+    );
     assert_eq!(s.xinfo_groups().unwrap()[0].lag, Some(0));
 }
 
@@ -60,7 +72,10 @@ fn group_created_at_dollar_skips_existing_entries() {
     s.xgroup_create("g", None, false).unwrap();
     assert!(s.xreadgroup("c", 10, t(2)).unwrap().is_empty());
     s.xadd(AddId::Auto, "new", t(3)).unwrap();
-    assert_eq!(s.xreadgroup("c", 10, t(4)).unwrap(), vec![(id(3, 0), "new")]);
+    assert_eq!(
+        s.xreadgroup("c", 10, t(4)).unwrap(),
+        vec![(id(3, 0), "new")]
+    );
 }
 
 #[test]
@@ -72,9 +87,15 @@ fn xreadgroup_delivers_each_entry_once_and_records_pending() {
     assert_eq!(got.len(), 3);
     assert!(s.xreadgroup("c1", 10, t(12)).unwrap().is_empty());
     let p = s.pending(id(1, 0)).unwrap();
-    assert_eq!((p.consumer.as_str(), p.delivery_time, p.delivery_count), ("c1", t(10), 1));
+    assert_eq!(
+        (p.consumer.as_str(), p.delivery_time, p.delivery_count),
+        ("c1", t(10), 1)
+    );
     let info = &s.xinfo_groups().unwrap()[0];
-    assert_eq!((info.pending, info.consumers, info.lag, info.entries_read), (5, 2, Some(0), Some(5)));
+    assert_eq!(
+        (info.pending, info.consumers, info.lag, info.entries_read),
+        (5, 2, Some(0), Some(5))
+    );
 }
 
 #[test]
@@ -83,7 +104,10 @@ fn xack_takes_no_consumer_and_counts_only_pending_ids() {
     s.xreadgroup("c1", 2, t(10)).unwrap();
     // Anyone can acknowledge anything: the protocol must not rely on XACK
     // checking ownership.
-    assert_eq!(s.xack(&[id(1, 0), id(1, 0), id(9, 9), id(3, 0)]).unwrap(), 1);
+    assert_eq!(
+        s.xack(&[id(1, 0), id(1, 0), id(9, 9), id(3, 0)]).unwrap(),
+        1
+    );
     assert_eq!(s.pel_len(), 1);
     // XACK does not delete the entry.
     assert_eq!(s.len(), 5);
@@ -94,18 +118,31 @@ fn xautoclaim_respects_idle_count_and_cursor() {
     let mut s = five();
     s.xreadgroup("c1", 5, t(100)).unwrap();
     // Not idle long enough.
-    let r = s.xautoclaim("c2", 50, EntryId::ZERO, 10, false, t(120)).unwrap();
+    let r = s
+        .xautoclaim("c2", 50, EntryId::ZERO, 10, false, t(120))
+        .unwrap();
     assert!(r.claimed.is_empty() && r.deleted.is_empty());
     assert_eq!(r.next, EntryId::ZERO);
     // Idle enough; COUNT 2 returns a cursor at the next pending ID.
-    let r = s.xautoclaim("c2", 50, EntryId::ZERO, 2, false, t(200)).unwrap();
-    assert_eq!(r.claimed, vec![(id(1, 0), Some("a")), (id(2, 0), Some("b"))]);
+    let r = s
+        .xautoclaim("c2", 50, EntryId::ZERO, 2, false, t(200))
+        .unwrap();
+    assert_eq!(
+        r.claimed,
+        vec![(id(1, 0), Some("a")), (id(2, 0), Some("b"))]
+    );
     assert_eq!(r.next, id(3, 0));
     let p = s.pending(id(1, 0)).unwrap();
-    assert_eq!((p.consumer.as_str(), p.delivery_time, p.delivery_count), ("c2", t(200), 2));
+    assert_eq!(
+        (p.consumer.as_str(), p.delivery_time, p.delivery_count),
+        ("c2", t(200), 2)
+    );
     // Continue from the cursor with JUSTID: delivery count unchanged.
     let r = s.xautoclaim("c3", 50, id(3, 0), 10, true, t(300)).unwrap();
-    assert_eq!(r.claimed, vec![(id(3, 0), None), (id(4, 0), None), (id(5, 0), None)]);
+    assert_eq!(
+        r.claimed,
+        vec![(id(3, 0), None), (id(4, 0), None), (id(5, 0), None)]
+    );
     assert_eq!(r.next, EntryId::ZERO);
     assert_eq!(s.pending(id(3, 0)).unwrap().delivery_count, 1);
 }
@@ -119,7 +156,9 @@ fn xautoclaim_scans_at_most_ten_times_count() {
     s.xgroup_create("g", Some(EntryId::ZERO), false).unwrap();
     s.xreadgroup("c1", 25, t(1000)).unwrap();
     // None is idle enough: with COUNT 1 the scan stops after 10 entries.
-    let r = s.xautoclaim("c2", 10_000, EntryId::ZERO, 1, false, t(1001)).unwrap();
+    let r = s
+        .xautoclaim("c2", 10_000, EntryId::ZERO, 1, false, t(1001))
+        .unwrap();
     assert!(r.claimed.is_empty());
     assert_eq!(r.next, id(11, 0));
 }
@@ -131,7 +170,9 @@ fn xautoclaim_reports_and_drops_deleted_ids_whatever_their_idle_time() {
     assert_eq!(s.xtrim(Trim::MinId(id(3, 0))), 2);
     s.xdel(&[id(4, 0)]);
     // min-idle not reached, yet deleted IDs are dropped and reported.
-    let r = s.xautoclaim("c2", 1_000, EntryId::ZERO, 10, false, t(150)).unwrap();
+    let r = s
+        .xautoclaim("c2", 1_000, EntryId::ZERO, 10, false, t(150))
+        .unwrap();
     assert_eq!(r.deleted, vec![id(1, 0), id(2, 0), id(4, 0)]);
     assert!(r.claimed.is_empty());
     assert_eq!(s.pel_len(), 2);
@@ -139,7 +180,9 @@ fn xautoclaim_reports_and_drops_deleted_ids_whatever_their_idle_time() {
     let mut s = five();
     s.xreadgroup("c1", 5, t(100)).unwrap();
     s.xtrim(Trim::MaxLen(2));
-    let r = s.xautoclaim("c2", 0, EntryId::ZERO, 1, false, t(150)).unwrap();
+    let r = s
+        .xautoclaim("c2", 0, EntryId::ZERO, 1, false, t(150))
+        .unwrap();
     assert_eq!(r.deleted, vec![id(1, 0), id(2, 0), id(3, 0)]);
     assert_eq!(r.claimed, vec![(id(4, 0), Some("d"))]);
     assert_eq!(r.next, id(5, 0));
@@ -150,21 +193,35 @@ fn xclaim_with_idle_and_justid() {
     let mut s = five();
     s.xreadgroup("c1", 3, t(100)).unwrap();
     // Min-idle not met: nothing.
-    assert!(s.xclaim("c2", 500, &[id(1, 0)], None, false, t(200)).unwrap().is_empty());
+    assert!(
+        s.xclaim("c2", 500, &[id(1, 0)], None, false, t(200))
+            .unwrap()
+            .is_empty()
+    );
     // Heartbeat-style touch: claim to self with JUSTID, idle reset.
-    let got = s.xclaim("c1", 0, &[id(1, 0), id(9, 0)], None, true, t(300)).unwrap();
+    let got = s
+        .xclaim("c1", 0, &[id(1, 0), id(9, 0)], None, true, t(300))
+        .unwrap();
     assert_eq!(got, vec![(id(1, 0), None)]);
     let p = s.pending(id(1, 0)).unwrap();
     assert_eq!((p.delivery_time, p.delivery_count), (t(300), 1));
     // IDLE sets the delivery time in the past.
-    let got = s.xclaim("c2", 0, &[id(2, 0)], Some(70), false, t(400)).unwrap();
+    let got = s
+        .xclaim("c2", 0, &[id(2, 0)], Some(70), false, t(400))
+        .unwrap();
     assert_eq!(got, vec![(id(2, 0), Some("b"))]);
-    let rows = s.xpending_range(None, id(2, 0), id(2, 0), 10, None, t(400)).unwrap();
+    let rows = s
+        .xpending_range(None, id(2, 0), id(2, 0), 10, None, t(400))
+        .unwrap();
     assert_eq!(rows[0].idle_ms, 70);
     assert_eq!(rows[0].delivery_count, 2);
     // A deleted entry's pending record is dropped by XCLAIM.
     s.xdel(&[id(3, 0)]);
-    assert!(s.xclaim("c2", 0, &[id(3, 0)], None, false, t(500)).unwrap().is_empty());
+    assert!(
+        s.xclaim("c2", 0, &[id(3, 0)], None, false, t(500))
+            .unwrap()
+            .is_empty()
+    );
     assert!(s.pending(id(3, 0)).is_none());
 }
 
@@ -176,11 +233,17 @@ fn xpending_summary_and_extended() {
     let sum = s.xpending_summary().unwrap();
     assert_eq!(sum.count, 3);
     assert_eq!(sum.range, Some((id(1, 0), id(3, 0))));
-    assert_eq!(sum.consumers, vec![("c1".to_owned(), 2), ("c2".to_owned(), 1)]);
+    assert_eq!(
+        sum.consumers,
+        vec![("c1".to_owned(), 2), ("c2".to_owned(), 1)]
+    );
     let rows = s
         .xpending_range(Some(100), EntryId::ZERO, EntryId::MAX, 10, None, t(210))
         .unwrap();
-    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), vec![id(1, 0), id(2, 0)]);
+    assert_eq!(
+        rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![id(1, 0), id(2, 0)]
+    );
     let rows = s
         .xpending_range(None, EntryId::ZERO, EntryId::MAX, 10, Some("c2"), t(210))
         .unwrap();
@@ -223,6 +286,8 @@ fn age_all_makes_every_delivery_idle() {
     let mut s = five();
     s.xreadgroup("c", 5, t(1_000)).unwrap();
     s.age_all();
-    let r = s.xautoclaim("d", 1_000, EntryId::ZERO, 10, false, t(1_000)).unwrap();
+    let r = s
+        .xautoclaim("d", 1_000, EntryId::ZERO, 10, false, t(1_000))
+        .unwrap();
     assert_eq!(r.claimed.len(), 5);
 }

@@ -1,0 +1,50 @@
+//! Random walks through the model, reporting how large the state's counters
+//! get: a quick way to spot an unbounded state space.
+use pelican_checker::Config;
+use pelican_checker::state::{Action, State};
+
+fn main() {
+    let name = std::env::args().nth(1).unwrap_or_else(|| "small".into());
+    let cfg = Config::named(&name).expect("a configuration");
+    let mut seed: u64 = 42;
+    let mut rnd = |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n
+    };
+    let (mut max_seq, mut max_dispatch, mut max_len, mut longest) = (0, 0, 0, 0);
+    let mut worst: Vec<Action> = Vec::new();
+    for _ in 0..20_000 {
+        let mut s = State::initial(&cfg);
+        let mut path = Vec::new();
+        for _ in 0..400 {
+            let mut acts = Vec::new();
+            s.actions(&cfg, &mut acts);
+            if acts.is_empty() {
+                break;
+            }
+            let a = acts[rnd(acts.len())];
+            path.push(a);
+            s.step(&cfg, a);
+        }
+        let seq = s.world.redis.jobs.last_id.seq;
+        let d = s
+            .world
+            .db
+            .runs
+            .values()
+            .map(|r| r.dispatch.0)
+            .max()
+            .unwrap_or(0);
+        max_seq = max_seq.max(seq);
+        max_dispatch = max_dispatch.max(d);
+        max_len = max_len.max(s.world.entries.len());
+        if path.len() > longest {
+            longest = path.len();
+            worst = path;
+        }
+    }
+    println!("max seq {max_seq} dispatch {max_dispatch} entries {max_len} longest path {longest}");
+    println!("{:?}", &worst[worst.len().saturating_sub(60)..]);
+}

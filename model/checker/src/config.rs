@@ -1,0 +1,166 @@
+//! Bounded configurations of the model: how many runs and workers, which job
+//! outcomes, and how many faults of each kind a path may contain.
+
+use pelican_model::protocol::{Mutant, Policy};
+use serde::{Deserialize, Serialize};
+
+/// How a job may end, as the checker chooses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum OutcomeKind {
+    /// Succeeds (after its side effect).
+    Success,
+    /// A retryable error.
+    Retryable,
+    /// A terminal error.
+    Terminal,
+    /// The handler panics.
+    Panic,
+}
+
+/// Faults a single path may contain, by kind.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Budget {
+    /// Worker crashes (kill -9 and restart) at any step.
+    pub crashes: u8,
+    /// Workers pausing (past their lease) and resuming later.
+    pub pauses: u8,
+    /// Commands whose request or reply is lost (network, Postgres restart).
+    pub lost: u8,
+    /// Redis restarts without persistence: streams and group gone.
+    pub redis_wipes: u8,
+    /// Redis restarts losing the newest write (AOF everysec).
+    pub redis_losses: u8,
+    /// Trims below the oldest pending ID.
+    pub trims: u8,
+    /// Duplicate publications of a run's current dispatch.
+    pub duplicates: u8,
+    /// Cancels.
+    pub cancels: u8,
+    /// Malformed entries written to the stream.
+    pub malformed: u8,
+    /// Faults of all kinds together on one path.
+    pub total: u8,
+}
+
+/// A bounded configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Config {
+    /// Its name.
+    pub name: String,
+    /// Runs submitted through the API.
+    pub runs: u8,
+    /// Worker processes.
+    pub workers: u8,
+    /// The protocol's policy (attempts_max, ...; durations are abstracted).
+    pub policy: Policy,
+    /// The outcomes a job may have.
+    pub outcomes: Vec<OutcomeKind>,
+    /// Fault budget per path.
+    pub faults: Budget,
+}
+
+impl Config {
+    /// Policy durations are all far below [`crate::NOW`], so one "tick" of
+    /// abstract time expires every lease, retry and idle time at once.
+    fn policy(attempts_max: u32) -> Policy {
+        Policy {
+            lease_ms: 30_000,
+            heartbeat_ms: 10_000,
+            reclaim_min_idle_ms: 60_000,
+            reclaim_batch_max: 1,
+            attempts_max,
+            backoff_base_ms: 1_000,
+            backoff_cap_ms: 8_000,
+            sweep_grace_ms: 120_000,
+            sweep_batch_max: 8,
+            mutant: None,
+        }
+    }
+
+    /// One run, two workers, a crash and a lost reply.
+    #[must_use]
+    pub fn small() -> Config {
+        Config {
+            name: "small".into(),
+            runs: 1,
+            workers: 2,
+            policy: Self::policy(2),
+            outcomes: vec![OutcomeKind::Success, OutcomeKind::Retryable],
+            faults: Budget {
+                crashes: 1,
+                total: 1,
+                ..Budget::default()
+            },
+        }
+    }
+
+    /// Two runs, two workers, three attempts, every job outcome and every
+    /// fault kind at least once.
+    #[must_use]
+    pub fn standard() -> Config {
+        Config {
+            name: "standard".into(),
+            runs: 2,
+            workers: 2,
+            policy: Self::policy(3),
+            // Panic takes Retryable's path with another class: `large` has it.
+            outcomes: vec![
+                OutcomeKind::Success,
+                OutcomeKind::Retryable,
+                OutcomeKind::Terminal,
+            ],
+            faults: Budget {
+                crashes: 1,
+                pauses: 1,
+                lost: 1,
+                redis_wipes: 1,
+                redis_losses: 1,
+                trims: 1,
+                duplicates: 1,
+                cancels: 1,
+                malformed: 1,
+                total: 1,
+            },
+        }
+    }
+
+    /// Standard with more of everything: for long runs.
+    #[must_use]
+    pub fn large() -> Config {
+        let mut c = Self::standard();
+        c.name = "large".into();
+        c.workers = 3;
+        c.outcomes.push(OutcomeKind::Panic);
+        c.faults.crashes = 2;
+        c.faults.lost = 2;
+        c.faults.total = 3;
+        c
+    }
+
+    /// A configuration by name.
+    pub fn named(name: &str) -> Result<Config, String> {
+        let mut c = match name {
+            "small" => Ok(Self::small()),
+            "standard" => Ok(Self::standard()),
+            "large" => Ok(Self::large()),
+            other => Err(format!(
+                "unknown configuration {other:?}; known: small, standard, large"
+            )),
+        }?;
+        if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
+            c.faults.total = total
+                .parse()
+                .map_err(|e| format!("PELICAN_CHECK_FAULTS_TOTAL: {e}"))?;
+        }
+        Ok(c)
+    }
+
+    /// The same configuration with a mutant injected.
+    #[must_use]
+    pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
+        self.policy.mutant = mutant;
+        self
+    }
+}

@@ -1,0 +1,230 @@
+//! Running the checker and reporting what it found.
+
+use crate::state::{Action, State};
+use crate::{Config, PelicanModel, timeline};
+use pelican_model::invariants;
+use pelican_model::protocol::Mutant;
+use serde::Serialize;
+use stateright::{Checker, HasDiscoveries, Model, Path};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// How to run the checker.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Worker threads.
+    pub threads: usize,
+    /// Stop after this long (the result is then incomplete).
+    pub timeout: Option<Duration>,
+    /// Stop at the first failing property (mutant hunting).
+    pub stop_at_failure: bool,
+    /// Call this about every 250 ms with (unique states, states, depth).
+    pub progress: Option<fn(usize, usize, usize, Duration)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            timeout: None,
+            stop_at_failure: false,
+            progress: None,
+        }
+    }
+}
+
+/// A property's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// `always`, no counterexample.
+    Holds,
+    /// `always`, counterexample found.
+    Violated,
+    /// `sometimes`, example found.
+    Reached,
+    /// `sometimes`, no example found.
+    Unreached,
+}
+
+/// A counterexample.
+#[derive(Clone, Debug, Serialize)]
+pub struct Counterexample {
+    /// The property.
+    pub property: String,
+    /// Steps.
+    pub path_len: usize,
+    /// The numbered timeline.
+    pub timeline: String,
+    /// What the invariants say about the last state.
+    pub broken: Vec<String>,
+    /// stateright's action path.
+    pub actions: Vec<String>,
+}
+
+/// What one check found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Configuration name.
+    pub config: String,
+    /// Mutant, if any.
+    pub mutant: Option<String>,
+    /// Whether every reachable state was explored.
+    pub complete: bool,
+    /// Unique states.
+    pub unique_states: usize,
+    /// States generated, with repeats.
+    pub states: usize,
+    /// Longest path explored.
+    pub max_depth: usize,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Unique states per second.
+    pub states_per_s: f64,
+    /// Verdict per property.
+    pub properties: BTreeMap<String, Verdict>,
+    /// Counterexamples of violated `always` properties.
+    pub counterexamples: Vec<Counterexample>,
+}
+
+impl Report {
+    /// Whether every `always` property holds (and, on a complete run,
+    /// every `sometimes` property was reached).
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.properties
+            .values()
+            .all(|v| matches!(v, Verdict::Holds | Verdict::Reached))
+    }
+
+    /// The shortest counterexample, if any.
+    #[must_use]
+    pub fn shortest(&self) -> Option<&Counterexample> {
+        self.counterexamples.iter().min_by_key(|c| c.path_len)
+    }
+}
+
+/// Checks `cfg` (breadth first, so counterexamples are shortest).
+#[must_use]
+pub fn check(cfg: &Config, opts: &Options) -> Report {
+    let model = PelicanModel::new(cfg.clone());
+    let properties = model.properties();
+    let mut builder = model.clone().checker().threads(opts.threads.max(1));
+    if let Some(t) = opts.timeout {
+        builder = builder.timeout(t);
+    }
+    if opts.stop_at_failure {
+        builder = builder.finish_when(HasDiscoveries::AnyFailures);
+    }
+    let started = Instant::now();
+    let checker = builder.spawn_bfs();
+    while !checker.is_done() {
+        std::thread::sleep(Duration::from_millis(250));
+        if let Some(progress) = opts.progress {
+            progress(
+                checker.unique_state_count(),
+                checker.state_count(),
+                checker.max_depth(),
+                started.elapsed(),
+            );
+        }
+    }
+    let checker = checker.join();
+    let seconds = started.elapsed().as_secs_f64();
+    let discoveries = checker.discoveries();
+    let timed_out = opts.timeout.is_some_and(|t| started.elapsed() >= t);
+    let mut verdicts = BTreeMap::new();
+    let mut counterexamples = Vec::new();
+    let mut failed = false;
+    for p in &properties {
+        let found = discoveries.get(p.name);
+        let always = p.expectation.discovery_is_failure();
+        let verdict = match (always, found.is_some()) {
+            (true, false) => Verdict::Holds,
+            (true, true) => Verdict::Violated,
+            (false, true) => Verdict::Reached,
+            (false, false) => Verdict::Unreached,
+        };
+        if let (true, Some(path)) = (always, found) {
+            failed = true;
+            counterexamples.push(counterexample(&model, p.name, path.clone()));
+        }
+        verdicts.insert(p.name.to_owned(), verdict);
+    }
+    let unique = checker.unique_state_count();
+    Report {
+        config: cfg.name.clone(),
+        mutant: cfg.policy.mutant.map(|m| m.name().to_owned()),
+        complete: !timed_out && !(opts.stop_at_failure && failed),
+        unique_states: unique,
+        states: checker.state_count(),
+        max_depth: checker.max_depth(),
+        seconds,
+        states_per_s: unique as f64 / seconds.max(1e-9),
+        properties: verdicts,
+        counterexamples,
+    }
+}
+
+fn counterexample(
+    model: &PelicanModel,
+    property: &str,
+    path: Path<State, Action>,
+) -> Counterexample {
+    let states = path.clone().into_states();
+    let actions = path.into_actions();
+    let last = states.last().expect("a path has a state");
+    let mut broken: Vec<String> = invariants::state(&last.world, &model.cfg.policy)
+        .into_iter()
+        .chain(invariants::quiescent(&last.world, 1))
+        .map(|b| format!("{}: {}", b.guarantee, b.detail))
+        .collect();
+    broken.dedup();
+    Counterexample {
+        property: property.to_owned(),
+        path_len: actions.len(),
+        timeline: timeline::render(&states, &actions),
+        broken,
+        actions: actions.iter().map(|a| format!("{a:?}")).collect(),
+    }
+}
+
+/// A mutant's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct MutantResult {
+    /// Whether a property failed.
+    pub caught: bool,
+    /// The shortest counterexample's length.
+    pub path_len: Option<usize>,
+    /// The properties it broke first.
+    pub property: Option<String>,
+    /// Seconds spent.
+    pub seconds: f64,
+}
+
+/// Checks `cfg` once per mutant, stopping each at its first failure.
+#[must_use]
+pub fn hunt(
+    cfg: &Config,
+    opts: &Options,
+    mutants: &[Mutant],
+) -> BTreeMap<String, (MutantResult, Report)> {
+    let opts = Options {
+        stop_at_failure: true,
+        ..opts.clone()
+    };
+    mutants
+        .iter()
+        .map(|m| {
+            let report = check(&cfg.clone().with_mutant(Some(*m)), &opts);
+            let shortest = report.shortest();
+            let result = MutantResult {
+                caught: shortest.is_some(),
+                path_len: shortest.map(|c| c.path_len),
+                property: shortest.map(|c| c.property.clone()),
+                seconds: report.seconds,
+            };
+            (m.name().to_owned(), (result, report))
+        })
+        .collect()
+}

@@ -1,0 +1,191 @@
+//! Counterexamples as numbered, readable timelines: who did what, then the
+//! runs, the stream and the PEL after each step.
+
+use crate::state::{Action, Fate, Source, State};
+use pelican_model::ids::EntryId;
+use pelican_model::protocol::{Command, DbOp, JobEntry, StreamOp};
+use std::fmt::Write as _;
+
+fn id(e: EntryId) -> String {
+    // Every entry is added at the same abstract instant: the sequence tells
+    // them apart.
+    format!("#{}", e.seq)
+}
+
+/// One command, briefly.
+#[must_use]
+pub fn command(c: &Command) -> String {
+    match c {
+        Command::Db(op) => match op {
+            DbOp::InsertRun { run, .. } => format!("INSERT {run} (queued)"),
+            DbOp::MarkPublished {
+                run,
+                dispatch,
+                entry,
+                ..
+            } => {
+                format!("mark {run} {dispatch} published as {}", id(*entry))
+            }
+            DbOp::Claim {
+                run,
+                dispatch,
+                entry,
+                ..
+            } => format!("claim {run} {dispatch} from {}", id(*entry)),
+            DbOp::ClaimReviving {
+                run,
+                dispatch,
+                entry,
+                ..
+            } => {
+                format!("claim (reviving) {run} {dispatch} from {}", id(*entry))
+            }
+            DbOp::ReadRun { run } => format!("read {run}"),
+            DbOp::Heartbeat { run, fence, .. } => format!("heartbeat {run} with {fence}"),
+            DbOp::Complete { run, fence, .. } => format!("complete {run} with {fence}"),
+            DbOp::Fail { run, fence, .. } => format!("fail {run} with {fence}"),
+            DbOp::ScheduleRetry { run, fence, .. } => {
+                format!("schedule retry of {run} with {fence}")
+            }
+            DbOp::RecordFailureOnly { run, fence, .. } => {
+                format!("record failure of {run} with {fence}")
+            }
+            DbOp::DeadLetter { run, fence, .. } => format!("dead-letter {run} with {fence}"),
+            DbOp::DeadLetterExhausted { run, dispatch, .. } => {
+                format!("dead-letter exhausted {run} {dispatch}")
+            }
+            DbOp::Cancel { run } => format!("cancel {run}"),
+            DbOp::PromoteRetries { .. } => "promote due retries".into(),
+            DbOp::Unpublished { .. } => "list the outbox".into(),
+            DbOp::OrphanCandidates { .. } => "list orphan candidates".into(),
+            DbOp::RequeueRun { run, dispatch, .. } => format!("requeue {run} {dispatch}"),
+            DbOp::RequeueEntry { entry, .. } => format!("requeue the run of {}", id(*entry)),
+            DbOp::ApplyEffect { key } => format!("apply effect {key}"),
+        },
+        Command::Stream(op) => match op {
+            StreamOp::Publish {
+                entry: JobEntry::Job { run, dispatch },
+                ..
+            } => format!("XADD {run} {dispatch}"),
+            StreamOp::Publish {
+                entry: JobEntry::Malformed { .. },
+                ..
+            } => "XADD <malformed>".into(),
+            StreamOp::PublishDead { .. } => "XADD to the dead-letter stream".into(),
+            StreamOp::EnsureGroup => "XGROUP CREATE (MKSTREAM)".into(),
+            StreamOp::Read { .. } => "XREADGROUP >".into(),
+            StreamOp::Ack { ids } => format!(
+                "XACK {}",
+                ids.iter().map(|i| id(*i)).collect::<Vec<_>>().join(" ")
+            ),
+            StreamOp::AutoClaim { start, .. } => format!("XAUTOCLAIM from {}", id(*start)),
+            StreamOp::Touch { id: e, .. } => format!("XCLAIM {} JUSTID (idle reset)", id(*e)),
+            StreamOp::Locate { id: e } => format!("locate {}", id(*e)),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+fn fate(f: Fate) -> &'static str {
+    match f {
+        Fate::Reply => "",
+        Fate::LostReply => "  ⚡ applied, reply lost",
+        Fate::LostRequest => "  ⚡ request lost",
+    }
+}
+
+/// What `action` does in `state`, in words.
+#[must_use]
+pub fn describe(s: &State, action: Action) -> String {
+    let run = |n: u8| format!("run-{}", u32::from(n) + 1);
+    match action {
+        Action::Submit(n, f) => format!(
+            "api: POST /runs {}: INSERT, XADD{}, mark published",
+            run(n),
+            fate(f)
+        ),
+        Action::Cancel(n) => format!("api: POST /runs/{}/cancel", run(n)),
+        Action::Fetch(w, f) => format!("w{w}: XREADGROUP >{}", fate(f)),
+        Action::Reclaim(w, f) => format!("w{w}: reclaim round{}", fate(f)),
+        Action::Step(w, src, f) => {
+            let c = s.workers[usize::from(w)]
+                .outstanding
+                .iter()
+                .find(|(s, _)| *s == src)
+                .map_or_else(|| "?".into(), |(_, c)| command(c));
+            let who = match src {
+                Source::Fetch => "reader",
+                Source::Delivery => "delivery",
+                Source::Reclaimer => "reclaimer",
+            };
+            format!("w{w} {who}: {c}{}", fate(f))
+        }
+        Action::Effect(w) => format!("w{w}: job performs its side effect"),
+        Action::Finish(w, o) => format!("w{w}: job ends: {o:?}"),
+        Action::Maintain(t, f) => format!("maintenance: {t:?} pass{}", fate(f)),
+        Action::Crash(w) => format!("⚡ w{w} killed (restarts empty)"),
+        Action::Pause(w) => format!("⚡ w{w} paused"),
+        Action::Resume(w) => format!("w{w} resumes"),
+        Action::Tick => {
+            "⏱ a long time passes (leases, retries, idle times expire; live workers heartbeat)"
+                .into()
+        }
+        Action::RedisWipe => "⚡ Redis restarts empty".into(),
+        Action::RedisLoseNewest => "⚡ Redis restarts, newest write lost".into(),
+        Action::Trim => "⚡ XTRIM below the oldest pending ID".into(),
+        Action::Duplicate(n) => format!("⚡ {} published twice", run(n)),
+    }
+}
+
+/// The runs, the stream and the PEL, on one or two lines.
+#[must_use]
+pub fn summary(s: &State) -> String {
+    let mut out = String::new();
+    for r in s.world.db.runs.values() {
+        let _ = write!(
+            out,
+            "{}: {} fence {} attempts {} dispatch {}; ",
+            r.run_id, r.status, r.active_fence.0, r.attempts, r.dispatch.0
+        );
+    }
+    if s.world.db.runs.is_empty() {
+        out.push_str("no runs; ");
+    }
+    let jobs = &s.world.redis.jobs;
+    let entries: Vec<String> = jobs
+        .entries
+        .iter()
+        .map(|(i, e)| match e {
+            JobEntry::Job { run, dispatch } => format!("{} {run}/d{}", id(*i), dispatch.0),
+            JobEntry::Malformed { .. } => format!("{} <malformed>", id(*i)),
+        })
+        .collect();
+    let pel: Vec<String> = jobs.group.as_ref().map_or_else(
+        || vec!["(no group)".into()],
+        |g| {
+            g.pel
+                .iter()
+                .map(|(i, p)| format!("{}→{} x{}", id(*i), p.consumer, p.delivery_count))
+                .collect()
+        },
+    );
+    let _ = write!(
+        out,
+        "\n        stream [{}]  PEL [{}]",
+        entries.join(", "),
+        pel.join(", ")
+    );
+    out
+}
+
+/// A whole path, numbered.
+#[must_use]
+pub fn render(states: &[State], actions: &[Action]) -> String {
+    let mut out = String::new();
+    for (i, (before, action)) in states.iter().zip(actions).enumerate() {
+        let after = &states[i + 1];
+        let _ = writeln!(out, "{:>3}. {}", i + 1, describe(before, *action));
+        let _ = writeln!(out, "        {}", summary(after));
+    }
+    out
+}
