@@ -268,7 +268,10 @@ impl World {
         reply
     }
 
-    /// S4: may entry `id` be acknowledged now?
+    /// S4: may entry `id` be acknowledged now? Yes if its run is terminal, has
+    /// moved to a newer dispatch, or is running under an attempt claimed from
+    /// another entry of the same dispatch (a duplicate publication); and for a
+    /// malformed entry or an unknown run, once it is quarantined.
     #[must_use]
     pub fn durable_next_step(&self, id: EntryId) -> bool {
         match self.entries.get(&id) {
@@ -276,7 +279,11 @@ impl World {
             Some(JobEntry::Malformed { .. }) => self.quarantined.contains(&id),
             Some(JobEntry::Job { run, dispatch }) => match self.db.runs.get(run) {
                 None => self.quarantined.contains(&id),
-                Some(r) => r.status.is_terminal() || r.dispatch > *dispatch,
+                Some(r) => {
+                    r.status.is_terminal()
+                        || r.dispatch > *dispatch
+                        || crate::protocol::superseded(r, id, *dispatch)
+                }
             },
         }
     }

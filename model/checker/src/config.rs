@@ -157,6 +157,41 @@ impl Config {
         Ok(c)
     }
 
+    /// Overrides fault budgets from `kind=n,kind=n` (kinds: crashes, pauses,
+    /// lost, redis_wipes, redis_losses, trims, duplicates, cancels, malformed,
+    /// total; `none` zeroes every budget first).
+    pub fn with_faults(mut self, spec: &str) -> Result<Config, String> {
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "none" {
+                self.faults = Budget::default();
+                continue;
+            }
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("bad fault budget {part:?}: expected kind=n"))?;
+            let n: u8 = v
+                .parse()
+                .map_err(|_| format!("bad fault budget {part:?}: {v:?} is not a number 0..=255"))?;
+            let f = &mut self.faults;
+            let slot = match k {
+                "crashes" => &mut f.crashes,
+                "pauses" => &mut f.pauses,
+                "lost" => &mut f.lost,
+                "redis_wipes" => &mut f.redis_wipes,
+                "redis_losses" => &mut f.redis_losses,
+                "trims" => &mut f.trims,
+                "duplicates" => &mut f.duplicates,
+                "cancels" => &mut f.cancels,
+                "malformed" => &mut f.malformed,
+                "total" => &mut f.total,
+                other => return Err(format!("unknown fault kind {other:?}")),
+            };
+            *slot = n;
+        }
+        self.name = format!("{}[{spec}]", self.name);
+        Ok(self)
+    }
+
     /// The same configuration with a mutant injected.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {

@@ -35,7 +35,6 @@ pub mod state;
 pub mod timeline;
 
 pub use config::Config;
-use pelican_model::invariants;
 use pelican_model::status::RunStatus;
 use pelican_model::time::Timestamp;
 use state::{Action, State};
@@ -60,22 +59,15 @@ impl PelicanModel {
     }
 
     fn is_final(&self, s: &State) -> bool {
-        let mut actions = Vec::new();
-        s.actions(&self.cfg, &mut actions);
-        actions.is_empty()
+        s.derived.is_final
     }
 
     fn broken(&self, s: &State, guarantee: &str) -> bool {
-        invariants::state(&s.world, &self.cfg.policy)
-            .iter()
-            .any(|b| b.guarantee == guarantee)
+        s.derived.broken & state::guarantee_bit(guarantee) != 0
     }
 
     fn broken_at_rest(&self, s: &State, guarantee: &str) -> bool {
-        self.is_final(s)
-            && invariants::quiescent(&s.world, 1)
-                .iter()
-                .any(|b| b.guarantee == guarantee)
+        s.derived.broken_at_rest & state::guarantee_bit(guarantee) != 0
     }
 
     /// The names of the `always` properties, in order.

@@ -35,10 +35,19 @@ struct Args {
     /// Give up after this many seconds (the result is then incomplete).
     #[arg(long)]
     timeout_s: Option<u64>,
+    /// Override fault budgets, e.g. `none,crashes=1,total=1`.
+    #[arg(long)]
+    faults: Option<String>,
     /// Do not show progress.
     #[arg(long)]
     quiet: bool,
+    /// Search breadth first (shortest counterexamples, more memory).
+    #[arg(long)]
+    bfs: bool,
 }
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 static BAR: OnceLock<ProgressBar> = OnceLock::new();
 
@@ -63,7 +72,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<ExitCode, String> {
-    let cfg = Config::named(&args.config)?;
+    let mut cfg = Config::named(&args.config)?;
+    if let Some(spec) = &args.faults {
+        cfg = cfg.with_faults(spec)?;
+    }
     let mutants: Vec<Mutant> = match args.mutant.as_deref() {
         None => Vec::new(),
         Some("all") => Mutant::ALL.to_vec(),
@@ -97,6 +109,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         timeout: args.timeout_s.map(Duration::from_secs),
         ..Options::default()
     };
+    opts.bfs = args.bfs;
     if let Some(t) = args.threads {
         opts.threads = t;
     }

@@ -20,6 +20,8 @@ pub struct Options {
     pub stop_at_failure: bool,
     /// Call this about every 250 ms with (unique states, states, depth).
     pub progress: Option<fn(usize, usize, usize, Duration)>,
+    /// Breadth first (shortest counterexamples, more memory) or depth first.
+    pub bfs: bool,
 }
 
 impl Default for Options {
@@ -29,6 +31,7 @@ impl Default for Options {
             timeout: None,
             stop_at_failure: false,
             progress: None,
+            bfs: false,
         }
     }
 }
@@ -104,11 +107,10 @@ impl Report {
     }
 }
 
-/// Checks `cfg` (breadth first, so counterexamples are shortest).
+/// Checks `cfg`.
 #[must_use]
 pub fn check(cfg: &Config, opts: &Options) -> Report {
     let model = PelicanModel::new(cfg.clone());
-    let properties = model.properties();
     let mut builder = model.clone().checker().threads(opts.threads.max(1));
     if let Some(t) = opts.timeout {
         builder = builder.timeout(t);
@@ -117,7 +119,21 @@ pub fn check(cfg: &Config, opts: &Options) -> Report {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
     let started = Instant::now();
-    let checker = builder.spawn_bfs();
+    if opts.bfs {
+        finish(&model, cfg, opts, started, builder.spawn_bfs())
+    } else {
+        finish(&model, cfg, opts, started, builder.spawn_dfs())
+    }
+}
+
+fn finish(
+    model: &PelicanModel,
+    cfg: &Config,
+    opts: &Options,
+    started: Instant,
+    checker: impl Checker<PelicanModel>,
+) -> Report {
+    let properties = model.properties();
     while !checker.is_done() {
         std::thread::sleep(Duration::from_millis(250));
         if let Some(progress) = opts.progress {
@@ -147,7 +163,7 @@ pub fn check(cfg: &Config, opts: &Options) -> Report {
         };
         if let (true, Some(path)) = (always, found) {
             failed = true;
-            counterexamples.push(counterexample(&model, p.name, path.clone()));
+            counterexamples.push(counterexample(model, p.name, path.clone()));
         }
         verdicts.insert(p.name.to_owned(), verdict);
     }

@@ -35,6 +35,9 @@ pub enum Fate {
     LostReply,
     /// Never reached the server.
     LostRequest,
+    /// An XADD applied twice: its reply was lost and the publisher retried
+    /// (a duplicate publication).
+    Duplicated,
 }
 
 /// A running job.
@@ -99,6 +102,26 @@ pub struct State {
     pub budget: Budget,
     /// History flags.
     pub seen: Seen,
+    /// What the properties read, computed once per transition (a function
+    /// of the fields above, so it never tells equal states apart).
+    pub derived: Derived,
+}
+
+/// The properties' inputs, derived from the rest of the state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Derived {
+    /// No action is enabled.
+    pub is_final: bool,
+    /// Guarantees broken in this state (bit `n` for S`n`).
+    pub broken: u16,
+    /// Guarantees broken at rest (only set in final states).
+    pub broken_at_rest: u16,
+}
+
+/// Bit `n` for guarantee "S`n`".
+#[must_use]
+pub fn guarantee_bit(g: &str) -> u16 {
+    1 << g[1..].parse::<u16>().expect("guarantees are named S1..S10")
 }
 
 /// A step of the model.
@@ -137,8 +160,6 @@ pub enum Action {
     RedisLoseNewest,
     /// Fault: the stream is trimmed below its oldest pending ID.
     Trim,
-    /// Fault: run `n`'s current dispatch is published again.
-    Duplicate(u8),
 }
 
 fn run_id(n: u8) -> RunId {
@@ -173,22 +194,52 @@ impl State {
             api: vec![ApiRun::NotYet; usize::from(cfg.runs)],
             budget: cfg.faults,
             seen: Seen::default(),
+            derived: Derived::default(),
         }
+        .derive(cfg)
     }
 
-    fn fates(&self) -> &'static [Fate] {
-        if self.budget.lost > 0 && self.budget.total > 0 {
-            &[Fate::Reply, Fate::LostReply, Fate::LostRequest]
-        } else {
-            &[Fate::Reply]
+    fn derive(mut self, cfg: &Config) -> State {
+        let mut actions = Vec::new();
+        self.actions(cfg, &mut actions);
+        let bits = |bs: Vec<pelican_model::invariants::Broken>| {
+            bs.iter().fold(0, |acc, b| acc | guarantee_bit(b.guarantee))
+        };
+        let is_final = actions.is_empty();
+        self.derived = Derived {
+            is_final,
+            broken: bits(pelican_model::invariants::state(&self.world, &cfg.policy)),
+            broken_at_rest: if is_final {
+                bits(pelican_model::invariants::quiescent(&self.world, 1))
+            } else {
+                0
+            },
+        };
+        self
+    }
+
+    /// What may happen to an XADD that publishes a run. Worker commands
+    /// always get their reply: a lost request or reply ends the delivery and
+    /// leaves its entry pending, which is what a crash at that step does, and
+    /// crashes strike at every step.
+    fn publish_fates(&self) -> Vec<Fate> {
+        let b = &self.budget;
+        let mut fates = vec![Fate::Reply];
+        if b.total > 0 && b.lost > 0 {
+            fates.extend([Fate::LostReply, Fate::LostRequest]);
         }
+        if b.total > 0 && b.duplicates > 0 {
+            fates.push(Fate::Duplicated);
+        }
+        fates
     }
 
     /// Every enabled action. Each is guarded so that it changes the state:
     /// a state with no action is final, and the quiescence properties (S1,
     /// S9, S10) are checked there.
     pub fn actions(&self, cfg: &Config, out: &mut Vec<Action>) {
-        let fates = self.fates();
+        let publish = self.publish_fates();
+        let reply = [Fate::Reply];
         let b = if self.budget.total > 0 {
             self.budget
         } else {
@@ -198,7 +249,7 @@ impl State {
         for (i, api) in self.api.iter().enumerate() {
             let n = i as u8;
             if *api == ApiRun::NotYet {
-                out.extend(fates.iter().map(|f| Action::Submit(n, *f)));
+                out.extend(publish.iter().map(|f| Action::Submit(n, *f)));
             }
             if b.cancels > 0
                 && self
@@ -209,16 +260,6 @@ impl State {
                     .is_some_and(|r| !r.status.is_terminal())
             {
                 out.push(Action::Cancel(n));
-            }
-            if b.duplicates > 0
-                && self
-                    .world
-                    .db
-                    .runs
-                    .get(&run_id(n))
-                    .is_some_and(|r| !r.status.is_terminal())
-            {
-                out.push(Action::Duplicate(n));
             }
         }
         let undelivered = match &jobs.group {
@@ -245,20 +286,24 @@ impl State {
                 out.push(Action::Resume(n));
                 continue;
             }
-            if b.pauses > 0 && w.delivery.is_some() {
+            let writing = w.outstanding.iter().any(|(s, c)| {
+                *s == Source::Delivery
+                    && matches!(c, Command::Db(op) if op.fenced_write().is_some())
+            });
+            if b.pauses > 0 && (w.job.is_some() || writing) {
                 out.push(Action::Pause(n));
             }
             for (src, _) in &w.outstanding {
-                out.extend(fates.iter().map(|f| Action::Step(n, *src, *f)));
+                out.extend(reply.iter().map(|f| Action::Step(n, *src, *f)));
             }
             let free = w.delivery.is_none() && w.backlog.is_none() && w.outstanding.is_empty();
             if free && w.reclaimer.is_idle() {
                 if undelivered {
-                    out.extend(fates.iter().map(|f| Action::Fetch(n, *f)));
+                    out.extend(reply.iter().map(|f| Action::Fetch(n, *f)));
                 }
                 if reclaimable || jobs.group.is_none() || w.reclaimer.unrecovered().next().is_some()
                 {
-                    out.extend(fates.iter().map(|f| Action::Reclaim(n, *f)));
+                    out.extend(reply.iter().map(|f| Action::Reclaim(n, *f)));
                 }
             }
             if let Some(job) = &w.job {
@@ -276,7 +321,7 @@ impl State {
         ] {
             if self.maintenance_matters(cfg, task) {
                 let publishes = task != MaintenanceTask::Retries;
-                let fates: &[Fate] = if publishes { fates } else { &[Fate::Reply] };
+                let fates: &[Fate] = if publishes { &publish } else { &reply };
                 out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
             }
         }
@@ -349,6 +394,18 @@ impl State {
     pub fn step(&mut self, cfg: &Config, action: Action) {
         self.apply(cfg, action);
         self.normalize();
+        *self = std::mem::replace(self, State::placeholder()).derive(cfg);
+    }
+
+    fn placeholder() -> State {
+        State {
+            world: World::default(),
+            workers: Vec::new(),
+            api: Vec::new(),
+            budget: Budget::default(),
+            seen: Seen::default(),
+            derived: Derived::default(),
+        }
     }
 
     /// Clamps counters that no protocol decision reads, so that states which
@@ -525,25 +582,21 @@ impl State {
                     .expect("guarded");
                 jobs.xtrim(Trim::MinId(oldest.successor().expect("not the last ID")));
             }
-            Action::Duplicate(n) => {
-                self.budget.duplicates -= 1;
-                self.budget.total -= 1;
-                let dispatch = self.world.db.runs[&run_id(n)].dispatch;
-                let entry = JobEntry::Job {
-                    run: run_id(n),
-                    dispatch,
-                };
-                let _ = self
-                    .world
-                    .stream(&StreamOp::Publish { entry, now: NOW }, Issuer::default());
-            }
         }
     }
 
     fn execute(&mut self, c: &Command, by: Issuer, fate: Fate) -> Input {
-        if fate != Fate::Reply {
-            self.budget.lost -= 1;
-            self.budget.total -= 1;
+        match fate {
+            Fate::Reply => {}
+            Fate::LostReply | Fate::LostRequest => {
+                self.budget.lost -= 1;
+                self.budget.total -= 1;
+            }
+            Fate::Duplicated => {
+                self.budget.duplicates -= 1;
+                self.budget.total -= 1;
+                let _ = self.execute(c, by, Fate::Reply);
+            }
         }
         if fate == Fate::LostRequest {
             return Input::Unavailable;

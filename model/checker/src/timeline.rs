@@ -91,6 +91,7 @@ fn fate(f: Fate) -> &'static str {
         Fate::Reply => "",
         Fate::LostReply => "  ⚡ applied, reply lost",
         Fate::LostRequest => "  ⚡ request lost",
+        Fate::Duplicated => "  ⚡ applied twice (reply lost, publisher retried)",
     }
 }
 
@@ -133,7 +134,6 @@ pub fn describe(s: &State, action: Action) -> String {
         Action::RedisWipe => "⚡ Redis restarts empty".into(),
         Action::RedisLoseNewest => "⚡ Redis restarts, newest write lost".into(),
         Action::Trim => "⚡ XTRIM below the oldest pending ID".into(),
-        Action::Duplicate(n) => format!("⚡ {} published twice", run(n)),
     }
 }
 

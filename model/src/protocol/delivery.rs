@@ -30,6 +30,18 @@ use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
+/// Whether entry `id` (announcing `dispatch`) is a duplicate publication that
+/// needs no work: its run is running under an attempt claimed from another
+/// entry of the same dispatch. That entry carries the run's progress and has
+/// its own recovery (reclaim, trimmed-entry recovery, the sweeper), so this
+/// one can be acknowledged at once (S4).
+#[must_use]
+pub fn superseded(row: &RunRow, id: EntryId, dispatch: Dispatch) -> bool {
+    row.status == RunStatus::Running
+        && row.dispatch == dispatch
+        && row.entry_id.is_some_and(|e| e != id)
+}
+
 /// How a delivery ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum DeliveryEnd {
@@ -48,6 +60,9 @@ pub enum AckReason {
     Terminal,
     /// The entry's dispatch is older than the run's.
     Stale,
+    /// A duplicate publication: the run is running under an attempt claimed
+    /// from another entry of the same dispatch.
+    Duplicate,
     /// The run's attempts were exhausted; it is now dead.
     Exhausted,
     /// The entry was malformed or named an unknown run (S10).
@@ -410,6 +425,9 @@ impl Delivery {
         }
         if row.dispatch > dispatch {
             return self.ack(AckReason::Stale);
+        }
+        if superseded(&row, self.entry, dispatch) {
+            return self.ack(AckReason::Duplicate);
         }
         let gone = match row.status {
             RunStatus::Queued => true,

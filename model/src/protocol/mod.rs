@@ -52,7 +52,7 @@ mod mutant;
 mod reclaimer;
 mod submitter;
 
-pub use delivery::{Delivery, DeliveryEnd};
+pub use delivery::{AckReason, Delivery, DeliveryEnd, PendingReason, superseded};
 pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
 pub use mutant::Mutant;
 pub use reclaimer::{Reclaimer, ReclaimerEvent};
