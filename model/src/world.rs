@@ -224,10 +224,10 @@ impl World {
             }
             _ => {}
         }
-        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker) {
-            if let Some(owed) = self.trimmed_owed.get_mut(&w) {
-                owed.remove(entry);
-            }
+        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker)
+            && let Some(owed) = self.trimmed_owed.get_mut(&w)
+        {
+            owed.remove(entry);
         }
         reply
     }

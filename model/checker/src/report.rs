@@ -5,7 +5,7 @@ use crate::{Config, PelicanModel, timeline};
 use pelican_model::invariants;
 use pelican_model::protocol::Mutant;
 use serde::Serialize;
-use stateright::{Checker, HasDiscoveries, Model, Path};
+use stateright::{Checker, HasDiscoveries, Model, Path, Property};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -171,7 +171,7 @@ fn finish(
     Report {
         config: cfg.name.clone(),
         mutant: cfg.policy.mutant.map(|m| m.name().to_owned()),
-        complete: !timed_out && !(opts.stop_at_failure && failed),
+        complete: !(timed_out || (opts.stop_at_failure && failed)),
         unique_states: unique,
         states: checker.state_count(),
         max_depth: checker.max_depth(),
@@ -182,13 +182,82 @@ fn finish(
     }
 }
 
+/// Replays `actions` from the initial state; returns the states up to the
+/// first one that breaks `property`, or `None` if an action is not enabled
+/// where it is taken or the property never breaks.
+fn replay(
+    model: &PelicanModel,
+    property: &Property<PelicanModel>,
+    actions: &[Action],
+) -> Option<Vec<State>> {
+    let mut states = model.init_states();
+    states.truncate(1);
+    let mut enabled = Vec::new();
+    for a in actions {
+        let last = states.last().expect("starts with the initial state");
+        if !(property.condition)(model, last) {
+            return Some(states);
+        }
+        enabled.clear();
+        model.actions(last, &mut enabled);
+        if !enabled.contains(a) {
+            return None;
+        }
+        let next = model
+            .next_state(last, *a)
+            .expect("every action has a next state");
+        states.push(next);
+    }
+    let last = states.last().expect("starts with the initial state");
+    (!(property.condition)(model, last)).then_some(states)
+}
+
+/// Shrinks a counterexample: drops windows of consecutive steps (largest
+/// first, down to single steps), keeping each drop after which the replayed
+/// path still breaks the property, until nothing more can go. (stateright's
+/// BFS hands work out in blocks, so its paths are not always shortest.)
+fn shrink(
+    model: &PelicanModel,
+    property: &Property<PelicanModel>,
+    mut actions: Vec<Action>,
+) -> (Vec<State>, Vec<Action>) {
+    let mut states =
+        replay(model, property, &actions).expect("the checker's path breaks the property");
+    actions.truncate(states.len() - 1);
+    let mut width = actions.len().max(1);
+    while width > 0 {
+        let mut i = 0;
+        let mut shrunk = false;
+        while i + width <= actions.len() {
+            let mut candidate = actions.clone();
+            candidate.drain(i..i + width);
+            if let Some(shorter) = replay(model, property, &candidate) {
+                candidate.truncate(shorter.len() - 1);
+                actions = candidate;
+                states = shorter;
+                shrunk = true;
+            } else {
+                i += 1;
+            }
+        }
+        if !shrunk {
+            width -= 1;
+        }
+    }
+    (states, actions)
+}
+
 fn counterexample(
     model: &PelicanModel,
     property: &str,
     path: Path<State, Action>,
 ) -> Counterexample {
-    let states = path.clone().into_states();
-    let actions = path.into_actions();
+    let prop = model
+        .properties()
+        .into_iter()
+        .find(|p| p.name == property)
+        .expect("a discovered property exists");
+    let (states, actions) = shrink(model, &prop, path.into_actions());
     let last = states.last().expect("a path has a state");
     let mut broken: Vec<String> = invariants::state(&last.world, &model.cfg.policy)
         .into_iter()

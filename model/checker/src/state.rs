@@ -327,15 +327,12 @@ impl State {
         }
         // Progress is urgent: time passes only when every role waits (for
         // a job or for time). A worker that stalls mid-command is the pause
-        // fault, which holds its command across the tick.
+        // fault, which holds its command across the tick. Submissions are the
+        // users' doing: time may pass before them.
         let waiting = !out.iter().any(|a| {
             matches!(
                 a,
-                Action::Submit(..)
-                    | Action::Fetch(..)
-                    | Action::Reclaim(..)
-                    | Action::Step(..)
-                    | Action::Maintain(..)
+                Action::Fetch(..) | Action::Reclaim(..) | Action::Step(..) | Action::Maintain(..)
             )
         });
         if waiting && self.ageable() {
@@ -623,16 +620,15 @@ impl State {
                 self.seen.trimmed_recovered = true
             }
             (op, DbReply::Rows(0)) => {
-                if let Some((run, fence)) = op.fenced_write() {
-                    if self
+                if let Some((run, fence)) = op.fenced_write()
+                    && self
                         .world
                         .db
                         .runs
                         .get(&run)
                         .is_some_and(|r| r.active_fence > fence)
-                    {
-                        self.seen.late_write_rejected = true;
-                    }
+                {
+                    self.seen.late_write_rejected = true;
                 }
             }
             _ => {}
