@@ -201,7 +201,22 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                 results.len()
             );
             if args.json {
-                let obj = serde_json::json!({ "config": cfg.name, "mutants": json });
+                // Each hunt stops at its first counterexample, so the
+                // aggregate exploration is never complete.
+                let reports = results.values().map(|(_, r)| r);
+                let properties: serde_json::Map<String, serde_json::Value> = results
+                    .iter()
+                    .map(|(name, (r, _))| (name.clone(), serde_json::json!(r.property)))
+                    .collect();
+                let obj = serde_json::json!({
+                    "config": cfg.name,
+                    "complete": false,
+                    "unique_states": reports.clone().map(|r| r.unique_states).sum::<usize>(),
+                    "max_depth": reports.clone().map(|r| r.max_depth).max().unwrap_or(0),
+                    "seconds": reports.map(|r| r.seconds).sum::<f64>(),
+                    "properties": properties,
+                    "mutants": json,
+                });
                 println!("{}", serde_json::to_string(&obj).expect("serializable"));
             }
             if missed == 0 { 0 } else { 1 }

@@ -134,8 +134,10 @@ fn finish(
     checker: impl Checker<PelicanModel>,
 ) -> Report {
     let properties = model.properties();
+    let mut nap = Duration::from_millis(5);
     while !checker.is_done() {
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(250));
         if let Some(progress) = opts.progress {
             progress(
                 checker.unique_state_count(),

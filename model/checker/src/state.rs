@@ -162,6 +162,17 @@ pub enum Action {
     Trim,
 }
 
+/// The fate of command `c` in a multi-command step whose fault point is its
+/// first XADD: that XADD takes `fate` (leaving `Reply` behind), every other
+/// command gets its reply.
+fn publish_fate(c: &Command, fate: &mut Fate) -> Fate {
+    if matches!(c, Command::Stream(StreamOp::Publish { .. })) {
+        std::mem::replace(fate, Fate::Reply)
+    } else {
+        Fate::Reply
+    }
+}
+
 fn run_id(n: u8) -> RunId {
     RunId(u64::from(n) + 1)
 }
@@ -511,12 +522,7 @@ impl State {
                 let mut m = Maintenance::new(&cfg.policy);
                 m.start(NOW, task);
                 while let Some(c) = m.poll() {
-                    let publish = matches!(c, Command::Stream(StreamOp::Publish { .. }));
-                    let this = if publish {
-                        std::mem::replace(&mut fate, Fate::Reply)
-                    } else {
-                        Fate::Reply
-                    };
+                    let this = publish_fate(&c, &mut fate);
                     let input = self.execute(&c, Issuer::default(), this);
                     m.handle(NOW, input);
                 }
@@ -638,12 +644,7 @@ impl State {
     fn submit(&mut self, cfg: &Config, n: u8, mut fate: Fate) {
         let mut s = Submitter::new(&cfg.policy, run_id(n), "", "");
         while let Some(c) = s.poll() {
-            let publish = matches!(c, Command::Stream(StreamOp::Publish { .. }));
-            let this = if publish {
-                std::mem::replace(&mut fate, Fate::Reply)
-            } else {
-                Fate::Reply
-            };
+            let this = publish_fate(&c, &mut fate);
             let input = self.execute(&c, Issuer::default(), this);
             s.handle(NOW, input);
             if s.is_accepted() {

@@ -523,3 +523,6 @@ pub enum Input {
     /// A timer set with [`Command::SetTimer`] fired.
     Timer,
 }
+
+#[cfg(test)]
+mod tests;

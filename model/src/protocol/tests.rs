@@ -1,0 +1,430 @@
+//! The roles, one behaviour per test, driven against the reference world.
+
+use super::*;
+use crate::ids::{AttemptNo, Dispatch, EntryId, RunId, WorkerId};
+use crate::status::{ErrorClass, JobOutcome, RunStatus};
+use crate::stream::Trim;
+use crate::time::Timestamp;
+use crate::world::{Issuer, World};
+
+const T0: Timestamp = Timestamp(1_000_000);
+
+fn policy() -> Policy {
+    Policy {
+        attempts_max: 2,
+        ..Policy::default()
+    }
+}
+
+fn ok() -> JobOutcome {
+    JobOutcome::Succeeded {
+        result: "42".into(),
+    }
+}
+
+fn failed(class: ErrorClass) -> JobOutcome {
+    JobOutcome::Failed {
+        class,
+        message: "boom".into(),
+    }
+}
+
+/// Submits `run` through the Submitter; returns its entry.
+fn submit(world: &mut World, run: u64) -> EntryId {
+    let mut s = Submitter::new(&policy(), RunId(run), "noop", "{}");
+    while let Some(c) = s.poll() {
+        let input = exec(world, &c, Issuer::default());
+        s.handle(T0, input);
+    }
+    assert_eq!(s.end(), Some(SubmitterEnd::Accepted { published: true }));
+    world.db.runs[&RunId(run)].entry_id.expect("published")
+}
+
+fn exec(world: &mut World, c: &Command, by: Issuer) -> Input {
+    match c {
+        Command::Db(op) => Input::Db(world.db(op, by)),
+        Command::Stream(op) => Input::Stream(world.stream(op, by)),
+        other => panic!("not an I/O command: {other:?}"),
+    }
+}
+
+/// Reads one entry as worker `w`.
+fn read(world: &mut World, w: u32) -> (EntryId, JobEntry) {
+    let op = StreamOp::Read {
+        consumer: WorkerId(w).consumer(),
+        count: 1,
+        now: T0,
+    };
+    match world.stream(&op, Issuer::default()) {
+        Ok(StreamReply::Entries(mut v)) => v.pop().expect("an entry to read"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Drives `d` until it ends, answering its job with `outcome` (None: the job
+/// never ends, the delivery must end on its own).
+fn drive(world: &mut World, d: &mut Delivery, mut outcome: Option<JobOutcome>) -> DeliveryEnd {
+    for _ in 0..50 {
+        if let Some(end) = d.end() {
+            assert!(d.poll().is_none(), "commands left after the end");
+            return end;
+        }
+        let Some(c) = d.poll() else {
+            let out = outcome.take().expect("the delivery waits for its job");
+            d.handle(T0, Input::Executed(out));
+            continue;
+        };
+        match c {
+            Command::Execute(e) => world.check_execution(e.run, d.own_fence()),
+            Command::SetTimer(_) | Command::Abort => {}
+            c => {
+                let by = Issuer {
+                    worker: None,
+                    own_fence: d.own_fence(),
+                };
+                let input = exec(world, &c, by);
+                d.handle(T0, input);
+            }
+        }
+    }
+    panic!("the delivery did not end");
+}
+
+fn deliver(world: &mut World, w: u32, outcome: Option<JobOutcome>) -> (EntryId, DeliveryEnd) {
+    let (id, job) = read(world, w);
+    let mut d = Delivery::new(T0, &policy(), WorkerId(w), id, job, 7);
+    (id, drive(world, &mut d, outcome))
+}
+
+#[test]
+fn success_is_written_then_acked() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    let (_, end) = deliver(&mut world, 0, Some(ok()));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    let r = &world.db.runs[&RunId(1)];
+    assert_eq!(
+        (r.status, r.result.as_deref()),
+        (RunStatus::Succeeded, Some("42"))
+    );
+    assert_eq!(world.redis.jobs.pel_len(), 0);
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+#[test]
+fn a_redelivered_finished_run_is_acked_without_running() {
+    let mut world = World::new();
+    let id = submit(&mut world, 1);
+    let (_, end) = deliver(&mut world, 0, Some(ok()));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    // The entry comes back (say the ack's reply was lost and it was
+    // reclaimed): the claim is refused, the run is terminal, ack.
+    let job = world.entries[&id].clone();
+    let mut d = Delivery::new(T0, &policy(), WorkerId(1), id, job, 0);
+    assert_eq!(
+        drive(&mut world, &mut d, None),
+        DeliveryEnd::Acked(AckReason::Terminal)
+    );
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+#[test]
+fn retryable_failure_schedules_a_durable_retry_with_backoff() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    let (_, end) = deliver(&mut world, 0, Some(failed(ErrorClass::Retryable)));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    let r = world.db.runs[&RunId(1)].clone();
+    assert_eq!((r.status, r.dispatch), (RunStatus::RetryWait, Dispatch(2)));
+    let backoff = r.retry_at.unwrap().ms_since(T0);
+    assert!(
+        (500..=1_000).contains(&backoff),
+        "first retry after {backoff} ms"
+    );
+    // Maintenance promotes it when due and publishes the new dispatch.
+    let mut m = Maintenance::new(&policy());
+    for task in [MaintenanceTask::Retries, MaintenanceTask::Outbox] {
+        m.start(r.retry_at.unwrap(), task);
+        while let Some(c) = m.poll() {
+            let input = exec(&mut world, &c, Issuer::default());
+            m.handle(T0, input);
+        }
+    }
+    let (_, job) = read(&mut world, 1);
+    assert_eq!(
+        job,
+        JobEntry::Job {
+            run: RunId(1),
+            dispatch: Dispatch(2)
+        }
+    );
+}
+
+#[test]
+fn the_last_attempt_dead_letters_and_notifies() {
+    let mut world = World::new();
+    world.db.insert_run(RunId(1), "noop", "{}", 1);
+    let entry = JobEntry::Job {
+        run: RunId(1),
+        dispatch: Dispatch(1),
+    };
+    world
+        .stream(&StreamOp::Publish { entry, now: T0 }, Issuer::default())
+        .unwrap();
+    let (id, end) = deliver(&mut world, 0, Some(failed(ErrorClass::Panic)));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Dead);
+    let dl = &world.db.dead_letters[&RunId(1)];
+    assert_eq!((dl.class, dl.source_entry), (ErrorClass::Panic, Some(id)));
+    assert_eq!(world.redis.dead.len(), 1);
+}
+
+#[test]
+fn terminal_failure_is_not_retried() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    deliver(&mut world, 0, Some(failed(ErrorClass::Terminal)));
+    let r = &world.db.runs[&RunId(1)];
+    assert_eq!((r.status, r.attempts), (RunStatus::Failed, 1));
+}
+
+#[test]
+fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
+    let mut world = World::new();
+    let id = submit(&mut world, 1);
+    let (_, job) = read(&mut world, 0);
+    let mut late = Delivery::new(T0, &policy(), WorkerId(0), id, job.clone(), 0);
+    // Claim, start the job, then stall.
+    let claim = late.poll().unwrap();
+    let input = exec(&mut world, &claim, Issuer::default());
+    late.handle(T0, input);
+    assert!(late.is_executing());
+    // Long past the lease, another worker reclaims and takes over.
+    let later = T0.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
+    let mut r = Reclaimer::new(&policy(), WorkerId(1));
+    r.start(later, 1);
+    let c = r.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    r.handle(later, input);
+    let Some(ReclaimerEvent::Deliver(rid, rjob)) = r.poll_event() else {
+        panic!("nothing reclaimed")
+    };
+    let mut fresh = Delivery::new(later, &policy(), WorkerId(1), rid, rjob, 0);
+    let c = fresh.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    fresh.handle(later, input);
+    assert_eq!(fresh.own_fence(), Some(crate::ids::Fence(2)));
+    // The late worker finishes: its write is rejected and it leaves the
+    // entry to the new owner.
+    while late.poll().is_some() {}
+    late.handle(later, Input::Executed(ok()));
+    let end = drive(&mut world, &mut late, None);
+    assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
+    assert!(world.redis.jobs.pending(id).is_some());
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+    assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Running);
+}
+
+#[test]
+fn malformed_entries_and_unknown_runs_are_quarantined() {
+    let mut world = World::new();
+    let bad = JobEntry::Malformed {
+        reason: "missing run_id".into(),
+    };
+    world
+        .stream(
+            &StreamOp::Publish {
+                entry: bad,
+                now: T0,
+            },
+            Issuer::default(),
+        )
+        .unwrap();
+    let (_, end) = deliver(&mut world, 0, None);
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Quarantined));
+    let ghost = JobEntry::Job {
+        run: RunId(99),
+        dispatch: Dispatch(1),
+    };
+    world
+        .stream(
+            &StreamOp::Publish {
+                entry: ghost,
+                now: T0,
+            },
+            Issuer::default(),
+        )
+        .unwrap();
+    let (_, end) = deliver(&mut world, 0, None);
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Quarantined));
+    assert_eq!(world.redis.dead.len(), 2);
+    assert_eq!(world.redis.jobs.pel_len(), 0);
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+#[test]
+fn a_duplicate_publication_is_acked_while_the_original_runs() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    let dup = JobEntry::Job {
+        run: RunId(1),
+        dispatch: Dispatch(1),
+    };
+    world
+        .stream(
+            &StreamOp::Publish {
+                entry: dup,
+                now: T0,
+            },
+            Issuer::default(),
+        )
+        .unwrap();
+    let (first, job) = read(&mut world, 0);
+    let mut d = Delivery::new(T0, &policy(), WorkerId(0), first, job, 0);
+    let c = d.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    d.handle(T0, input);
+    let (_, end) = deliver(&mut world, 1, None);
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Duplicate));
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+#[test]
+fn a_cancelled_run_stops_at_its_heartbeat() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    let (id, job) = read(&mut world, 0);
+    let mut d = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
+    let c = d.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    d.handle(T0, input);
+    assert_eq!(
+        world.db(&DbOp::Cancel { run: RunId(1) }, Issuer::default()),
+        DbReply::Rows(1)
+    );
+    while d.poll().is_some() {}
+    d.handle(T0, Input::Timer);
+    let mut aborted = false;
+    while let Some(c) = d.poll() {
+        if c == Command::Abort {
+            aborted = true;
+            continue;
+        }
+        let input = exec(&mut world, &c, Issuer::default());
+        d.handle(T0, input);
+    }
+    assert!(aborted, "the job was not stopped");
+    assert_eq!(d.end(), Some(DeliveryEnd::Acked(AckReason::Terminal)));
+    assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Cancelled);
+}
+
+#[test]
+fn the_reclaimer_holds_deleted_ids_until_recovered() {
+    let mut world = World::new();
+    let id = submit(&mut world, 1);
+    let (_, job) = read(&mut world, 0);
+    let mut d = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
+    let c = d.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    d.handle(T0, input);
+    // The worker dies; the stream is trimmed below its pending entry.
+    world.redis.jobs.xtrim(Trim::MaxLen(0));
+    let later = T0.add_ms(policy().lease_ms + 1);
+    let mut r = Reclaimer::new(&policy(), WorkerId(1));
+    r.start(later, 1);
+    let c = r.poll().unwrap();
+    let input = exec(
+        &mut world,
+        &c,
+        Issuer {
+            worker: Some(WorkerId(1)),
+            own_fence: None,
+        },
+    );
+    r.handle(later, input);
+    assert_eq!(r.poll_event(), Some(ReclaimerEvent::Trimmed(id)));
+    assert_eq!(r.unrecovered().collect::<Vec<_>>(), vec![id]);
+    // The recovery's reply is lost: still held, retried next round.
+    let c = r.poll().unwrap();
+    r.handle(later, Input::Unavailable);
+    assert_eq!(r.unrecovered().count(), 1);
+    r.start(later, 1);
+    let c2 = r.poll().unwrap();
+    assert_eq!(c, c2);
+    let input = exec(
+        &mut world,
+        &c2,
+        Issuer {
+            worker: Some(WorkerId(1)),
+            own_fence: None,
+        },
+    );
+    r.handle(later, input);
+    assert_eq!(r.unrecovered().count(), 0);
+    let run = &world.db.runs[&RunId(1)];
+    assert_eq!(
+        (run.status, run.dispatch, run.published_at),
+        (RunStatus::Queued, Dispatch(2), None)
+    );
+    assert_eq!(world.db.attempts[&(RunId(1), AttemptNo(1))].outcome, None);
+}
+
+#[test]
+fn a_lost_publish_is_left_to_the_outbox() {
+    let mut world = World::new();
+    let mut s = Submitter::new(&policy(), RunId(1), "noop", "{}");
+    let insert = s.poll().unwrap();
+    let input = exec(&mut world, &insert, Issuer::default());
+    s.handle(T0, input);
+    assert!(s.is_accepted());
+    let _publish = s.poll().unwrap();
+    s.handle(T0, Input::Unavailable);
+    assert_eq!(s.end(), Some(SubmitterEnd::Accepted { published: false }));
+    let mut m = Maintenance::new(&policy());
+    m.start(T0, MaintenanceTask::Outbox);
+    while let Some(c) = m.poll() {
+        let input = exec(&mut world, &c, Issuer::default());
+        m.handle(T0, input);
+    }
+    assert!(world.db.runs[&RunId(1)].published_at.is_some());
+    assert_eq!(world.redis.jobs.len(), 1);
+}
+
+#[test]
+fn backoff_is_exponential_capped_and_jittered_within_bounds() {
+    let p = Policy {
+        backoff_base_ms: 100,
+        backoff_cap_ms: 1_000,
+        ..Policy::default()
+    };
+    for entropy in [0, 1, 17, u64::MAX] {
+        for (attempt, exp) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1_000),
+            (40, 1_000),
+        ] {
+            let b = p.backoff_ms(attempt, entropy);
+            assert!(
+                (exp / 2..=exp).contains(&b),
+                "attempt {attempt}: {b} not in {}..={exp}",
+                exp / 2
+            );
+        }
+    }
+}
+
+#[test]
+fn idempotency_keys_are_stable_across_attempts() {
+    let p = policy();
+    assert_eq!(
+        p.idempotency_key(RunId(3), 1, crate::ids::Fence(1)),
+        p.idempotency_key(RunId(3), 1, crate::ids::Fence(9))
+    );
+    assert_ne!(
+        p.idempotency_key(RunId(3), 1, crate::ids::Fence(1)),
+        p.idempotency_key(RunId(3), 2, crate::ids::Fence(1))
+    );
+}
