@@ -4,7 +4,7 @@
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::db::Candidate;
-use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
+use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Maintenance, MaintenanceTask, Reclaimer,
     ReclaimerEvent, StreamOp, StreamReply, Submitter, still_deliverable,
@@ -66,6 +66,21 @@ pub struct WorkerProc {
     pub outstanding: Vec<(Source, Command)>,
     /// The job, while it runs.
     pub job: Option<Job>,
+}
+
+impl WorkerProc {
+    /// A worker process just started: nothing in hand, reclaim cursor at 0.
+    #[must_use]
+    pub fn new(cfg: &Config, w: u8) -> WorkerProc {
+        WorkerProc {
+            paused: false,
+            delivery: None,
+            reclaimer: Reclaimer::new(&cfg.policy, WorkerId(u32::from(w))),
+            backlog: None,
+            outstanding: Vec::new(),
+            job: None,
+        }
+    }
 }
 
 /// The API's handling of one run.
@@ -192,16 +207,7 @@ impl State {
         }
         State {
             world,
-            workers: (0..cfg.workers)
-                .map(|w| WorkerProc {
-                    paused: false,
-                    delivery: None,
-                    reclaimer: Reclaimer::new(&cfg.policy, WorkerId(u32::from(w))),
-                    backlog: None,
-                    outstanding: Vec::new(),
-                    job: None,
-                })
-                .collect(),
+            workers: (0..cfg.workers).map(|w| WorkerProc::new(cfg, w)).collect(),
             api: vec![ApiRun::NotYet; usize::from(cfg.runs)],
             budget: cfg.faults,
             seen: Seen::default(),
@@ -531,15 +537,7 @@ impl State {
             Action::Crash(w) => {
                 self.budget.crashes -= 1;
                 self.budget.total -= 1;
-                let wp = &mut self.workers[usize::from(w)];
-                *wp = WorkerProc {
-                    paused: false,
-                    delivery: None,
-                    reclaimer: Reclaimer::new(&cfg.policy, WorkerId(u32::from(w))),
-                    backlog: None,
-                    outstanding: Vec::new(),
-                    job: None,
-                };
+                self.workers[usize::from(w)] = WorkerProc::new(cfg, w);
                 self.world.worker_crashed(WorkerId(u32::from(w)));
             }
             Action::Pause(w) => {
@@ -815,11 +813,5 @@ impl State {
                 self.workers[wi].backlog = Some((id, job));
             }
         }
-    }
-
-    /// The runs' dispatch numbers (for reports).
-    #[must_use]
-    pub fn dispatch_of(&self, run: RunId) -> Option<Dispatch> {
-        self.world.db.runs.get(&run).map(|r| r.dispatch)
     }
 }
