@@ -44,6 +44,10 @@ struct Args {
     /// Search breadth first (shortest counterexamples, more memory).
     #[arg(long)]
     bfs: bool,
+    /// Symmetry reduction over workers (depth first only): half the states,
+    /// but slower per state.
+    #[arg(long)]
+    symmetry: bool,
 }
 
 #[global_allocator]
@@ -110,6 +114,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         ..Options::default()
     };
     opts.bfs = args.bfs;
+    opts.symmetry = args.symmetry;
     if let Some(t) = args.threads {
         opts.threads = t;
     }

@@ -217,13 +217,20 @@ impl State {
     }
 
     fn derive(mut self, cfg: &Config) -> State {
+        self.derived = self.compute_derived(cfg);
+        self
+    }
+
+    /// What the properties read about this state, computed afresh.
+    #[must_use]
+    pub fn compute_derived(&self, cfg: &Config) -> Derived {
         let mut actions = Vec::new();
         self.actions(cfg, &mut actions);
         let bits = |bs: Vec<pelican_model::invariants::Broken>| {
             bs.iter().fold(0, |acc, b| acc | guarantee_bit(b.guarantee))
         };
         let is_final = actions.is_empty();
-        self.derived = Derived {
+        Derived {
             is_final,
             broken: bits(pelican_model::invariants::state(&self.world, &cfg.policy)),
             broken_at_rest: if is_final {
@@ -231,8 +238,7 @@ impl State {
             } else {
                 0
             },
-        };
-        self
+        }
     }
 
     /// What may happen to an XADD that publishes a run. Worker commands
@@ -814,4 +820,86 @@ impl State {
             }
         }
     }
+}
+
+/// Symmetry: workers are interchangeable, so states that differ only in
+/// which worker is which are one. [`representative`] picks, among every
+/// relabeling of the workers, the one with the smallest fingerprint.
+impl State {
+    /// The same state with worker `i` renamed `perm[i]`.
+    #[must_use]
+    pub fn permuted(&self, perm: &[u32]) -> State {
+        let rename = |name: &str| -> String {
+            name.strip_prefix('w')
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|i| perm.get(i))
+                .map_or_else(|| name.to_owned(), |j| WorkerId(*j).consumer())
+        };
+        let mut next = self.clone();
+        let mut workers: Vec<Option<WorkerProc>> = vec![None; self.workers.len()];
+        for (i, w) in self.workers.iter().enumerate() {
+            let to = perm[i];
+            let mut w = w.clone();
+            if let Some(d) = w.delivery.as_mut() {
+                d.relabel(WorkerId(to));
+            }
+            w.reclaimer.relabel(WorkerId(to));
+            for (_, c) in &mut w.outstanding {
+                c.rename_consumer(&rename);
+            }
+            workers[to as usize] = Some(w);
+        }
+        next.workers = workers
+            .into_iter()
+            .map(|w| w.expect("a permutation"))
+            .collect();
+        if let Some(g) = next.world.redis.jobs.group.as_mut() {
+            for p in g.pel.values_mut() {
+                p.consumer = rename(&p.consumer);
+            }
+            g.consumers = g.consumers.iter().map(|c| rename(c)).collect();
+        }
+        for a in next.world.db.attempts.values_mut() {
+            a.worker = rename(&a.worker);
+        }
+        next.world.trimmed_owed = self
+            .world
+            .trimmed_owed
+            .iter()
+            .map(|(w, ids)| (WorkerId(perm[w.0 as usize]), ids.clone()))
+            .collect();
+        next
+    }
+}
+
+fn permutations(n: u32) -> Vec<Vec<u32>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for p in permutations(n - 1) {
+        for at in 0..=p.len() {
+            let mut q = p.clone();
+            q.insert(at, n - 1);
+            out.push(q);
+        }
+    }
+    out
+}
+
+/// The representative of `s`'s symmetry class: its worker relabeling with
+/// the smallest fingerprint.
+#[must_use]
+pub fn representative(s: &State) -> State {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let fp = |s: &State| {
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    permutations(s.workers.len() as u32)
+        .into_iter()
+        .map(|p| s.permuted(&p))
+        .min_by_key(fp)
+        .expect("at least the identity")
 }

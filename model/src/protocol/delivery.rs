@@ -205,6 +205,22 @@ impl Delivery {
         d
     }
 
+    /// Relabels the worker this delivery runs in (see
+    /// [`Command::rename_consumer`]).
+    pub fn relabel(&mut self, worker: WorkerId) {
+        let (old, new) = (self.worker.consumer(), worker.consumer());
+        for c in &mut self.outbox {
+            c.rename_consumer(&|name| {
+                if name == old {
+                    new.clone()
+                } else {
+                    name.to_owned()
+                }
+            });
+        }
+        self.worker = worker;
+    }
+
     /// The stream entry being handled.
     #[must_use]
     pub fn entry(&self) -> EntryId {

@@ -509,6 +509,29 @@ pub enum Command {
     SetTimer(Timestamp),
 }
 
+impl Command {
+    /// Renames the worker (consumer) this command speaks for, as `rename`
+    /// maps consumer names. Workers are interchangeable, so a model checker
+    /// may relabel them to reduce symmetric states.
+    pub fn rename_consumer(&mut self, rename: &dyn Fn(&str) -> String) {
+        match self {
+            Command::Db(DbOp::Claim { worker, .. } | DbOp::ClaimReviving { worker, .. })
+            | Command::Stream(
+                StreamOp::Read {
+                    consumer: worker, ..
+                }
+                | StreamOp::AutoClaim {
+                    consumer: worker, ..
+                }
+                | StreamOp::Touch {
+                    consumer: worker, ..
+                },
+            ) => *worker = rename(worker),
+            _ => {}
+        }
+    }
+}
+
 /// What the driver feeds a role.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Input {

@@ -57,6 +57,22 @@ impl Reclaimer {
         }
     }
 
+    /// Relabels the worker this reclaimer runs in (see
+    /// [`Command::rename_consumer`]).
+    pub fn relabel(&mut self, worker: WorkerId) {
+        let (old, new) = (self.worker.consumer(), worker.consumer());
+        for c in &mut self.outbox {
+            c.rename_consumer(&|name| {
+                if name == old {
+                    new.clone()
+                } else {
+                    name.to_owned()
+                }
+            });
+        }
+        self.worker = worker;
+    }
+
     /// Whether no round is in progress.
     #[must_use]
     pub fn is_idle(&self) -> bool {
