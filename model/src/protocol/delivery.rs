@@ -208,15 +208,8 @@ impl Delivery {
     /// Relabels the worker this delivery runs in (see
     /// [`Command::rename_consumer`]).
     pub fn relabel(&mut self, worker: WorkerId) {
-        let (old, new) = (self.worker.consumer(), worker.consumer());
         for c in &mut self.outbox {
-            c.rename_consumer(&|name| {
-                if name == old {
-                    new.clone()
-                } else {
-                    name.to_owned()
-                }
-            });
+            c.relabel_worker(self.worker, worker);
         }
         self.worker = worker;
     }

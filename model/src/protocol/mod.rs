@@ -40,7 +40,7 @@
 //! command the role is waiting for.
 
 use crate::db::{Candidate, Claimed, Db, RunRow};
-use crate::ids::{Dispatch, EntryId, Fence, RunId};
+use crate::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, JobOutcome};
 use crate::stream::{AutoClaim, StreamError};
 use crate::time::Timestamp;
@@ -529,6 +529,18 @@ impl Command {
             ) => *worker = rename(worker),
             _ => {}
         }
+    }
+
+    /// Moves this command from worker `from` to worker `to`.
+    pub fn relabel_worker(&mut self, from: WorkerId, to: WorkerId) {
+        let (old, new) = (from.consumer(), to.consumer());
+        self.rename_consumer(&|name| {
+            if name == old {
+                new.clone()
+            } else {
+                name.to_owned()
+            }
+        });
     }
 }
 
