@@ -95,6 +95,18 @@ pub struct Claimed {
     pub attempts_max: u32,
 }
 
+/// A claim's answer as the statement returns it: the new attempt and the job
+/// to run (`RETURNING ..., kind, input`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClaimedJob {
+    /// The new attempt.
+    pub claimed: Claimed,
+    /// The job kind.
+    pub kind: String,
+    /// The job input.
+    pub input: String,
+}
+
 /// A run the sweeper looks at: possibly without a stream entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Candidate {

@@ -68,10 +68,10 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
 /// What must hold once faults have stopped and no role has anything left to
 /// do: every accepted run is terminal (S1), the PEL is empty (S9), every
 /// malformed entry was quarantined (S10), and every succeeded run's side
-/// effects were applied exactly once (S5). `effects_per_run` is how many
-/// tool calls each job makes.
+/// effects were applied exactly once (S5). `effects_of(run)` is how many
+/// tool calls `run`'s job makes when it succeeds.
 #[must_use]
-pub fn quiescent(world: &World, effects_per_run: u32) -> Vec<Broken> {
+pub fn quiescent(world: &World, effects_of: &dyn Fn(crate::ids::RunId) -> u32) -> Vec<Broken> {
     let mut out = Vec::new();
     for run in &world.accepted {
         match world.db.runs.get(run) {
@@ -83,7 +83,7 @@ pub fn quiescent(world: &World, effects_per_run: u32) -> Vec<Broken> {
                 ));
             }
             Some(r) if r.status == RunStatus::Succeeded => {
-                for call in 0..effects_per_run {
+                for call in 0..effects_of(*run) {
                     let n = world.effects.get(&(*run, call)).copied().unwrap_or(0);
                     if n != 1 {
                         out.push(broken(

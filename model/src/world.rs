@@ -205,7 +205,7 @@ impl World {
         }
         match (&reply, before) {
             (DbReply::Claimed(Some(c)), Some(before)) => {
-                if c.fence <= before.active_fence {
+                if c.claimed.fence <= before.active_fence {
                     self.violations
                         .insert(Violation::FenceNotIncreasing(before.run_id));
                 }
@@ -309,6 +309,22 @@ impl World {
                 r.status == RunStatus::Running && Some(r.active_fence) == own_fence
             });
         if !ok {
+            self.violations.insert(Violation::ExecutedWithoutClaim(run));
+        }
+    }
+
+    /// S2, where time passes between a claim's answer and the job's start
+    /// (the simulator, the live worker): the job must run under a claim this
+    /// delivery made itself, for this fence. A cancel or a reclaim may land
+    /// in between; the attempt then stops at its next boundary (S7).
+    pub fn check_execution_claimed(&mut self, run: RunId, fence: Fence, own_fence: Option<Fence>) {
+        let claimed = own_fence == Some(fence)
+            && self
+                .db
+                .attempts
+                .range((run, crate::ids::AttemptNo(0))..=(run, crate::ids::AttemptNo(u32::MAX)))
+                .any(|(_, a)| a.fence == fence);
+        if !claimed {
             self.violations.insert(Violation::ExecutedWithoutClaim(run));
         }
     }

@@ -272,7 +272,7 @@ fn counterexample(
     let last = states.last().expect("a path has a state");
     let mut broken: Vec<String> = invariants::state(&last.world, &model.cfg.policy)
         .into_iter()
-        .chain(invariants::quiescent(&last.world, 1))
+        .chain(invariants::quiescent(&last.world, &|_| 1))
         .map(|b| format!("{}: {}", b.guarantee, b.detail))
         .collect();
     broken.dedup();

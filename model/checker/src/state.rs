@@ -234,7 +234,7 @@ impl State {
             is_final,
             broken: bits(pelican_model::invariants::state(&self.world, &cfg.policy)),
             broken_at_rest: if is_final {
-                bits(pelican_model::invariants::quiescent(&self.world, 1))
+                bits(pelican_model::invariants::quiescent(&self.world, &|_| 1))
             } else {
                 0
             },

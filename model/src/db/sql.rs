@@ -67,10 +67,10 @@ pub const CLAIM: &str = "WITH claimed AS ( \
               lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
         WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
           AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
-       RETURNING run_id, active_fence, attempts, attempts_max, dispatch), \
+       RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
      recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
        SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-     SELECT active_fence, attempts, attempts_max FROM claimed";
+     SELECT active_fence, attempts, attempts_max, kind, input FROM claimed";
 
 /// [`super::Db::read_run`]: `$1` run.
 pub const READ_RUN: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \

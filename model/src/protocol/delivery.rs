@@ -333,9 +333,9 @@ impl Delivery {
             (Phase::Quarantining, Input::Stream(Ok(StreamReply::Added(_)))) => {
                 self.ack(AckReason::Quarantined);
             }
-            (Phase::Claiming, Input::Db(DbReply::Claimed(Some(claimed)))) => {
-                self.own = Some(claimed);
-                self.start(now, claimed);
+            (Phase::Claiming, Input::Db(DbReply::Claimed(Some(job)))) => {
+                self.own = Some(job.claimed);
+                self.start(now, job.claimed, job.kind, job.input);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(None))) => self.read(true),
             (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
@@ -397,9 +397,8 @@ impl Delivery {
         }
     }
 
-    fn start(&mut self, now: Timestamp, claimed: Claimed) {
+    fn start(&mut self, now: Timestamp, claimed: Claimed, kind: String, input: String) {
         let (run, _) = self.run().expect("claimed a well-formed entry");
-        let (kind, input) = (String::new(), String::new());
         self.phase = Phase::Executing {
             claimed,
             heartbeat: Heartbeat::Idle,
@@ -428,7 +427,7 @@ impl Delivery {
                     attempt: crate::ids::AttemptNo(row.attempts),
                     attempts_max: row.attempts_max,
                 };
-                return self.start(now, claimed);
+                return self.start(now, claimed, row.kind, row.input);
             }
             return self.ack(AckReason::Terminal);
         }

@@ -39,7 +39,7 @@
 //! outstanding, so a lost reply ([`Input::Unavailable`]) is always about the
 //! command the role is waiting for.
 
-use crate::db::{Candidate, Claimed, Db, RunRow};
+use crate::db::{Candidate, ClaimedJob, Db, RunRow};
 use crate::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, JobOutcome};
 use crate::stream::{AutoClaim, StreamError};
@@ -314,7 +314,7 @@ pub enum DbReply {
     /// Rows affected.
     Rows(u64),
     /// A claim's result.
-    Claimed(Option<Claimed>),
+    Claimed(Option<ClaimedJob>),
     /// A row read.
     Run(Option<RunRow>),
     /// Rows selected by the sweeper.
@@ -322,6 +322,15 @@ pub enum DbReply {
 }
 
 impl Db {
+    fn claimed_job(&self, run: RunId, claimed: crate::db::Claimed) -> ClaimedJob {
+        let r = &self.runs[&run];
+        ClaimedJob {
+            claimed,
+            kind: r.kind.clone(),
+            input: r.input.clone(),
+        }
+    }
+
     /// Executes one command against the reference database.
     ///
     /// # Panics
@@ -349,7 +358,9 @@ impl Db {
                 worker,
                 now,
                 lease_ms,
-            } => C(self.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)),
+            } => C(self
+                .claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
+                .map(|c| self.claimed_job(*run, c))),
             DbOp::ReadRun { run } => DbReply::Run(self.read_run(*run)),
             DbOp::Heartbeat {
                 run,
@@ -401,7 +412,9 @@ impl Db {
                 worker,
                 now,
                 lease_ms,
-            } => C(self.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)),
+            } => C(self
+                .claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)
+                .map(|c| self.claimed_job(*run, c))),
             #[cfg(feature = "mutants")]
             DbOp::RecordFailureOnly {
                 run,

@@ -1,0 +1,121 @@
+//! Driving one [`Delivery`]: its server calls, its job and its heartbeat timer.
+
+use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe, now, sleep_until};
+use crate::jobs::Executor;
+use futures_util::FutureExt;
+use pelican_model::ids::{EntryId, WorkerId};
+use pelican_model::protocol::{Command, Delivery, DeliveryEnd, Input, JobEntry};
+use pelican_model::status::{ErrorClass, JobOutcome};
+use pelican_model::world::Issuer;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// Handles `entry` (read or reclaimed by `worker`) to its end: claim, run the
+/// job with heartbeats, write the outcome, acknowledge, exactly as the core's
+/// [`Delivery`] decides.
+pub(crate) async fn deliver<S, D, P, X>(
+    io: &Io<S, D, P>,
+    executor: &X,
+    worker: WorkerId,
+    entry: EntryId,
+    job: JobEntry,
+) -> DeliveryEnd
+where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    let role = RoleId::Delivery(worker, entry);
+    let entropy = io.entropy.next_u64();
+    let mut d = Delivery::new(now(), &io.config.policy, worker, entry, job, entropy);
+    let mut call: Option<Pin<Box<dyn Future<Output = Input> + Send + '_>>> = None;
+    let mut running: Option<tokio::task::JoinHandle<JobOutcome>> = None;
+    let mut timer = None;
+    loop {
+        while let Some(command) = d.poll() {
+            match command {
+                Command::Db(_) | Command::Stream(_) => {
+                    debug_assert!(call.is_none(), "a role has one call outstanding");
+                    let by = Issuer {
+                        worker: Some(worker),
+                        own_fence: d.own_fence(),
+                    };
+                    call = Some(Box::pin(io.run(&role, command, by)));
+                }
+                Command::Execute(execution) => {
+                    io.probe.sent(&role, &Command::Execute(execution.clone()));
+                    io.probe.executing(worker, &execution, d.own_fence());
+                    let job = executor.execute(execution);
+                    let limit = Duration::from_millis(io.config.job_timeout_ms);
+                    running = Some(tokio::spawn(async move {
+                        let guarded = AssertUnwindSafe(job).catch_unwind();
+                        match tokio::time::timeout(limit, guarded).await {
+                            Ok(Ok(outcome)) => outcome,
+                            Ok(Err(panic)) => JobOutcome::Failed {
+                                class: ErrorClass::Panic,
+                                message: panic_message(&panic),
+                            },
+                            Err(_) => JobOutcome::Failed {
+                                class: ErrorClass::Retryable,
+                                message: format!("job timed out after {} ms", limit.as_millis()),
+                            },
+                        }
+                    }));
+                }
+                Command::Abort => {
+                    io.probe.sent(&role, &Command::Abort);
+                    if let Some(job) = running.take() {
+                        job.abort();
+                    }
+                }
+                Command::SetTimer(at) => {
+                    io.probe.sent(&role, &Command::SetTimer(at));
+                    timer = Some(at);
+                }
+            }
+        }
+        if d.is_done() {
+            let end = d.end().expect("done deliveries have ended");
+            io.probe.delivery_end(worker, entry, end);
+            return end;
+        }
+        // The heartbeat timer matters only while the job runs; a timer left
+        // over from then must not reach a later phase.
+        if !d.is_executing() {
+            timer = None;
+        }
+        let input = tokio::select! {
+            input = maybe(call.as_mut()) => {
+                call = None;
+                input
+            }
+            outcome = maybe(running.as_mut()) => {
+                running = None;
+                let outcome = outcome.unwrap_or_else(|e| JobOutcome::Failed {
+                    class: ErrorClass::Panic,
+                    message: format!("job task ended abnormally: {e}"),
+                });
+                let input = Input::Executed(outcome);
+                io.probe.received(&role, &input);
+                input
+            }
+            () = sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
+                timer = None;
+                io.probe.received(&role, &Input::Timer);
+                Input::Timer
+            }
+        };
+        d.handle(now(), input);
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned());
+    format!("job panicked: {text}")
+}

@@ -1,0 +1,68 @@
+//! Driving the short-lived roles: a maintenance pass, a submission, a cancel.
+
+use super::{DbClient, Io, Probe, RoleId, StreamClient, now};
+use pelican_model::ids::{RunId, WorkerId};
+use pelican_model::protocol::{
+    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, Submitter, SubmitterEnd,
+    Unavailable,
+};
+use pelican_model::world::Issuer;
+
+/// Runs one maintenance pass of `task` to its end.
+pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    worker: WorkerId,
+    task: MaintenanceTask,
+) {
+    let role = RoleId::Maintenance(worker);
+    let by = Issuer {
+        worker: Some(worker),
+        own_fence: None,
+    };
+    let mut m = Maintenance::new(&io.config.policy);
+    m.start(now(), task);
+    while let Some(command) = m.poll() {
+        let input = io.run(&role, command, by).await;
+        m.handle(now(), input);
+    }
+    debug_assert!(m.is_idle());
+}
+
+/// Submits run `run`: inserts it durably, then publishes it. `Accepted` means
+/// the row is durable (the API answers 202); a failed publish is left to the
+/// outbox.
+pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    run: RunId,
+    kind: &str,
+    input: &str,
+) -> SubmitterEnd {
+    let role = RoleId::Submitter(run);
+    let mut s = Submitter::new(&io.config.policy, run, kind, input);
+    while let Some(command) = s.poll() {
+        let input = io.run(&role, command, Issuer::default()).await;
+        s.handle(now(), input);
+    }
+    s.end()
+        .expect("a submission ends once its commands are answered")
+}
+
+/// Cancels `run` (S7): `Ok(true)` if this request made it cancelled,
+/// `Ok(false)` if it was already terminal or unknown.
+///
+/// # Errors
+/// `Unavailable` when the database did not answer; the cancel may or may not
+/// have happened, and is safe to repeat.
+pub async fn cancel<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    run: RunId,
+) -> Result<bool, Unavailable> {
+    let role = RoleId::Cancel(run);
+    match io
+        .run(&role, Command::Db(DbOp::Cancel { run }), Issuer::default())
+        .await
+    {
+        Input::Db(DbReply::Rows(n)) => Ok(n == 1),
+        _ => Err(Unavailable),
+    }
+}

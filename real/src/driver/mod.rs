@@ -1,0 +1,223 @@
+//! The driver: the clients it needs, its configuration, and the loops that
+//! run the protocol's roles (see the crate docs).
+
+use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
+use pelican_model::protocol::{
+    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
+    Unavailable,
+};
+use pelican_model::stream::StreamError;
+use pelican_model::time::Timestamp;
+use pelican_model::world::Issuer;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+mod delivery;
+mod maintenance;
+mod worker;
+
+pub use maintenance::{cancel, maintain, submit};
+pub use worker::Worker;
+
+/// A boxed future, for trait objects.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A stream command's answer, or the server's error.
+pub type StreamResult = Result<StreamReply, StreamError>;
+
+/// Runs stream commands (one [`StreamOp`] each) on Redis or its model.
+pub trait StreamClient: Send + Sync + 'static {
+    /// Runs `op`, issued by `by`. `Err(Unavailable)` when there is no answer:
+    /// the caller cannot tell whether the command was applied.
+    fn call(
+        &self,
+        op: StreamOp,
+        by: Issuer,
+    ) -> impl Future<Output = Result<StreamResult, Unavailable>> + Send;
+}
+
+/// Runs SQL statements (one [`DbOp`] each) on Postgres or its model.
+pub trait DbClient: Send + Sync + 'static {
+    /// Runs `op`, issued by `by`. `Err(Unavailable)` when there is no answer.
+    fn call(
+        &self,
+        op: DbOp,
+        by: Issuer,
+    ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
+}
+
+/// The external tool service that job handlers send side effects to. It
+/// applies each idempotency key at most once (S5).
+pub trait Tools: Send + Sync + 'static {
+    /// Applies side effect `call` of `run` under idempotency `key`; answers
+    /// whether this request applied it (false: the key was applied before).
+    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>>;
+}
+
+/// The driver's source of randomness (retry jitter). The live worker draws
+/// from the OS; the simulator from the seed.
+pub trait Entropy: Send + Sync + 'static {
+    /// One random draw.
+    fn next_u64(&self) -> u64;
+}
+
+/// Which role instance a command or input belongs to (for probes and traces).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum RoleId {
+    /// A worker's reader (XREADGROUP, group creation).
+    Reader(WorkerId),
+    /// A worker handling one delivery.
+    Delivery(WorkerId, EntryId),
+    /// A worker's reclaimer.
+    Reclaimer(WorkerId),
+    /// A maintenance pass (retries, outbox, sweep) of a worker.
+    Maintenance(WorkerId),
+    /// The API submitting a run.
+    Submitter(RunId),
+    /// The API cancelling a run.
+    Cancel(RunId),
+}
+
+/// Observes the driver. Every method defaults to nothing, so a probe pays
+/// only for what it watches. The simulator's oracle, the live worker's
+/// metrics and its protocol trace are probes.
+pub trait Probe: Send + Sync + 'static {
+    /// `role` issued `command`.
+    fn sent(&self, role: &RoleId, command: &Command) {
+        let _ = (role, command);
+    }
+    /// `role` received `input`.
+    fn received(&self, role: &RoleId, input: &Input) {
+        let _ = (role, input);
+    }
+    /// A job starts under the attempt this delivery claimed (`own_fence`).
+    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+        let _ = (worker, execution, own_fence);
+    }
+    /// A delivery ended.
+    fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
+        let _ = (worker, entry, end);
+    }
+    /// The deleted pending IDs `worker`'s reclaimer still owes a recovery.
+    fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        let _ = (worker, held);
+    }
+}
+
+/// A probe that observes nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoProbe;
+impl Probe for NoProbe {}
+
+/// The driver's knobs, with units in their names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// The protocol's own knobs.
+    pub policy: Policy,
+    /// Jobs a worker runs at once (its reader and reclaimer share the slots).
+    pub in_flight_max: usize,
+    /// Entries one XREADGROUP asks for at most.
+    pub read_count_max: usize,
+    /// Pause after an empty read or an unavailable server.
+    pub idle_poll_ms: u64,
+    /// A call without an answer after this long is `Unavailable`.
+    pub call_timeout_ms: u64,
+    /// Reclaimer period.
+    pub reclaim_every_ms: u64,
+    /// Maintenance period (retry promotion, outbox, orphan sweep).
+    pub maintenance_every_ms: u64,
+    /// On shutdown, how long in-flight jobs may take to finish; the rest stay
+    /// pending and are reclaimed by other workers.
+    pub shutdown_grace_ms: u64,
+    /// A job running longer than this is stopped and its attempt fails
+    /// retryably (a hung handler would otherwise hold its run forever,
+    /// heartbeating).
+    pub job_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            policy: Policy::default(),
+            in_flight_max: 16,
+            read_count_max: 16,
+            idle_poll_ms: 100,
+            call_timeout_ms: 5_000,
+            reclaim_every_ms: 5_000,
+            maintenance_every_ms: 1_000,
+            shutdown_grace_ms: 30_000,
+            job_timeout_ms: 3_600_000,
+        }
+    }
+}
+
+/// What every loop of the driver shares: the clients, the probe, the entropy
+/// source and the configuration.
+pub struct Io<S, D, P> {
+    /// The stream client.
+    pub stream: S,
+    /// The database client.
+    pub db: D,
+    /// The observer.
+    pub probe: P,
+    /// Randomness.
+    pub entropy: Arc<dyn Entropy>,
+    /// Knobs.
+    pub config: Config,
+}
+
+impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
+    /// Runs one server command of `role` and turns its answer into the
+    /// role's next input. Any other command is the caller's to run.
+    ///
+    /// # Panics
+    /// On a command that is not `Db` or `Stream`.
+    pub async fn run(&self, role: &RoleId, command: Command, by: Issuer) -> Input {
+        self.probe.sent(role, &command);
+        let timeout = Duration::from_millis(self.config.call_timeout_ms);
+        let input = match command {
+            Command::Db(op) => match tokio::time::timeout(timeout, self.db.call(op, by)).await {
+                Ok(Ok(reply)) => Input::Db(reply),
+                _ => Input::Unavailable,
+            },
+            Command::Stream(op) => {
+                match tokio::time::timeout(timeout, self.stream.call(op, by)).await {
+                    Ok(Ok(reply)) => Input::Stream(reply),
+                    _ => Input::Unavailable,
+                }
+            }
+            other => panic!("not a server command: {other:?}"),
+        };
+        self.probe.received(role, &input);
+        input
+    }
+}
+
+/// The current time, from the system clock (madsim's clock under
+/// `--cfg madsim`), in milliseconds since the Unix epoch.
+#[must_use]
+pub fn now() -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    Timestamp(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Sleeps until `at` (at once if it has passed).
+pub async fn sleep_until(at: Timestamp) {
+    let left = at.0.saturating_sub(now().0);
+    tokio::time::sleep(Duration::from_millis(left)).await;
+}
+
+/// Awaits the future if there is one, else never completes: for `select!`
+/// over optional branches.
+async fn maybe<F: Future + Unpin>(f: Option<&mut F>) -> F::Output {
+    match f {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}

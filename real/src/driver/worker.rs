@@ -1,0 +1,277 @@
+//! The worker process: a reader, a reclaimer and a maintenance loop sharing
+//! `in_flight_max` job slots, each delivery in its own task.
+
+use super::{Config, DbClient, Io, Probe, RoleId, StreamClient, now};
+use crate::jobs::Executor;
+use pelican_model::ids::WorkerId;
+use pelican_model::protocol::{
+    Command, Input, JobEntry, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp, StreamReply,
+};
+use pelican_model::stream::StreamError;
+use pelican_model::world::Issuer;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+/// One worker process.
+pub struct Worker<S, D, P, X> {
+    io: Arc<Io<S, D, P>>,
+    executor: Arc<X>,
+    id: WorkerId,
+    maintenance: bool,
+}
+
+impl<S, D, P, X> Worker<S, D, P, X>
+where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    /// A worker named `id` (its consumer name is `id.consumer()`). With
+    /// `maintenance`, it also runs the retry scheduler, the outbox and the
+    /// sweeper (safe to run in every worker: each step is a conditional
+    /// statement).
+    pub fn new(io: Arc<Io<S, D, P>>, executor: Arc<X>, id: WorkerId, maintenance: bool) -> Self {
+        Worker {
+            io,
+            executor,
+            id,
+            maintenance,
+        }
+    }
+
+    /// Runs until `shutdown` completes, then stops reading and reclaiming,
+    /// lets in-flight jobs finish within `shutdown_grace_ms` and returns how
+    /// many were still running (their entries stay pending, to be reclaimed).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> usize {
+        let config = &self.io.config;
+        let slots = Arc::new(Semaphore::new(config.in_flight_max));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let reclaim = tokio::spawn(reclaim_loop(
+            self.io.clone(),
+            self.executor.clone(),
+            self.id,
+            slots.clone(),
+            stop_rx.clone(),
+        ));
+        let maintain = self
+            .maintenance
+            .then(|| tokio::spawn(maintenance_loop(self.io.clone(), self.id, stop_rx.clone())));
+        tokio::select! {
+            () = shutdown => {}
+            () = read_loop(&self.io, &self.executor, self.id, &slots) => {}
+        }
+        // Stop taking work. The reclaimer and the maintenance pass stop where
+        // they are: every step they take is a conditional statement or a
+        // claim that a later pass repeats, and entries they claimed but did
+        // not start stay pending for another worker.
+        let _ = stop_tx.send(true);
+        reclaim.abort();
+        if let Some(m) = maintain {
+            m.abort();
+        }
+        let all = u32::try_from(config.in_flight_max).expect("in_flight_max fits in u32");
+        let grace = Duration::from_millis(config.shutdown_grace_ms);
+        match tokio::time::timeout(grace, slots.acquire_many(all)).await {
+            Ok(_) => 0,
+            Err(_) => config.in_flight_max - slots.available_permits(),
+        }
+    }
+}
+
+/// Starts a delivery task holding one slot.
+fn spawn_delivery<S, D, P, X>(
+    io: &Arc<Io<S, D, P>>,
+    executor: &Arc<X>,
+    worker: WorkerId,
+    entry: pelican_model::ids::EntryId,
+    job: JobEntry,
+    permit: OwnedSemaphorePermit,
+) where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    let (io, executor) = (io.clone(), executor.clone());
+    tokio::spawn(async move {
+        super::delivery::deliver(&io, &*executor, worker, entry, job).await;
+        drop(permit);
+    });
+}
+
+/// XREADGROUP as many entries as there are free slots, forever.
+async fn read_loop<S, D, P, X>(
+    io: &Arc<Io<S, D, P>>,
+    executor: &Arc<X>,
+    worker: WorkerId,
+    slots: &Arc<Semaphore>,
+) where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    let role = RoleId::Reader(worker);
+    let by = Issuer {
+        worker: Some(worker),
+        own_fence: None,
+    };
+    let idle = Duration::from_millis(io.config.idle_poll_ms);
+    loop {
+        let Ok(first) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut permits = vec![first];
+        while permits.len() < io.config.read_count_max {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let read = Command::Stream(StreamOp::Read {
+            consumer: worker.consumer(),
+            count: permits.len(),
+            now: now(),
+        });
+        match io.run(&role, read, by).await {
+            Input::Stream(Ok(StreamReply::Entries(got))) => {
+                let empty = got.is_empty();
+                for (id, job) in got {
+                    let permit = permits.pop().expect("read at most one entry per slot");
+                    spawn_delivery(io, executor, worker, id, job, permit);
+                }
+                drop(permits);
+                if empty {
+                    tokio::time::sleep(idle).await;
+                }
+            }
+            Input::Stream(Err(StreamError::NoGroup)) => {
+                // Redis lost the stream or the group: recreate it; the
+                // sweeper re-publishes from Postgres.
+                drop(permits);
+                let _ = io
+                    .run(&role, Command::Stream(StreamOp::EnsureGroup), by)
+                    .await;
+            }
+            _ => {
+                drop(permits);
+                tokio::time::sleep(idle).await;
+            }
+        }
+    }
+}
+
+/// Every `reclaim_every_ms`: XAUTOCLAIM stale deliveries into free slots and
+/// recover the runs of deleted pending IDs.
+async fn reclaim_loop<S, D, P, X>(
+    io: Arc<Io<S, D, P>>,
+    executor: Arc<X>,
+    worker: WorkerId,
+    slots: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    let role = RoleId::Reclaimer(worker);
+    let by = Issuer {
+        worker: Some(worker),
+        own_fence: None,
+    };
+    let every = Duration::from_millis(io.config.reclaim_every_ms);
+    let mut r = Reclaimer::new(&io.config.policy, worker);
+    let mut held = BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        r.start(now(), slots.available_permits());
+        while let Some(command) = r.poll() {
+            let input = io.run(&role, command, by).await;
+            r.handle(now(), input);
+            while let Some(event) = r.poll_event() {
+                match event {
+                    ReclaimerEvent::Deliver(id, job) => {
+                        // XAUTOCLAIM made these ours: wait for a slot.
+                        let Ok(permit) = slots.clone().acquire_owned().await else {
+                            return;
+                        };
+                        spawn_delivery(&io, &executor, worker, id, job, permit);
+                    }
+                    ReclaimerEvent::Trimmed(_) => {}
+                }
+            }
+            let now_held: BTreeSet<_> = r.unrecovered().collect();
+            if now_held != held || !now_held.is_empty() {
+                io.probe.reclaimer_holds(worker, &now_held);
+                held = now_held;
+            }
+        }
+    }
+}
+
+/// Every `maintenance_every_ms`: promote due retries, publish the outbox,
+/// sweep for orphaned runs.
+async fn maintenance_loop<S, D, P>(
+    io: Arc<Io<S, D, P>>,
+    worker: WorkerId,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+{
+    let every = Duration::from_millis(io.config.maintenance_every_ms);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        for task in [
+            MaintenanceTask::Retries,
+            MaintenanceTask::Outbox,
+            MaintenanceTask::Sweep,
+        ] {
+            super::maintain(&io, worker, task).await;
+        }
+    }
+}
+
+impl Config {
+    /// Checks the knobs against each other.
+    ///
+    /// # Errors
+    /// A text saying which knob is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = &self.policy;
+        if self.in_flight_max == 0 || self.read_count_max == 0 {
+            return Err("in_flight_max and read_count_max must be at least 1".into());
+        }
+        if p.heartbeat_ms == 0 || p.heartbeat_ms >= p.lease_ms {
+            return Err(format!(
+                "heartbeat_ms ({}) must be positive and below lease_ms ({})",
+                p.heartbeat_ms, p.lease_ms
+            ));
+        }
+        if self.call_timeout_ms >= p.lease_ms {
+            return Err(format!(
+                "call_timeout_ms ({}) must be below lease_ms ({}) so a renewal can answer in time",
+                self.call_timeout_ms, p.lease_ms
+            ));
+        }
+        if p.attempts_max == 0 {
+            return Err("attempts_max must be at least 1".into());
+        }
+        if p.backoff_base_ms > p.backoff_cap_ms {
+            return Err("backoff_base_ms must not exceed backoff_cap_ms".into());
+        }
+        Ok(())
+    }
+}

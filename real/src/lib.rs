@@ -1,0 +1,44 @@
+//! Pelican's async driver, shared by the simulator (`pelican-sim`, under
+//! madsim) and the live worker (the `pelican` binary, on Redis and Postgres).
+//!
+//! The protocol lives in [`pelican_model::protocol`] as sans-IO state
+//! machines. This crate runs them: it owns the clock, the randomness, the
+//! network and the job executions, and it feeds each role one input at a
+//! time. Every role is driven by the same loop:
+//!
+//! ```text
+//! loop {
+//!     while let Some(command) = role.poll() {      // drain what the role asks
+//!         Db(op)      => send op to the database client
+//!         Stream(op)  => send op to the stream client
+//!         Execute(e)  => spawn the job handler
+//!         Abort       => stop the job at its next await
+//!         SetTimer(t) => arm the one timer
+//!     }
+//!     input = first of { the reply (or Unavailable after the call timeout),
+//!                        the job's outcome, the timer };
+//!     role.handle(now(), input);
+//! }
+//! ```
+//!
+//! The I/O is behind three traits: [`StreamClient`], [`DbClient`] and
+//! [`Tools`]. The simulator implements them with madsim RPC to nodes that
+//! serve the model's reference semantics; the live binding implements them
+//! with redis-rs and sqlx. Time is `tokio::time`, which is madsim's clock
+//! when built with `--cfg madsim` (through `madsim-tokio`), so the simulator
+//! runs this very code.
+//!
+//! What the driver adds to the core, and only this: bounded in-flight jobs
+//! (a semaphore of `in_flight_max` slots shared by the reader and the
+//! reclaimer), periodic ticks for the reclaimer and the maintenance tasks, a
+//! timeout on every call, and graceful shutdown.
+
+#![warn(missing_docs)]
+
+pub mod driver;
+pub mod jobs;
+
+pub use driver::{
+    Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, StreamClient, StreamResult, Tools,
+    Worker, cancel, maintain, now, submit,
+};

@@ -1,0 +1,178 @@
+//! The simulated servers (Redis, Postgres, the tool service) and the client
+//! the driver talks to them with, over madsim's network.
+//!
+//! A server is a loop on its own node: it takes one request at a time (as
+//! Redis and a single Postgres connection do), applies it to the oracle's
+//! world, and answers. While faults are on it may lose a request before
+//! applying it or a reply after. Killing a server's node drops its
+//! in-flight requests; the network may delay or drop messages on clogged
+//! links. A client that hears nothing within the driver's call timeout gets
+//! `Unavailable`, exactly as the live bindings do.
+
+use crate::oracle::{Shared, lock};
+use madsim::net::Endpoint;
+use pelican_model::ids::RunId;
+use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
+use pelican_model::world::Issuer;
+use pelican_real::driver::BoxFuture;
+use pelican_real::{DbClient, StreamClient, StreamResult, Tools};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The tag requests are sent under (replies use a fresh random tag each).
+const REQUEST: u64 = 1;
+
+/// Redis's address.
+pub const REDIS: &str = "10.0.0.1:6379";
+/// Postgres's address.
+pub const POSTGRES: &str = "10.0.0.2:5432";
+/// The tool service's address.
+pub const TOOLS: &str = "10.0.0.3:8080";
+
+/// A request to one of the servers.
+#[derive(Debug)]
+pub enum Request {
+    /// To Postgres.
+    Db(DbOp, Issuer),
+    /// To Redis.
+    Stream(StreamOp),
+    /// To the tool service.
+    Effect {
+        /// The run.
+        run: RunId,
+        /// Its tool call.
+        call: u32,
+        /// The idempotency key.
+        key: String,
+    },
+}
+
+/// A server's answer.
+#[derive(Debug)]
+pub enum Reply {
+    /// From Postgres.
+    Db(DbReply),
+    /// From Redis.
+    Stream(StreamResult),
+    /// From the tool service: applied now?
+    Effect(bool),
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("constant addresses parse")
+}
+
+/// Serves requests on `listen` until the node is killed. `name` labels the
+/// server's events.
+pub async fn serve(oracle: Shared, listen: &'static str, name: &'static str) {
+    let ep = Endpoint::bind(addr(listen))
+        .await
+        .expect("a fresh node can bind its address");
+    loop {
+        let Ok((payload, from)) = ep.recv_from_raw(REQUEST).await else {
+            continue;
+        };
+        let Ok(boxed) = payload.downcast::<(u64, String, Request)>() else {
+            continue;
+        };
+        let (tag, client, request) = *boxed;
+        let reply = {
+            let mut o = lock(&oracle);
+            if o.faulty && madsim::rand::random::<f64>() < o.faults.lost_request_p {
+                o.count("lost_requests");
+                let r = format!("{request:?}");
+                o.note(name, format!("lost request from {client}: {r}"));
+                continue;
+            }
+            let node = format!("{name}<{client}");
+            let reply = match request {
+                Request::Db(op, by) => Reply::Db(o.db(&node, &op, by)),
+                Request::Stream(op) => Reply::Stream(o.stream(&node, &op)),
+                Request::Effect { run, call, key } => {
+                    Reply::Effect(o.effect(&node, run, call, &key))
+                }
+            };
+            if o.faulty && madsim::rand::random::<f64>() < o.faults.lost_reply_p {
+                o.count("lost_replies");
+                o.note(name, format!("lost the reply to {client}"));
+                continue;
+            }
+            reply
+        };
+        let _ = ep.send_to_raw(from, tag, Box::new(reply)).await;
+    }
+}
+
+/// Keeps Redis's "AOF" in step: every second, what Redis holds now is what
+/// a restart would recover (appendfsync everysec).
+pub async fn fsync_every_second(oracle: Shared) {
+    loop {
+        madsim::time::sleep(std::time::Duration::from_secs(1)).await;
+        let mut o = lock(&oracle);
+        o.fsynced = o.world.redis.clone();
+    }
+}
+
+/// A node's client of the three servers.
+#[derive(Clone)]
+pub struct Client {
+    ep: Arc<Endpoint>,
+    name: String,
+}
+
+impl Client {
+    /// Binds a client endpoint on the current node.
+    pub async fn bind(name: &str) -> Client {
+        let ep = Endpoint::bind("0.0.0.0:0")
+            .await
+            .expect("a node can bind an ephemeral port");
+        Client {
+            ep: Arc::new(ep),
+            name: name.to_owned(),
+        }
+    }
+
+    async fn call(&self, to: &'static str, request: Request) -> Result<Reply, Unavailable> {
+        let tag = madsim::rand::random::<u64>() | 1 << 63;
+        let payload = Box::new((tag, self.name.clone(), request));
+        self.ep
+            .send_to_raw(addr(to), REQUEST, payload)
+            .await
+            .map_err(|_| Unavailable)?;
+        let (reply, _) = self.ep.recv_from_raw(tag).await.map_err(|_| Unavailable)?;
+        reply
+            .downcast::<Reply>()
+            .map(|r| *r)
+            .map_err(|_| Unavailable)
+    }
+}
+
+impl StreamClient for Client {
+    async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
+        match Client::call(self, REDIS, Request::Stream(op)).await? {
+            Reply::Stream(r) => Ok(r),
+            _ => Err(Unavailable),
+        }
+    }
+}
+
+impl DbClient for Client {
+    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+        match Client::call(self, POSTGRES, Request::Db(op, by)).await? {
+            Reply::Db(r) => Ok(r),
+            _ => Err(Unavailable),
+        }
+    }
+}
+
+impl Tools for Client {
+    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>> {
+        let me = self.clone();
+        Box::pin(async move {
+            match Client::call(&me, TOOLS, Request::Effect { run, call, key }).await? {
+                Reply::Effect(applied) => Ok(applied),
+                _ => Err(Unavailable),
+            }
+        })
+    }
+}

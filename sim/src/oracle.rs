@@ -1,0 +1,389 @@
+//! The oracle: the one [`World`] every simulated server applies commands to,
+//! the guarantees checked as they do, the seed's event counters, its event
+//! log, and a running hash of every event (for determinism checks).
+
+use crate::scenario::FaultMix;
+use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
+use pelican_model::invariants::{self, Broken};
+use pelican_model::protocol::{
+    AckReason, Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, Policy, StreamOp,
+    StreamReply,
+};
+use pelican_model::status::{AttemptOutcome, ErrorClass, JobOutcome, RunStatus};
+use pelican_model::stream::StreamError;
+use pelican_model::world::{Issuer, Redis, World};
+use pelican_real::RoleId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One line of a seed's event log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// Simulated milliseconds since the seed started.
+    pub t_ms: u64,
+    /// Which node (or "nemesis").
+    pub node: String,
+    /// What happened.
+    pub event: String,
+}
+
+/// The oracle's state; shared by every node of a seed.
+pub struct Oracle {
+    /// Redis, Postgres, the effects and the history.
+    pub world: World,
+    /// The protocol's knobs (for S6).
+    pub policy: Policy,
+    /// What this seed's faults are.
+    pub faults: FaultMix,
+    /// Whether faults are on (false once healing starts).
+    pub faulty: bool,
+    /// Redis as of its last fsync (AOF everysec).
+    pub fsynced: Redis,
+    /// Side effects each run's job makes when it succeeds.
+    pub effects_expected: BTreeMap<RunId, u32>,
+    /// Counters of interesting events.
+    pub counters: BTreeMap<&'static str, u64>,
+    /// The first guarantees broken, if any.
+    pub broken: Vec<Broken>,
+    /// The event log, when recording.
+    pub log: Option<Vec<LogLine>>,
+    hash: DefaultHasher,
+    start_ms: u64,
+}
+
+/// The oracle as nodes hold it.
+pub type Shared = Arc<Mutex<Oracle>>;
+
+/// Locks the oracle (the simulation is single-threaded; a poisoned lock
+/// means a node panicked, which already fails the seed).
+pub fn lock(o: &Shared) -> MutexGuard<'_, Oracle> {
+    o.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn sim_now_ms() -> u64 {
+    pelican_real::now().0
+}
+
+impl Oracle {
+    /// A fresh oracle: empty Postgres, Redis with the consumer group.
+    #[must_use]
+    pub fn new(policy: Policy, faults: FaultMix, record: bool) -> Oracle {
+        let world = World::new();
+        let fsynced = world.redis.clone();
+        Oracle {
+            world,
+            policy,
+            faults,
+            faulty: true,
+            fsynced,
+            effects_expected: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            broken: Vec::new(),
+            log: record.then(Vec::new),
+            hash: DefaultHasher::new(),
+            start_ms: sim_now_ms(),
+        }
+    }
+
+    /// Milliseconds since the seed started.
+    #[must_use]
+    pub fn elapsed_ms(&self) -> u64 {
+        sim_now_ms().saturating_sub(self.start_ms)
+    }
+
+    /// Counts one `name` event.
+    pub fn count(&mut self, name: &'static str) {
+        *self.counters.entry(name).or_insert(0) += 1;
+    }
+
+    /// Records an event: hashed always, logged when recording. `what` is
+    /// only formatted when recording.
+    pub fn event(
+        &mut self,
+        node: &str,
+        what: &dyn Fn() -> String,
+        hashed: &dyn Fn(&mut DefaultHasher),
+    ) {
+        let t_ms = self.elapsed_ms();
+        t_ms.hash(&mut self.hash);
+        node.hash(&mut self.hash);
+        hashed(&mut self.hash);
+        if let Some(log) = &mut self.log {
+            log.push(LogLine {
+                t_ms,
+                node: node.to_owned(),
+                event: what(),
+            });
+        }
+    }
+
+    /// A nemesis or harness event.
+    pub fn note(&mut self, node: &str, text: String) {
+        let h = text.clone();
+        self.event(node, &|| text.clone(), &|s| h.hash(s));
+    }
+
+    /// The hash of every event so far.
+    #[must_use]
+    pub fn digest(&self) -> u64 {
+        self.hash.finish()
+    }
+
+    /// Applies a SQL statement for `node`, counting and checking.
+    pub fn db(&mut self, node: &str, op: &DbOp, by: Issuer) -> DbReply {
+        let cancel_hits = match op {
+            DbOp::Cancel { run } => self.world.db.runs.get(run).map(|r| r.status),
+            _ => None,
+        };
+        let reply = self.world.db(op, by);
+        match (op, &reply) {
+            (DbOp::Claim { .. } | DbOp::ClaimReviving { .. }, DbReply::Claimed(Some(_))) => {
+                self.count("claims");
+            }
+            (DbOp::ScheduleRetry { .. }, DbReply::Rows(1)) => self.count("retries"),
+            (DbOp::DeadLetter { .. } | DbOp::DeadLetterExhausted { .. }, DbReply::Rows(1)) => {
+                self.count("dead_letters");
+            }
+            (DbOp::RequeueEntry { .. }, DbReply::Rows(1)) => self.count("trimmed_recoveries"),
+            (DbOp::RequeueRun { .. }, DbReply::Rows(1)) => self.count("sweeper_requeues"),
+            (DbOp::MarkPublished { .. }, DbReply::Rows(1)) => self.count("publishes_marked"),
+            (DbOp::PromoteRetries { .. }, DbReply::Rows(n)) if *n > 0 => {
+                self.count("retries_promoted");
+            }
+            (DbOp::Cancel { .. }, DbReply::Rows(n)) => match cancel_hits {
+                Some(RunStatus::Running) if *n == 1 => self.count("cancel_races"),
+                Some(s) if s.is_terminal() => self.count("cancel_races"),
+                _ => self.count("cancels"),
+            },
+            (op, DbReply::Rows(0)) if op.fenced_write().is_some() => {
+                self.count("late_writes_rejected");
+            }
+            _ => {}
+        }
+        let (o, r) = (op.clone(), reply.clone());
+        self.event(node, &|| format!("{o:?} -> {r:?}"), &|s| {
+            op.hash(s);
+            reply.hash(s);
+        });
+        if op.is_write() {
+            self.check_state();
+        }
+        reply
+    }
+
+    /// Applies a stream command for `node`, counting and checking.
+    pub fn stream(&mut self, node: &str, op: &StreamOp) -> Result<StreamReply, StreamError> {
+        // Deleted IDs are owed a recovery once the reclaimer *receives*
+        // them (see `received`), not when Redis answers: a lost reply
+        // leaves the run to the sweeper.
+        let reply = self.world.stream(op, Issuer::default());
+        match (op, &reply) {
+            (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r))) => {
+                if !r.claimed.is_empty() {
+                    self.count("reclaims");
+                }
+            }
+            (
+                StreamOp::PublishDead {
+                    entry: DeadEntry::Quarantined { .. },
+                    ..
+                },
+                Ok(_),
+            ) => self.count("quarantined"),
+            (StreamOp::EnsureGroup, Ok(_)) => self.count("group_ensured"),
+            _ => {}
+        }
+        let (o, r) = (op.clone(), reply.clone());
+        self.event(node, &|| format!("{o:?} -> {r:?}"), &|s| {
+            op.hash(s);
+            reply.hash(s);
+        });
+        if matches!(op, StreamOp::Ack { .. }) {
+            self.check_state();
+        }
+        reply
+    }
+
+    /// The tool service applies side effect `call` of `run` under `key`.
+    pub fn effect(&mut self, node: &str, run: RunId, call: u32, key: &str) -> bool {
+        let applied = self.world.db.apply_effect(key) == 1;
+        self.world.effect_applied(run, call, applied);
+        if !applied {
+            self.count("effects_deduplicated");
+        }
+        self.event(
+            node,
+            &|| format!("apply effect {run}/{call} key {key:?}: applied={applied}"),
+            &|s| {
+                run.hash(s);
+                call.hash(s);
+                applied.hash(s);
+            },
+        );
+        self.check_state();
+        applied
+    }
+
+    /// A job starts: S2 requires a fresh claim of this delivery's own.
+    pub fn executing(&mut self, node: &str, e: &Execution, own: Option<Fence>) {
+        self.world.check_execution_claimed(e.run, e.fence, own);
+        self.count("executions");
+        let e2 = e.clone();
+        self.event(
+            node,
+            &|| {
+                format!(
+                    "execute {} fence {} attempt {} ({} {})",
+                    e2.run, e2.fence.0, e2.attempt, e2.kind, e2.input
+                )
+            },
+            &|s| e.hash(s),
+        );
+        self.check_state();
+    }
+
+    /// A role of `worker` received an input.
+    pub fn received(&mut self, node: &str, role: &RoleId, input: &Input) {
+        match (role, input) {
+            (RoleId::Reclaimer(w), Input::Stream(Ok(StreamReply::AutoClaimed(r))))
+                if !r.deleted.is_empty() =>
+            {
+                self.count("trimmed_detected");
+                self.world
+                    .trimmed_owed
+                    .entry(*w)
+                    .or_default()
+                    .extend(r.deleted.iter().copied());
+            }
+            (
+                _,
+                Input::Executed(JobOutcome::Failed {
+                    class: ErrorClass::Panic,
+                    ..
+                }),
+            ) => self.count("panics"),
+            (_, Input::Unavailable) => self.count("unavailable"),
+            _ => {}
+        }
+        if matches!(input, Input::Executed(_) | Input::Timer) || self.log.is_some() {
+            let (r, i) = (role.clone(), input.clone());
+            self.event(node, &|| format!("{r:?} <- {i:?}"), &|s| {
+                role.hash(s);
+                input.hash(s);
+            });
+        }
+    }
+
+    /// A role of a worker sent a command (logged only: servers log replies).
+    pub fn sent(&mut self, node: &str, role: &RoleId, command: &Command) {
+        if self.log.is_some() {
+            let (r, c) = (role.clone(), command.clone());
+            self.event(node, &|| format!("{r:?} -> {c:?}"), &|_| {});
+        }
+    }
+
+    /// A delivery ended.
+    pub fn delivery_end(&mut self, node: &str, entry: EntryId, end: DeliveryEnd) {
+        self.count(match end {
+            DeliveryEnd::Acked(AckReason::Written) => "acked_written",
+            DeliveryEnd::Acked(AckReason::Terminal) => "acked_terminal",
+            DeliveryEnd::Acked(AckReason::Stale) => "acked_stale",
+            DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
+            DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
+            DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
+            DeliveryEnd::Acked(AckReason::Mutant) => "acked_mutant",
+            DeliveryEnd::LeftPending(_) => "left_pending",
+        });
+        self.event(node, &|| format!("delivery {entry} ended: {end:?}"), &|s| {
+            entry.hash(s);
+            end.hash(s);
+        });
+    }
+
+    /// S8: the reclaimer of `worker` holds these deleted IDs.
+    pub fn reclaimer_holds(&mut self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        self.world.check_trimmed_held(worker, held);
+        self.check_state();
+    }
+
+    /// Records the guarantees the state breaks now (the first time only).
+    pub fn check_state(&mut self) {
+        if !self.broken.is_empty() {
+            return;
+        }
+        let broken = invariants::state(&self.world, &self.policy);
+        if !broken.is_empty() {
+            let t = self.elapsed_ms();
+            let text = format!(
+                "broken at {t} ms: {}",
+                broken
+                    .iter()
+                    .map(|b| format!("{} {}", b.guarantee, b.detail))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            self.note("oracle", text);
+            self.broken = broken;
+        }
+    }
+
+    /// Whether the seed is done: every accepted run terminal, PEL empty.
+    #[must_use]
+    pub fn settled(&self) -> bool {
+        let w = &self.world;
+        let jobs = &w.redis.jobs;
+        let undelivered = match &jobs.group {
+            Some(g) => g
+                .last_delivered
+                .successor()
+                .is_some_and(|next| jobs.entries.range(next..).next().is_some()),
+            None => !jobs.entries.is_empty(),
+        };
+        !undelivered
+            && jobs.pel_len() == 0
+            && w.accepted
+                .iter()
+                .all(|r| w.db.runs.get(r).is_some_and(|r| r.status.is_terminal()))
+    }
+
+    /// The end-of-seed checks: S1, S5, S9, S10 ([`invariants::quiescent`]),
+    /// the state guarantees, and one outcome per run: a succeeded run has
+    /// exactly one succeeded attempt, a dead run a dead letter and all its
+    /// attempts, and every dead letter a dead run.
+    #[must_use]
+    pub fn final_check(&self) -> Vec<Broken> {
+        let w = &self.world;
+        let mut out = invariants::state(w, &self.policy);
+        let effects = |run: RunId| self.effects_expected.get(&run).copied().unwrap_or(0);
+        out.extend(invariants::quiescent(w, &effects));
+        for r in w.db.runs.values() {
+            let attempts = w.db.attempts.range(
+                (r.run_id, pelican_model::ids::AttemptNo(0))
+                    ..=(r.run_id, pelican_model::ids::AttemptNo(u32::MAX)),
+            );
+            let succeeded = attempts
+                .filter(|(_, a)| a.outcome == Some(AttemptOutcome::Succeeded))
+                .count();
+            let want = usize::from(r.status == RunStatus::Succeeded);
+            if succeeded != want {
+                out.push(Broken {
+                    guarantee: "S2",
+                    detail: format!(
+                        "{} is {} with {succeeded} succeeded attempts",
+                        r.run_id, r.status
+                    ),
+                });
+            }
+            let lettered = w.db.dead_letters.contains_key(&r.run_id);
+            if lettered != (r.status == RunStatus::Dead) {
+                out.push(Broken {
+                    guarantee: "S6",
+                    detail: format!("{} is {} with dead letter: {lettered}", r.run_id, r.status),
+                });
+            }
+        }
+        out
+    }
+}

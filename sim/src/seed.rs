@@ -1,0 +1,730 @@
+//! One seed: build the world, run the workload under the nemesis, heal,
+//! wait for every run to settle, check.
+
+use crate::net::{self, Client, POSTGRES, REDIS, TOOLS};
+use crate::oracle::{LogLine, Oracle, Shared, lock};
+use crate::scenario::{FaultMix, Scenario};
+use madsim::net::NetSim;
+use madsim::rand::Rng;
+use madsim::runtime::{Handle, Runtime};
+use madsim::task::NodeId;
+use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
+use pelican_model::invariants::Broken;
+use pelican_model::protocol::{Command, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp};
+use pelican_model::stream::Trim;
+use pelican_model::world::Redis;
+use pelican_real::jobs::{Registry, effects_of};
+use pelican_real::{Entropy, Io, Probe, RoleId, Worker, cancel, submit};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What one seed did.
+#[derive(Clone, Debug)]
+pub struct SeedOutcome {
+    /// The seed.
+    pub seed: u64,
+    /// The guarantees it broke (empty: it passed).
+    pub broken: Vec<Broken>,
+    /// Event counters.
+    pub counters: BTreeMap<String, u64>,
+    /// Hash of every event, for determinism checks.
+    pub digest: u64,
+    /// The event log, when recorded.
+    pub log: Option<Vec<LogLine>>,
+    /// The fault mix the seed drew.
+    pub faults: FaultMix,
+    /// Simulated milliseconds.
+    pub sim_ms: u64,
+}
+
+impl SeedOutcome {
+    /// Whether every guarantee held.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.broken.is_empty()
+    }
+}
+
+/// Runs `seed` of `scenario`, with `mutant` injected, recording the event
+/// log if `record`.
+#[must_use]
+pub fn run_seed(
+    seed: u64,
+    scenario: &Scenario,
+    mutant: Option<Mutant>,
+    record: bool,
+) -> SeedOutcome {
+    let mut config = madsim::Config::default();
+    config.net.send_latency = Duration::from_millis(1)..Duration::from_millis(5);
+    let mut rt = Runtime::with_seed_and_config(seed, config);
+    rt.set_time_limit(Duration::from_millis(
+        scenario.fault_phase_ms + scenario.heal_bound_ms + 60_000,
+    ));
+    let sc = scenario.clone();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(simulate(seed, sc, mutant, record))
+    }));
+    match result {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".to_owned());
+            SeedOutcome {
+                seed,
+                broken: vec![Broken {
+                    guarantee: "panic",
+                    detail: text,
+                }],
+                counters: BTreeMap::new(),
+                digest: 0,
+                log: None,
+                faults: FaultMix::default(),
+                sim_ms: 0,
+            }
+        }
+    }
+}
+
+/// The seed's randomness, for the driver's retry jitter.
+struct SeedEntropy;
+impl Entropy for SeedEntropy {
+    fn next_u64(&self) -> u64 {
+        madsim::rand::random()
+    }
+}
+
+/// Forwards what a node's driver does to the oracle.
+struct SimProbe {
+    oracle: Shared,
+    node: String,
+}
+
+impl Probe for SimProbe {
+    fn sent(&self, role: &RoleId, command: &Command) {
+        lock(&self.oracle).sent(&self.node, role, command);
+    }
+    fn received(&self, role: &RoleId, input: &Input) {
+        lock(&self.oracle).received(&self.node, role, input);
+    }
+    fn executing(&self, _worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+        lock(&self.oracle).executing(&self.node, execution, own_fence);
+    }
+    fn delivery_end(&self, _worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
+        lock(&self.oracle).delivery_end(&self.node, entry, end);
+    }
+    fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        lock(&self.oracle).reclaimer_holds(worker, held);
+    }
+}
+
+type SimIo = Io<Client, Client, SimProbe>;
+
+async fn io_for(
+    oracle: &Shared,
+    node: &str,
+    scenario: &Scenario,
+    mutant: Option<Mutant>,
+) -> (Arc<SimIo>, Client) {
+    let client = Client::bind(node).await;
+    let mut config = scenario.driver.clone();
+    config.policy.mutant = mutant;
+    let io = Io {
+        stream: client.clone(),
+        db: client.clone(),
+        probe: SimProbe {
+            oracle: oracle.clone(),
+            node: node.to_owned(),
+        },
+        entropy: Arc::new(SeedEntropy),
+        config,
+    };
+    (Arc::new(io), client)
+}
+
+/// A run the API will submit.
+#[derive(Clone, Debug)]
+struct Planned {
+    at_ms: u64,
+    run: RunId,
+    kind: &'static str,
+    input: String,
+}
+
+fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
+    let window = scenario.fault_phase_ms * 2 / 3;
+    let mut runs: Vec<Planned> = (1..=u64::from(scenario.runs))
+        .map(|n| {
+            let (kind, input) = match rng.gen_range(0..100) {
+                0..15 => ("noop", "{}".to_owned()),
+                15..40 => ("sleep", format!("{{\"ms\":{}}}", rng.gen_range(0..3_500))),
+                40..65 => (
+                    "effect",
+                    format!(
+                        "{{\"calls\":{},\"ms\":{}}}",
+                        rng.gen_range(1..4),
+                        rng.gen_range(0..900)
+                    ),
+                ),
+                65..82 => (
+                    "fail",
+                    format!(
+                        "{{\"class\":\"retryable\",\"times\":{},\"ms\":{}}}",
+                        rng.gen_range(0..7),
+                        rng.gen_range(0..500)
+                    ),
+                ),
+                82..91 => (
+                    "fail",
+                    format!(
+                        "{{\"class\":\"terminal\",\"times\":{},\"ms\":{}}}",
+                        rng.gen_range(0..2),
+                        rng.gen_range(0..500)
+                    ),
+                ),
+                91..98 => ("panic", format!("{{\"times\":{}}}", rng.gen_range(0..3))),
+                _ => ("no-such-kind", "{}".to_owned()),
+            };
+            Planned {
+                at_ms: rng.gen_range(0..window.max(1)),
+                run: RunId(n),
+                kind,
+                input,
+            }
+        })
+        .collect();
+    runs.sort_by_key(|p| p.at_ms);
+    runs
+}
+
+fn draw_mix(rng: &mut impl Rng, scenario: &Scenario) -> FaultMix {
+    if !scenario.faults {
+        return FaultMix::default();
+    }
+    let mut on = |w: u32| if rng.gen_bool(0.6) { w } else { 0 };
+    let mut mix = FaultMix {
+        fault_every_ms: 0,
+        kill: on(scenario.kill_weight),
+        pause: on(3),
+        partition: on(3),
+        redis_restart: on(scenario.redis_loss_weight),
+        redis_wipe: on(scenario.redis_loss_weight.div_ceil(2)),
+        pg_restart: on(2),
+        trim: on(2),
+        duplicate: on(2),
+        malformed: on(2),
+        cancel: on(3),
+        lost_request_p: 0.0,
+        lost_reply_p: 0.0,
+    };
+    mix.fault_every_ms = rng.gen_range(300..1_500);
+    if rng.gen_bool(0.5) {
+        mix.lost_request_p = rng.gen_range(0.0..0.04);
+    }
+    if rng.gen_bool(0.5) {
+        mix.lost_reply_p = rng.gen_range(0.0..0.04);
+    }
+    mix
+}
+
+/// Commands the supervisor sends the API node.
+enum ApiCommand {
+    Cancel(RunId),
+}
+
+async fn api_main(
+    oracle: Shared,
+    scenario: Scenario,
+    mutant: Option<Mutant>,
+    plan: Vec<Planned>,
+    mut commands: mpsc::UnboundedReceiver<ApiCommand>,
+) {
+    let (io, _) = io_for(&oracle, "api", &scenario, mutant).await;
+    let started = pelican_real::now().0;
+    for p in plan {
+        let io = io.clone();
+        let oracle = oracle.clone();
+        madsim::task::spawn(async move {
+            let left = (started + p.at_ms).saturating_sub(pelican_real::now().0);
+            madsim::time::sleep(Duration::from_millis(left)).await;
+            lock(&oracle)
+                .effects_expected
+                .insert(p.run, effects_of(p.kind, &p.input));
+            // A client retries a submission that got no answer; the run id
+            // makes the retry idempotent.
+            for _ in 0..4 {
+                match submit(&*io, p.run, p.kind, &p.input).await {
+                    pelican_model::protocol::SubmitterEnd::Accepted { published } => {
+                        let mut o = lock(&oracle);
+                        o.world.accepted.insert(p.run);
+                        o.count(if published {
+                            "submitted"
+                        } else {
+                            "submitted_unpublished"
+                        });
+                        break;
+                    }
+                    pelican_model::protocol::SubmitterEnd::Unavailable => {
+                        lock(&oracle).count("submit_retries");
+                        madsim::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+            }
+        });
+    }
+    while let Some(command) = commands.recv().await {
+        match command {
+            ApiCommand::Cancel(run) => {
+                let io = io.clone();
+                madsim::task::spawn(async move {
+                    let _ = cancel(&*io, run).await;
+                });
+            }
+        }
+    }
+}
+
+/// What the nemesis has broken and not yet mended.
+#[derive(Default)]
+struct Damage {
+    killed: BTreeSet<u32>,
+    paused: BTreeSet<u32>,
+    clogged: BTreeSet<(NodeId, NodeId)>,
+    redis_down: bool,
+    pg_down: bool,
+}
+
+struct Nodes {
+    redis: NodeId,
+    pg: NodeId,
+    workers: Vec<NodeId>,
+}
+
+async fn simulate(
+    seed: u64,
+    scenario: Scenario,
+    mutant: Option<Mutant>,
+    record: bool,
+) -> SeedOutcome {
+    let h = Handle::current();
+    let mut rng = madsim::rand::thread_rng();
+    let faults = draw_mix(&mut rng, &scenario);
+    let plan = plan(&mut rng, &scenario);
+    let mut policy = scenario.driver.policy.clone();
+    policy.mutant = mutant;
+    let oracle: Shared = Arc::new(Mutex::new(Oracle::new(policy, faults.clone(), record)));
+    {
+        let mut o = lock(&oracle);
+        let f = format!("{faults:?}");
+        o.note(
+            "nemesis",
+            format!(
+                "seed {seed}, scenario {}, mutant {mutant:?}, faults {f}",
+                scenario.name
+            ),
+        );
+    }
+
+    let server = |name: &'static str, listen: &'static str, fsync: bool| {
+        let o = oracle.clone();
+        h.create_node()
+            .name(name)
+            .ip(listen
+                .parse::<std::net::SocketAddr>()
+                .expect("constant")
+                .ip())
+            .init(move || {
+                let o = o.clone();
+                async move {
+                    if fsync {
+                        madsim::task::spawn(net::fsync_every_second(o.clone()));
+                    }
+                    net::serve(o, listen, name).await;
+                }
+            })
+            .build()
+    };
+    let redis = server("redis", REDIS, true);
+    let pg = server("postgres", POSTGRES, false);
+    let _tools = server("tools", TOOLS, false);
+
+    let mut workers = Vec::new();
+    for i in 0..scenario.workers {
+        let (o, sc) = (oracle.clone(), scenario.clone());
+        let node = h
+            .create_node()
+            .name(format!("w{i}"))
+            .ip(format!("10.0.1.{}", i + 1).parse().expect("valid IP"))
+            .init(move || {
+                let (o, sc) = (o.clone(), sc.clone());
+                async move {
+                    let name = format!("w{i}");
+                    let (io, client) = io_for(&o, &name, &sc, mutant).await;
+                    let registry = Registry::with_builtins(Arc::new(client), &io.config.policy)
+                        .with_tool_timeout(Duration::from_millis(io.config.call_timeout_ms));
+                    Worker::new(io, Arc::new(registry), WorkerId(i), true)
+                        .run(std::future::pending())
+                        .await;
+                }
+            })
+            .build();
+        workers.push(node.id());
+    }
+    let (api_tx, api_rx) = mpsc::unbounded_channel();
+    let api = h
+        .create_node()
+        .name("api")
+        .ip("10.0.2.1".parse().expect("valid IP"))
+        .build();
+    api.spawn(api_main(
+        oracle.clone(),
+        scenario.clone(),
+        mutant,
+        plan,
+        api_rx,
+    ));
+
+    let nodes = Arc::new(Nodes {
+        redis: redis.id(),
+        pg: pg.id(),
+        workers,
+    });
+    let damage = Arc::new(Mutex::new(Damage::default()));
+    if scenario.faults {
+        nemesis(&oracle, &scenario, &faults, &nodes, &damage, &api_tx).await;
+    } else {
+        madsim::time::sleep(Duration::from_millis(scenario.fault_phase_ms)).await;
+    }
+    heal(&oracle, &nodes, &damage);
+
+    // Liveness: everything settles within the bound.
+    let healed_at = lock(&oracle).elapsed_ms();
+    let mut settled = false;
+    while lock(&oracle).elapsed_ms() < healed_at + scenario.heal_bound_ms {
+        madsim::time::sleep(Duration::from_millis(250)).await;
+        let o = lock(&oracle);
+        if !o.broken.is_empty() {
+            break;
+        }
+        if o.settled() {
+            settled = true;
+            break;
+        }
+    }
+    let mut o = lock(&oracle);
+    let mut broken = o.broken.clone();
+    if broken.is_empty() {
+        if settled {
+            broken = o.final_check();
+        } else {
+            broken.push(Broken {
+                guarantee: "liveness",
+                detail: unsettled(&o, scenario.heal_bound_ms),
+            });
+            broken.extend(o.final_check());
+        }
+        if !broken.is_empty() {
+            let text = broken
+                .iter()
+                .map(|b| format!("{} {}", b.guarantee, b.detail))
+                .collect::<Vec<_>>()
+                .join("; ");
+            o.note("oracle", format!("final check: {text}"));
+        }
+    }
+    if broken.is_empty()
+        && (o.counters.contains_key("redis_restarts") || o.counters.contains_key("redis_wipes"))
+    {
+        o.count("redis_losses_survived");
+    }
+    let sim_ms = o.elapsed_ms();
+    SeedOutcome {
+        seed,
+        broken,
+        counters: o
+            .counters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect(),
+        digest: o.digest(),
+        log: o.log.take(),
+        faults,
+        sim_ms,
+    }
+}
+
+fn unsettled(o: &Oracle, bound_ms: u64) -> String {
+    let w = &o.world;
+    let stuck: Vec<String> = w
+        .accepted
+        .iter()
+        .filter_map(|r| {
+            let row = w.db.runs.get(r)?;
+            (!row.status.is_terminal())
+                .then(|| format!("{r} {} (dispatch {})", row.status, row.dispatch.0))
+        })
+        .collect();
+    format!(
+        "not settled {bound_ms} ms after healing: {} runs not terminal [{}], {} entries pending",
+        stuck.len(),
+        stuck.join(", "),
+        w.redis.jobs.pel_len()
+    )
+}
+
+/// Faults, one every `fault_every_ms` or so, until the fault phase ends.
+async fn nemesis(
+    oracle: &Shared,
+    scenario: &Scenario,
+    mix: &FaultMix,
+    nodes: &Arc<Nodes>,
+    damage: &Arc<Mutex<Damage>>,
+    api: &mpsc::UnboundedSender<ApiCommand>,
+) {
+    let h = Handle::current();
+    let net = NetSim::current();
+    let mut rng = madsim::rand::thread_rng();
+    let lease_ms = scenario.driver.policy.lease_ms;
+    let weights = [
+        mix.kill,
+        mix.pause,
+        mix.partition,
+        mix.redis_restart,
+        mix.redis_wipe,
+        mix.pg_restart,
+        mix.trim,
+        mix.duplicate,
+        mix.malformed,
+        mix.cancel,
+    ];
+    let total: u32 = weights.iter().sum();
+    loop {
+        let gap = rng.gen_range(mix.fault_every_ms / 2..=mix.fault_every_ms * 3 / 2);
+        madsim::time::sleep(Duration::from_millis(gap)).await;
+        if lock(oracle).elapsed_ms() >= scenario.fault_phase_ms {
+            return;
+        }
+        if total == 0 {
+            continue;
+        }
+        let mut pick = rng.gen_range(0..total);
+        let mut fault = 0;
+        while pick >= weights[fault] {
+            pick -= weights[fault];
+            fault += 1;
+        }
+        let w = rng.gen_range(0..u32::try_from(nodes.workers.len()).expect("few workers"));
+        let node = nodes.workers[w as usize];
+        let mut d = damage.lock().expect("single-threaded");
+        let mut o = lock(oracle);
+        match fault {
+            0 => {
+                if d.killed.contains(&w) || d.paused.contains(&w) {
+                    continue;
+                }
+                h.kill(node);
+                o.world.worker_crashed(WorkerId(w));
+                d.killed.insert(w);
+                o.count("kills");
+                o.note("nemesis", format!("kill w{w}"));
+                let back = rng.gen_range(200..3_000);
+                mend_later(back, damage, oracle, move |d, o| {
+                    if d.killed.remove(&w) {
+                        Handle::current().restart(node);
+                        o.note("nemesis", format!("restart w{w}"));
+                    }
+                });
+            }
+            1 => {
+                if d.killed.contains(&w) || d.paused.contains(&w) {
+                    continue;
+                }
+                h.pause(node);
+                d.paused.insert(w);
+                o.count("pauses");
+                o.note("nemesis", format!("pause w{w}"));
+                let back = lease_ms + rng.gen_range(0..3_000);
+                mend_later(back, damage, oracle, move |d, o| {
+                    if d.paused.remove(&w) {
+                        Handle::current().resume(node);
+                        o.note("nemesis", format!("resume w{w}"));
+                    }
+                });
+            }
+            2 => {
+                let (target, name) = if rng.gen_bool(0.5) {
+                    (nodes.redis, "redis")
+                } else {
+                    (nodes.pg, "postgres")
+                };
+                net.clog_link(node, target);
+                net.clog_link(target, node);
+                d.clogged.insert((node, target));
+                o.count("partitions");
+                o.note("nemesis", format!("partition w{w} from {name}"));
+                let back = rng.gen_range(300..4_000);
+                mend_later(back, damage, oracle, move |d, o| {
+                    if d.clogged.remove(&(node, target)) {
+                        let net = NetSim::current();
+                        net.unclog_link(node, target);
+                        net.unclog_link(target, node);
+                        o.note("nemesis", format!("heal partition w{w} / {name}"));
+                    }
+                });
+            }
+            3 | 4 => {
+                if d.redis_down {
+                    continue;
+                }
+                h.kill(nodes.redis);
+                d.redis_down = true;
+                if fault == 3 {
+                    o.world.redis = o.fsynced.clone();
+                    o.count("redis_restarts");
+                    o.note("nemesis", "restart Redis, keeping its last fsync".into());
+                } else {
+                    o.world.redis_wiped();
+                    o.fsynced = Redis::default();
+                    o.count("redis_wipes");
+                    o.note(
+                        "nemesis",
+                        "restart Redis with nothing: stream and group gone".into(),
+                    );
+                }
+                let redis = nodes.redis;
+                let back = rng.gen_range(100..2_000);
+                mend_later(back, damage, oracle, move |d, o| {
+                    if std::mem::take(&mut d.redis_down) {
+                        Handle::current().restart(redis);
+                        o.note("nemesis", "Redis is back".into());
+                    }
+                });
+            }
+            5 => {
+                if d.pg_down {
+                    continue;
+                }
+                h.kill(nodes.pg);
+                d.pg_down = true;
+                o.count("pg_restarts");
+                o.note("nemesis", "restart Postgres".into());
+                let pg = nodes.pg;
+                let back = rng.gen_range(200..3_000);
+                mend_later(back, damage, oracle, move |d, o| {
+                    if std::mem::take(&mut d.pg_down) {
+                        Handle::current().restart(pg);
+                        o.note("nemesis", "Postgres is back".into());
+                    }
+                });
+            }
+            6 => {
+                let pending: Vec<EntryId> = o
+                    .world
+                    .redis
+                    .jobs
+                    .group
+                    .as_ref()
+                    .map(|g| g.pel.keys().copied().collect())
+                    .unwrap_or_default();
+                if rng.gen_bool(0.5) && !pending.is_empty() {
+                    let id = pending[rng.gen_range(0..pending.len())];
+                    o.world.redis.jobs.xdel(&[id]);
+                    o.note("nemesis", format!("XDEL pending {id}"));
+                } else {
+                    let keep = rng.gen_range(0..3);
+                    let n = o.world.redis.jobs.xtrim(Trim::MaxLen(keep));
+                    o.note("nemesis", format!("XTRIM MAXLEN {keep}: {n} removed"));
+                }
+                o.count("trims");
+            }
+            7 => {
+                let runs: Vec<(RunId, Dispatch)> = o
+                    .world
+                    .db
+                    .runs
+                    .values()
+                    .map(|r| (r.run_id, r.dispatch))
+                    .collect();
+                if runs.is_empty() {
+                    continue;
+                }
+                let (run, dispatch) = runs[rng.gen_range(0..runs.len())];
+                let now = pelican_real::now();
+                let _ = o.stream(
+                    "nemesis",
+                    &StreamOp::Publish {
+                        entry: JobEntry::Job { run, dispatch },
+                        now,
+                    },
+                );
+                o.count("duplicates");
+            }
+            8 => {
+                let entry = if rng.gen_bool(0.5) {
+                    JobEntry::Malformed {
+                        reason: "missing field run_id".into(),
+                    }
+                } else {
+                    JobEntry::Job {
+                        run: RunId(1_000_000 + rng.gen_range(0..1_000)),
+                        dispatch: Dispatch(1),
+                    }
+                };
+                let now = pelican_real::now();
+                let _ = o.stream("nemesis", &StreamOp::Publish { entry, now });
+                o.count("malformed");
+            }
+            _ => {
+                let run = RunId(rng.gen_range(1..=u64::from(scenario.runs)));
+                let _ = api.send(ApiCommand::Cancel(run));
+                o.count("cancels_sent");
+                o.note("nemesis", format!("cancel {run}"));
+            }
+        }
+    }
+}
+
+/// Mends damage after `ms`, unless healing mended it first.
+fn mend_later(
+    ms: u64,
+    damage: &Arc<Mutex<Damage>>,
+    oracle: &Shared,
+    mend: impl FnOnce(&mut Damage, &mut Oracle) + Send + 'static,
+) {
+    let (damage, oracle) = (damage.clone(), oracle.clone());
+    madsim::task::spawn(async move {
+        madsim::time::sleep(Duration::from_millis(ms)).await;
+        let mut d = damage.lock().expect("single-threaded");
+        mend(&mut d, &mut lock(&oracle));
+    });
+}
+
+/// Ends every fault: restart, resume, reconnect; no more lost messages.
+fn heal(oracle: &Shared, nodes: &Nodes, damage: &Arc<Mutex<Damage>>) {
+    let h = Handle::current();
+    let net = NetSim::current();
+    let mut d = damage.lock().expect("single-threaded");
+    let mut o = lock(oracle);
+    o.faulty = false;
+    for w in std::mem::take(&mut d.killed) {
+        h.restart(nodes.workers[w as usize]);
+    }
+    for w in std::mem::take(&mut d.paused) {
+        h.resume(nodes.workers[w as usize]);
+    }
+    for (a, b) in std::mem::take(&mut d.clogged) {
+        net.unclog_link(a, b);
+        net.unclog_link(b, a);
+    }
+    if std::mem::take(&mut d.redis_down) {
+        h.restart(nodes.redis);
+    }
+    if std::mem::take(&mut d.pg_down) {
+        h.restart(nodes.pg);
+    }
+    o.note("nemesis", "healed: every fault ends".into());
+}
