@@ -31,3 +31,24 @@ pub mod trace;
 pub use scenario::{FaultMix, Scenario};
 #[cfg(madsim)]
 pub use seed::{SeedOutcome, run_seed};
+
+/// Silences the panic messages of jobs of kind `panic`, which panic on
+/// purpose (the driver catches them and records a `Panic` failure); every
+/// other panic is reported as usual. Installs the hook once per process.
+pub fn quiet_job_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !text.contains(pelican_real::jobs::PANIC_ON_PURPOSE) {
+                default(info);
+            }
+        }));
+    });
+}

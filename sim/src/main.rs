@@ -65,6 +65,9 @@ mod cli {
             /// Stop at the first failure.
             #[arg(long)]
             fail_fast: bool,
+            /// Fail unless every interesting event happened at least once.
+            #[arg(long)]
+            require_events: bool,
         },
         /// Re-run one seed (or a trace file) and print its timeline.
         Replay {
@@ -118,7 +121,7 @@ mod cli {
     }
 
     pub fn main() -> ExitCode {
-        quiet_job_panics();
+        pelican_sim::quiet_job_panics();
         let cli = Cli::parse();
         let result = match cli.command {
             Cmd::Sweep {
@@ -129,6 +132,7 @@ mod cli {
                 threads,
                 traces,
                 fail_fast,
+                require_events,
             } => sweep(
                 seeds,
                 &scenario,
@@ -137,6 +141,7 @@ mod cli {
                 threads,
                 traces,
                 fail_fast,
+                require_events,
             ),
             Cmd::Replay {
                 target,
@@ -153,23 +158,6 @@ mod cli {
                 ExitCode::from(2)
             }
         }
-    }
-
-    /// Jobs of kind `panic` panic on purpose; their panics are caught and
-    /// recorded as failures, so the default hook's message is only noise.
-    fn quiet_job_panics() {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let text = info
-                .payload()
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                .unwrap_or("");
-            if !text.contains(pelican_real::jobs::PANIC_ON_PURPOSE) {
-                default(info);
-            }
-        }));
     }
 
     fn threads(n: Option<usize>) -> usize {
@@ -294,6 +282,7 @@ mod cli {
         threads_n: Option<usize>,
         traces: Option<PathBuf>,
         fail_fast: bool,
+        require_events: bool,
     ) -> Result<ExitCode, String> {
         let sc = Scenario::named(scenario)?;
         let threads = threads(threads_n);
@@ -343,6 +332,14 @@ mod cli {
             );
         }
         print_summary(ran, failures.len(), seconds, &events);
+        let missing: Vec<&str> = INTERESTING
+            .iter()
+            .copied()
+            .filter(|k| events.get(*k).copied().unwrap_or(0) == 0)
+            .collect();
+        if require_events && !missing.is_empty() {
+            println!("never happened: {}", missing.join(", "));
+        }
         if json {
             let v = serde_json::json!({
                 "seeds": ran,
@@ -354,11 +351,13 @@ mod cli {
             });
             println!("{v}");
         }
-        Ok(if failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        })
+        Ok(
+            if failures.is_empty() && !(require_events && !missing.is_empty()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            },
+        )
     }
 
     fn default_traces(mutant: Option<Mutant>) -> PathBuf {
@@ -445,20 +444,23 @@ mod cli {
         })
     }
 
+    /// The events every long sweep must see (`--require-events`).
+    const INTERESTING: [&str; 7] = [
+        "reclaims",
+        "late_writes_rejected",
+        "retries",
+        "dead_letters",
+        "cancel_races",
+        "trimmed_recoveries",
+        "redis_losses_survived",
+    ];
+
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {
         println!(
             "{ran} seeds, {failures} failed, {seconds:.1} s, {:.0} seeds/s",
             ran as f64 / seconds
         );
-        for key in [
-            "reclaims",
-            "late_writes_rejected",
-            "retries",
-            "dead_letters",
-            "cancel_races",
-            "trimmed_recoveries",
-            "redis_losses_survived",
-        ] {
+        for key in INTERESTING {
             println!("  {key:<24} {:>10}", events.get(key).copied().unwrap_or(0));
         }
         let rest: Vec<String> = events.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -267,20 +267,26 @@ impl Oracle {
             (_, Input::Unavailable) => self.count("unavailable"),
             _ => {}
         }
-        if matches!(input, Input::Executed(_) | Input::Timer) || self.log.is_some() {
-            let (r, i) = (role.clone(), input.clone());
-            self.event(node, &|| format!("{r:?} <- {i:?}"), &|s| {
-                role.hash(s);
-                input.hash(s);
-            });
-        }
+        // Hashed whether or not the log is recorded, so that a recorded
+        // replay has the digest of the sweep that found it.
+        let (r, i) = (role.clone(), input.clone());
+        self.event(node, &|| format!("{r:?} <- {i:?}"), &|s| {
+            role.hash(s);
+            input.hash(s);
+        });
     }
 
     /// A role of a worker sent a command (logged only: servers log replies).
     pub fn sent(&mut self, node: &str, role: &RoleId, command: &Command) {
-        if self.log.is_some() {
-            let (r, c) = (role.clone(), command.clone());
-            self.event(node, &|| format!("{r:?} -> {c:?}"), &|_| {});
+        // Logged, not hashed: the servers hash what they apply, and a
+        // recorded replay must keep the sweep's digest.
+        let t_ms = self.elapsed_ms();
+        if let Some(log) = &mut self.log {
+            log.push(LogLine {
+                t_ms,
+                node: node.to_owned(),
+                event: format!("{role:?} -> {command:?}"),
+            });
         }
     }
 

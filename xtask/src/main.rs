@@ -20,10 +20,16 @@ commands:
   check [--config small|standard|large] [--mutant NAME|all] [--json] [--explore]
         [--threads N] [--timeout-s S] [--bfs] [--quiet]
             model-check the protocol with stateright
+  sim [--seeds A..B] [--scenario NAME] [--mutant NAME|all] [--json]
+      [--threads N] [--traces DIR] [--fail-fast] [--require-events]
+            run simulated seeds under madsim (pelican-sim sweep)
+  replay <SEED | traces/FILE> [--scenario NAME] [--mutant NAME]
+            re-run one seed and print its timeline
   verify    the main job: check standard (complete, every guarantee holds,
-            every interesting path reached) and catch all ten mutants
-  test      every test in the workspace, with the release-mode model checks
-            and the mutant tests
+            every interesting path reached) and catch all ten mutants; then
+            10,000 simulated seeds pass and every mutant fails within 1,000
+  test      every test in the workspace, with the release-mode model checks,
+            the simulator's seeds, traces and determinism, and the mutant tests
 ";
 
 fn main() -> ExitCode {
@@ -35,6 +41,8 @@ fn main() -> ExitCode {
     let result = match cmd.as_str() {
         "check" => check(rest),
         "verify" => verify(rest),
+        "sim" => sim(rest),
+        "replay" => replay(rest),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
@@ -101,6 +109,59 @@ fn checker(mutants: bool, args: &[String]) -> Command {
     c
 }
 
+/// `cargo <args>` built with `--cfg madsim` in its own target directory, so
+/// that simulated and normal builds do not evict each other.
+fn madsim_cargo() -> Command {
+    let mut c = cargo();
+    let flags = env::var("RUSTFLAGS").unwrap_or_default();
+    c.env(
+        "RUSTFLAGS",
+        format!("{flags} --cfg madsim").trim().to_owned(),
+    );
+    c.env("CARGO_TARGET_DIR", root().join("target-madsim"));
+    c
+}
+
+/// `pelican-sim` from the simulated build, with or without mutants.
+fn simulator(mutants: bool, args: &[&str]) -> Command {
+    let mut c = madsim_cargo();
+    c.args(["run", "--quiet", "--release", "--package", "pelican-sim"]);
+    if mutants {
+        c.args(["--features", "mutants"]);
+    }
+    c.arg("--").args(args);
+    c
+}
+
+fn wants_mutant(args: &[String]) -> bool {
+    args.iter()
+        .any(|a| a == "--mutant" || a.starts_with("--mutant="))
+}
+
+fn sim(args: &[String]) -> Result<(), String> {
+    let mut full = vec!["sweep"];
+    full.extend(args.iter().map(String::as_str));
+    let what = format!("sim {}", args.join(" "));
+    run(what.trim(), simulator(wants_mutant(args), &full))
+}
+
+fn replay(args: &[String]) -> Result<(), String> {
+    let Some(target) = args.first() else {
+        return Err("replay needs a seed or a trace file".into());
+    };
+    // A mutant's trace replays on the build with mutants.
+    let mutant_trace = target.parse::<u64>().is_err()
+        && std::fs::read_to_string(target)
+            .map_err(|e| format!("{target}: {e}"))?
+            .contains("\"mutant\": \"");
+    let mut full = vec!["replay"];
+    full.extend(args.iter().map(String::as_str));
+    run(
+        &format!("replay {}", args.join(" ")),
+        simulator(mutant_trace || wants_mutant(args), &full),
+    )
+}
+
 fn check(args: &[String]) -> Result<(), String> {
     let mutants = args
         .iter()
@@ -123,7 +184,17 @@ fn verify(args: &[String]) -> Result<(), String> {
         "check standard --mutant all",
         checker(true, &std(&["--mutant", "all"])),
     )?;
-    eprintln!("xtask: verify: the model holds and all ten mutants are caught");
+    run(
+        "sim 10,000 seeds of standard (correct build)",
+        simulator(false, &["sweep", "--seeds", "0..10000", "--require-events"]),
+    )?;
+    run(
+        "sim --mutant all: each caught within 1,000 seeds",
+        simulator(true, &["sweep", "--seeds", "0..1000", "--mutant", "all"]),
+    )?;
+    eprintln!(
+        "xtask: verify: the model holds, 10,000 simulated seeds pass, and all ten mutants are caught by both"
+    );
     Ok(())
 }
 
@@ -157,5 +228,24 @@ fn test(args: &[String]) -> Result<(), String> {
         "mutant",
     ]);
     run("every mutant yields a counterexample (release)", mutants)?;
+    let mut sim = madsim_cargo();
+    sim.args(["test", "--release", "--package", "pelican-sim"]);
+    run(
+        "simulated seeds, traces and determinism (madsim, release)",
+        sim,
+    )?;
+    let mut sim_mutants = madsim_cargo();
+    sim_mutants.args([
+        "test",
+        "--release",
+        "--package",
+        "pelican-sim",
+        "--features",
+        "mutants",
+    ]);
+    run(
+        "every mutant fails a simulated seed; mutant traces still fail (madsim, release)",
+        sim_mutants,
+    )?;
     Ok(())
 }

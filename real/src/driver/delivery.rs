@@ -87,6 +87,7 @@ where
             timer = None;
         }
         let input = tokio::select! {
+            biased;
             input = maybe(call.as_mut()) => {
                 call = None;
                 input

@@ -61,6 +61,7 @@ where
             .maintenance
             .then(|| tokio::spawn(maintenance_loop(self.io.clone(), self.id, stop_rx.clone())));
         tokio::select! {
+            biased;
             () = shutdown => {}
             () = read_loop(&self.io, &self.executor, self.id, &slots) => {}
         }
@@ -186,9 +187,9 @@ async fn reclaim_loop<S, D, P, X>(
     };
     let every = Duration::from_millis(io.config.reclaim_every_ms);
     let mut r = Reclaimer::new(&io.config.policy, worker);
-    let mut held = BTreeSet::new();
     loop {
         tokio::select! {
+            biased;
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }
@@ -208,11 +209,8 @@ async fn reclaim_loop<S, D, P, X>(
                     ReclaimerEvent::Trimmed(_) => {}
                 }
             }
-            let now_held: BTreeSet<_> = r.unrecovered().collect();
-            if now_held != held || !now_held.is_empty() {
-                io.probe.reclaimer_holds(worker, &now_held);
-                held = now_held;
-            }
+            let held: BTreeSet<_> = r.unrecovered().collect();
+            io.probe.reclaimer_holds(worker, &held);
         }
     }
 }
@@ -231,6 +229,7 @@ async fn maintenance_loop<S, D, P>(
     let every = Duration::from_millis(io.config.maintenance_every_ms);
     loop {
         tokio::select! {
+            biased;
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }

@@ -1,0 +1,156 @@
+//! The simulator's test suite (run by `cargo xtask test` with
+//! `--cfg madsim`): a few hundred seeds of every scenario pass, seeds are
+//! deterministic, every saved trace replays as it should, and (with the
+//! `mutants` feature) every mutant fails within the first 1,000 seeds.
+
+#![cfg(madsim)]
+
+use pelican_sim::trace::Trace;
+use pelican_sim::{Scenario, run_seed};
+use std::path::PathBuf;
+
+fn sweep(scenario: &str, seeds: std::ops::Range<u64>) {
+    pelican_sim::quiet_job_panics();
+    let sc = Scenario::named(scenario).expect("a known scenario");
+    let failed: Vec<String> = seeds
+        .filter_map(|seed| {
+            let o = run_seed(seed, &sc, None, false);
+            (!o.passed()).then(|| {
+                format!(
+                    "seed {seed}: {:?} (cargo xtask replay {seed} --scenario {scenario})",
+                    o.broken
+                )
+            })
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn standard_seeds_pass() {
+    sweep("standard", 0..300);
+}
+
+#[test]
+fn calm_seeds_pass() {
+    sweep("calm", 0..50);
+}
+
+#[test]
+fn crashy_seeds_pass() {
+    sweep("crashy", 0..100);
+}
+
+#[test]
+fn redis_loss_seeds_pass() {
+    sweep("redis-loss", 0..100);
+}
+
+/// The same seed gives the same events (every event is hashed in order).
+#[test]
+fn seeds_are_deterministic() {
+    pelican_sim::quiet_job_panics();
+    let sc = Scenario::standard();
+    for seed in 1_000..1_030 {
+        let a = run_seed(seed, &sc, None, false);
+        let b = run_seed(seed, &sc, None, false);
+        assert_eq!(a.digest, b.digest, "seed {seed} is not deterministic");
+        assert_eq!(a.counters, b.counters, "seed {seed} is not deterministic");
+    }
+    // A recorded run is the same run as an unrecorded one.
+    let a = run_seed(7, &sc, None, false);
+    let b = run_seed(7, &sc, None, true);
+    assert_eq!(a.digest, b.digest, "recording changed the run");
+    assert!(b.log.is_some_and(|l| l.len() > 100));
+}
+
+/// A calm seed settles with work done: the checks see real traffic.
+#[test]
+fn a_calm_seed_does_the_work() {
+    let o = run_seed(3, &Scenario::named("calm").expect("known"), None, false);
+    assert!(o.passed(), "{:?}", o.broken);
+    assert_eq!(o.counters.get("submitted"), Some(&10));
+    assert!(o.counters.get("acked_written").copied().unwrap_or(0) >= 10);
+    assert!(!o.counters.contains_key("kills"));
+}
+
+fn traces() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("traces/ exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every trace replays: a trace of the correct build must pass now (the bug
+/// it found stays fixed); a mutant's trace must pass on the correct build
+/// and, with the `mutants` feature, still fail with its mutant.
+#[test]
+fn every_trace_replays() {
+    pelican_sim::quiet_job_panics();
+    let files = traces();
+    assert!(!files.is_empty(), "traces/ holds the regression traces");
+    for path in files {
+        let t = Trace::read(&path).expect("a valid trace");
+        let sc = Scenario::named(&t.scenario).expect("a known scenario");
+        let correct = run_seed(t.seed, &sc, None, false);
+        assert!(
+            correct.passed(),
+            "{}: fails on the correct build: {:?}",
+            path.display(),
+            correct.broken
+        );
+        #[cfg(feature = "mutants")]
+        if let Some(name) = &t.mutant {
+            let m: pelican_model::protocol::Mutant = name.parse().expect("a known mutant");
+            let o = run_seed(t.seed, &sc, Some(m), false);
+            assert!(
+                !o.passed(),
+                "{}: mutant {name} is no longer caught by seed {}",
+                path.display(),
+                t.seed
+            );
+        }
+    }
+}
+
+/// Each mutant fails within the first 1,000 seeds of the standard scenario.
+#[cfg(feature = "mutants")]
+mod mutants {
+    use super::*;
+    use pelican_model::protocol::Mutant;
+
+    fn caught(m: Mutant) {
+        pelican_sim::quiet_job_panics();
+        let sc = Scenario::standard();
+        let first = (0..1_000).find(|&seed| !run_seed(seed, &sc, Some(m), false).passed());
+        assert!(first.is_some(), "mutant {m} survived 1,000 seeds");
+    }
+
+    macro_rules! mutant_tests {
+        ($($name:ident => $m:ident),* $(,)?) => {
+            $(#[test] fn $name() { caught(Mutant::$m); })*
+        };
+    }
+
+    mutant_tests! {
+        mutant_ack_before_commit => AckBeforeCommit,
+        mutant_no_fence => NoFence,
+        mutant_no_terminal_check => NoTerminalCheck,
+        mutant_no_idempotency_key => NoIdempotencyKey,
+        mutant_retry_in_pel => RetryInPel,
+        mutant_no_dead_letter => NoDeadLetter,
+        mutant_stale_ack => StaleAck,
+        mutant_ignore_trimmed => IgnoreTrimmed,
+        mutant_revive_cancelled => ReviveCancelled,
+        mutant_no_publish_recovery => NoPublishRecovery,
+    }
+}
