@@ -352,7 +352,7 @@ mod cli {
             println!("{v}");
         }
         Ok(
-            if failures.is_empty() && !(require_events && !missing.is_empty()) {
+            if failures.is_empty() && (!require_events || missing.is_empty()) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

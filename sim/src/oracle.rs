@@ -180,10 +180,10 @@ impl Oracle {
         // leaves the run to the sweeper.
         let reply = self.world.stream(op, Issuer::default());
         match (op, &reply) {
-            (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r))) => {
-                if !r.claimed.is_empty() {
-                    self.count("reclaims");
-                }
+            (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r)))
+                if !r.claimed.is_empty() =>
+            {
+                self.count("reclaims");
             }
             (
                 StreamOp::PublishDead {
@@ -379,6 +379,15 @@ impl Oracle {
                     detail: format!(
                         "{} is {} with {succeeded} succeeded attempts",
                         r.run_id, r.status
+                    ),
+                });
+            }
+            if r.status == RunStatus::Dead && r.attempts < r.attempts_max {
+                out.push(Broken {
+                    guarantee: "S6",
+                    detail: format!(
+                        "{} is dead after {} of {} attempts",
+                        r.run_id, r.attempts, r.attempts_max
                     ),
                 });
             }

@@ -116,7 +116,7 @@ fn madsim_cargo() -> Command {
     let flags = env::var("RUSTFLAGS").unwrap_or_default();
     c.env(
         "RUSTFLAGS",
-        format!("{flags} --cfg madsim").trim().to_owned(),
+        format!("{flags} --cfg madsim").trim(),
     );
     c.env("CARGO_TARGET_DIR", root().join("target-madsim"));
     c

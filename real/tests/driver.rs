@@ -1,0 +1,178 @@
+//! The driver on a real tokio runtime against in-memory servers (the model's
+//! `World` behind a lock): the same loops the simulator and the live worker
+//! run, here with wall-clock time.
+
+#![cfg(not(madsim))]
+
+use pelican_model::ids::{RunId, WorkerId};
+use pelican_model::invariants;
+use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, SubmitterEnd, Unavailable};
+use pelican_model::status::RunStatus;
+use pelican_model::world::{Issuer, World};
+use pelican_real::driver::BoxFuture;
+use pelican_real::jobs::{Registry, effects_of};
+use pelican_real::{
+    Config, DbClient, Entropy, Io, NoProbe, StreamClient, StreamResult, Tools, Worker, submit,
+};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Default)]
+struct Mem(Arc<Mutex<World>>);
+
+impl Mem {
+    fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.0.lock().expect("no test panics while holding the world")
+    }
+}
+
+impl StreamClient for Mem {
+    async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
+        Ok(self.world().stream(&op, by))
+    }
+}
+
+impl DbClient for Mem {
+    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+        Ok(self.world().db(&op, by))
+    }
+}
+
+impl Tools for Mem {
+    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>> {
+        let mut w = self.world();
+        let applied = w.db.apply_effect(&key) == 1;
+        w.effect_applied(run, call, applied);
+        Box::pin(async move { Ok(applied) })
+    }
+}
+
+struct Counter(Mutex<u64>);
+impl Entropy for Counter {
+    fn next_u64(&self) -> u64 {
+        let mut n = self.0.lock().expect("never poisoned");
+        *n += 1;
+        *n
+    }
+}
+
+fn config() -> Config {
+    Config {
+        policy: Policy {
+            lease_ms: 1_000,
+            heartbeat_ms: 100,
+            reclaim_min_idle_ms: 1_500,
+            backoff_base_ms: 20,
+            backoff_cap_ms: 100,
+            attempts_max: 3,
+            ..Policy::default()
+        },
+        in_flight_max: 4,
+        read_count_max: 4,
+        idle_poll_ms: 10,
+        call_timeout_ms: 500,
+        reclaim_every_ms: 100,
+        maintenance_every_ms: 50,
+        shutdown_grace_ms: 100,
+        job_timeout_ms: 10_000,
+    }
+}
+
+fn io(mem: &Mem) -> Arc<Io<Mem, Mem, NoProbe>> {
+    let config = config();
+    config.validate().expect("the test's knobs are consistent");
+    Arc::new(Io {
+        stream: mem.clone(),
+        db: mem.clone(),
+        probe: NoProbe,
+        entropy: Arc::new(Counter(Mutex::new(0))),
+        config,
+    })
+}
+
+const JOBS: [(&str, &str, RunStatus); 8] = [
+    ("noop", "{}", RunStatus::Succeeded),
+    ("sleep", r#"{"ms":250}"#, RunStatus::Succeeded),
+    ("effect", r#"{"calls":3,"ms":10}"#, RunStatus::Succeeded),
+    ("fail", r#"{"class":"retryable","times":1}"#, RunStatus::Succeeded),
+    ("fail", r#"{"class":"retryable","times":9}"#, RunStatus::Dead),
+    ("fail", r#"{"class":"terminal","times":1}"#, RunStatus::Failed),
+    ("panic", r#"{"times":1}"#, RunStatus::Succeeded),
+    ("sleep", r#"{"oops":1}"#, RunStatus::Failed),
+];
+
+#[tokio::test]
+async fn a_worker_brings_every_run_to_its_outcome() {
+    let mem = Mem(Arc::new(Mutex::new(World::new())));
+    let io = io(&mem);
+    for (n, (kind, input, _)) in JOBS.iter().enumerate() {
+        let run = RunId(n as u64 + 1);
+        let end = submit(&*io, run, kind, input).await;
+        assert_eq!(end, SubmitterEnd::Accepted { published: true });
+        mem.world().accepted.insert(run);
+    }
+    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), true);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    let settled = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let w = mem.world();
+            if w.redis.jobs.pel_len() == 0
+                && w.db.runs.values().all(|r| r.status.is_terminal())
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), settled)
+        .await
+        .expect("every run settles");
+    let _ = stop.send(());
+    assert_eq!(handle.await.expect("the worker returns"), 0);
+
+    let w = mem.world();
+    for (n, (kind, input, want)) in JOBS.iter().enumerate() {
+        let row = &w.db.runs[&RunId(n as u64 + 1)];
+        assert_eq!(row.status, *want, "{kind} {input}: {row:?}");
+    }
+    let effects = |run: RunId| {
+        let (kind, input, _) = JOBS[usize::try_from(run.0 - 1).expect("small")];
+        effects_of(kind, input)
+    };
+    assert_eq!(invariants::state(&w, &io.config.policy), vec![]);
+    assert_eq!(invariants::quiescent(&w, &effects), vec![]);
+}
+
+#[tokio::test]
+async fn shutdown_leaves_a_long_job_pending_for_another_worker() {
+    let mem = Mem(Arc::new(Mutex::new(World::new())));
+    let io = io(&mem);
+    let end = submit(&*io, RunId(1), "sleep", r#"{"ms":60000}"#).await;
+    assert_eq!(end, SubmitterEnd::Accepted { published: true });
+    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), false);
+    let left = worker
+        .run(tokio::time::sleep(Duration::from_millis(300)))
+        .await;
+    assert_eq!(left, 1, "the job outlives the grace period");
+    let w = mem.world();
+    assert_eq!(w.redis.jobs.pel_len(), 1, "its entry stays pending");
+    assert_eq!(w.db.runs[&RunId(1)].status, RunStatus::Running);
+}
+
+#[test]
+fn inconsistent_knobs_are_rejected() {
+    let mut c = config();
+    c.policy.heartbeat_ms = c.policy.lease_ms;
+    assert!(c.validate().unwrap_err().contains("heartbeat_ms"));
+    let mut c = config();
+    c.call_timeout_ms = c.policy.lease_ms;
+    assert!(c.validate().unwrap_err().contains("call_timeout_ms"));
+    let mut c = config();
+    c.in_flight_max = 0;
+    assert!(c.validate().is_err());
+}
