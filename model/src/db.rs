@@ -130,6 +130,8 @@ pub struct Db {
     pub effects: BTreeMap<String, u64>,
     /// `dead_letters`.
     pub dead_letters: BTreeMap<RunId, DeadLetter>,
+    /// The `run_ids` sequence: the last id handed out.
+    pub run_ids: u64,
 }
 
 impl Db {
@@ -531,6 +533,42 @@ impl Db {
             }
             _ => 0,
         }
+    }
+
+    /// [`sql::NEXT_RUN_ID`]: a run id never handed out before.
+    pub fn next_run_id(&mut self) -> RunId {
+        self.run_ids += 1;
+        RunId(self.run_ids)
+    }
+
+    /// [`sql::READ_ATTEMPTS`]: `run`'s attempts in order.
+    #[must_use]
+    pub fn read_attempts(&self, run: RunId) -> Vec<(AttemptNo, AttemptRow)> {
+        self.attempts
+            .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
+            .map(|((_, n), a)| (*n, a.clone()))
+            .collect()
+    }
+
+    /// [`sql::LIST_DEAD_LETTERS`]: up to `limit` dead letters by run.
+    #[must_use]
+    pub fn list_dead_letters(&self, limit: usize) -> Vec<(RunId, DeadLetter)> {
+        self.dead_letters
+            .iter()
+            .take(limit)
+            .map(|(r, d)| (*r, d.clone()))
+            .collect()
+    }
+
+    /// [`sql::COUNT_RUNS`]: how many runs have each status (statuses with
+    /// none are left out).
+    #[must_use]
+    pub fn count_runs(&self) -> Vec<(RunStatus, u64)> {
+        let mut counts: BTreeMap<&'static str, (RunStatus, u64)> = BTreeMap::new();
+        for r in self.runs.values() {
+            counts.entry(r.status.as_str()).or_insert((r.status, 0)).1 += 1;
+        }
+        counts.into_values().collect()
     }
 
     /// [`sql::APPLY_EFFECT`]: the demo tool service's ledger. Returns 1 when

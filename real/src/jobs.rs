@@ -66,7 +66,10 @@ impl JobContext {
     pub async fn apply(&self, call: u32) -> Result<bool, ToolUnavailable> {
         let key = self.policy.idempotency_key(self.run, call, self.fence);
         match tokio::time::timeout(self.tool_timeout, self.tools.apply(self.run, call, key)).await {
-            Ok(Ok(applied)) => Ok(applied),
+            Ok(Ok(applied)) => {
+                crate::crash_point!("after_effect");
+                Ok(applied)
+            }
             _ => Err(ToolUnavailable),
         }
     }

@@ -35,8 +35,24 @@
 
 #![warn(missing_docs)]
 
+/// Crashes the process at a named point when the `failpoints` feature is on
+/// and the point is armed (`FAILPOINTS="<name>=return"`); the live kill
+/// tests use these. Without the feature it compiles to nothing.
+#[macro_export]
+macro_rules! crash_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name, |_| {
+            eprintln!(concat!("pelican: crash point ", $name));
+            std::process::abort()
+        });
+    };
+}
+
 pub mod driver;
 pub mod jobs;
+#[cfg(feature = "live")]
+pub mod live;
 
 pub use driver::{
     Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, StreamClient, StreamResult, Tools,

@@ -22,7 +22,9 @@ struct Mem(Arc<Mutex<World>>);
 
 impl Mem {
     fn world(&self) -> std::sync::MutexGuard<'_, World> {
-        self.0.lock().expect("no test panics while holding the world")
+        self.0
+            .lock()
+            .expect("no test panics while holding the world")
     }
 }
 
@@ -94,9 +96,21 @@ const JOBS: [(&str, &str, RunStatus); 8] = [
     ("noop", "{}", RunStatus::Succeeded),
     ("sleep", r#"{"ms":250}"#, RunStatus::Succeeded),
     ("effect", r#"{"calls":3,"ms":10}"#, RunStatus::Succeeded),
-    ("fail", r#"{"class":"retryable","times":1}"#, RunStatus::Succeeded),
-    ("fail", r#"{"class":"retryable","times":9}"#, RunStatus::Dead),
-    ("fail", r#"{"class":"terminal","times":1}"#, RunStatus::Failed),
+    (
+        "fail",
+        r#"{"class":"retryable","times":1}"#,
+        RunStatus::Succeeded,
+    ),
+    (
+        "fail",
+        r#"{"class":"retryable","times":9}"#,
+        RunStatus::Dead,
+    ),
+    (
+        "fail",
+        r#"{"class":"terminal","times":1}"#,
+        RunStatus::Failed,
+    ),
     ("panic", r#"{"times":1}"#, RunStatus::Succeeded),
     ("sleep", r#"{"oops":1}"#, RunStatus::Failed),
 ];
@@ -121,9 +135,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
         loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let w = mem.world();
-            if w.redis.jobs.pel_len() == 0
-                && w.db.runs.values().all(|r| r.status.is_terminal())
-            {
+            if w.redis.jobs.pel_len() == 0 && w.db.runs.values().all(|r| r.status.is_terminal()) {
                 return;
             }
         }

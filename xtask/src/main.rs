@@ -114,10 +114,7 @@ fn checker(mutants: bool, args: &[String]) -> Command {
 fn madsim_cargo() -> Command {
     let mut c = cargo();
     let flags = env::var("RUSTFLAGS").unwrap_or_default();
-    c.env(
-        "RUSTFLAGS",
-        format!("{flags} --cfg madsim").trim(),
-    );
+    c.env("RUSTFLAGS", format!("{flags} --cfg madsim").trim());
     c.env("CARGO_TARGET_DIR", root().join("target-madsim"));
     c
 }

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     attempts     jsonb  NOT NULL,
     requeued     boolean NOT NULL DEFAULT false
 );
+CREATE SEQUENCE IF NOT EXISTS run_ids;
 CREATE TABLE IF NOT EXISTS effects (
     key      text   PRIMARY KEY,
     requests bigint NOT NULL
@@ -110,7 +111,9 @@ pub const DEAD_LETTER: &str = "WITH done AS ( \
      INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
      SELECT d.run_id, d.entry_id, $3, $4, (SELECT coalesce(jsonb_agg(jsonb_build_array(a.attempt, a.fence, \
             CASE WHEN a.fence = $2 THEN $3 ELSE a.outcome END) ORDER BY a.attempt), '[]') \
-            FROM attempts a WHERE a.run_id = d.run_id) FROM done d";
+            FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
+     ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
+            message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false";
 
 /// [`super::Db::dead_letter_exhausted`]: `$1` run, `$2` dispatch, `$3` now.
 pub const DEAD_LETTER_EXHAUSTED: &str = "WITH done AS ( \
@@ -121,7 +124,9 @@ pub const DEAD_LETTER_EXHAUSTED: &str = "WITH done AS ( \
      INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
      SELECT d.run_id, d.entry_id, 'exhausted', 'attempts exhausted', (SELECT coalesce(jsonb_agg( \
             jsonb_build_array(a.attempt, a.fence, a.outcome) ORDER BY a.attempt), '[]') \
-            FROM attempts a WHERE a.run_id = d.run_id) FROM done d";
+            FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
+     ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
+            message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false";
 
 /// [`super::Db::cancel`]: `$1` run.
 pub const CANCEL: &str = "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL \
@@ -162,3 +167,36 @@ pub const DLQ_REQUEUE: &str = "WITH d AS (UPDATE dead_letters SET requeued = tru
 /// [`super::Db::apply_effect`]: `$1` key. Returns whether it was new.
 pub const APPLY_EFFECT: &str = "INSERT INTO effects (key, requests) VALUES ($1, 1) \
      ON CONFLICT (key) DO UPDATE SET requests = effects.requests + 1 RETURNING (requests = 1) AS applied";
+
+/// [`super::Db::next_run_id`]: a fresh run id.
+pub const NEXT_RUN_ID: &str = "SELECT nextval('run_ids')";
+
+/// [`super::Db::read_attempts`]: `$1` run.
+pub const READ_ATTEMPTS: &str = "SELECT attempt, fence, worker, entry_id, dispatch, outcome FROM attempts \
+     WHERE run_id = $1 ORDER BY attempt";
+
+/// [`super::Db::list_dead_letters`]: `$1` limit.
+pub const LIST_DEAD_LETTERS: &str = "SELECT run_id, source_entry, class, message, attempts, requeued \
+     FROM dead_letters ORDER BY run_id LIMIT $1";
+
+/// [`super::Db::count_runs`].
+pub const COUNT_RUNS: &str =
+    "SELECT status, count(*) AS n FROM runs GROUP BY status ORDER BY status";
+
+/// Mutant twin of [`CLAIM`] (`ReviveCancelled`): also takes over cancelled runs.
+pub const CLAIM_REVIVING: &str = "WITH claimed AS ( \
+       UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+              lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+        WHERE run_id = $1 AND attempts < attempts_max \
+          AND (status = 'cancelled' OR (dispatch = $2 \
+               AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)))) \
+       RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
+     recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+       SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+     SELECT active_fence, attempts, attempts_max, kind, input FROM claimed";
+
+/// Mutant twin (`RetryInPel`): `$1` run, `$2` fence, `$3` class, `$4` message.
+pub const RECORD_FAILURE_ONLY: &str = "WITH done AS ( \
+       UPDATE runs SET error_class = $3, error_message = $4 \
+        WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+     UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2";

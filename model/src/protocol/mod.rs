@@ -265,6 +265,19 @@ pub enum DbOp {
     ApplyEffect {
         key: String,
     },
+    /// A fresh run id (`SELECT nextval('run_ids')`).
+    NextRunId,
+    ReadAttempts {
+        run: RunId,
+    },
+    ListDeadLetters {
+        limit: usize,
+    },
+    CountRuns,
+    DlqRequeue {
+        run: RunId,
+        extra_attempts: u32,
+    },
     /// Mutant statement (`ReviveCancelled`).
     ClaimReviving {
         run: RunId,
@@ -289,7 +302,12 @@ impl DbOp {
     pub fn is_write(&self) -> bool {
         !matches!(
             self,
-            DbOp::ReadRun { .. } | DbOp::Unpublished { .. } | DbOp::OrphanCandidates { .. }
+            DbOp::ReadRun { .. }
+                | DbOp::Unpublished { .. }
+                | DbOp::OrphanCandidates { .. }
+                | DbOp::ReadAttempts { .. }
+                | DbOp::ListDeadLetters { .. }
+                | DbOp::CountRuns
         )
     }
 
@@ -319,6 +337,14 @@ pub enum DbReply {
     Run(Option<RunRow>),
     /// Rows selected by the sweeper.
     Candidates(Vec<Candidate>),
+    /// A fresh run id.
+    NewRun(RunId),
+    /// A run's attempts.
+    Attempts(Vec<(crate::ids::AttemptNo, crate::db::AttemptRow)>),
+    /// Dead letters by run.
+    DeadLetters(Vec<(RunId, crate::db::DeadLetter)>),
+    /// Runs by status.
+    Counts(Vec<(crate::status::RunStatus, u64)>),
 }
 
 impl Db {
@@ -404,6 +430,14 @@ impl Db {
             }
             DbOp::RequeueEntry { entry, now } => Rows(self.requeue_entry(*entry, *now)),
             DbOp::ApplyEffect { key } => Rows(self.apply_effect(key)),
+            DbOp::NextRunId => DbReply::NewRun(self.next_run_id()),
+            DbOp::ReadAttempts { run } => DbReply::Attempts(self.read_attempts(*run)),
+            DbOp::ListDeadLetters { limit } => DbReply::DeadLetters(self.list_dead_letters(*limit)),
+            DbOp::CountRuns => DbReply::Counts(self.count_runs()),
+            DbOp::DlqRequeue {
+                run,
+                extra_attempts,
+            } => Rows(self.dlq_requeue(*run, *extra_attempts)),
             #[cfg(feature = "mutants")]
             DbOp::ClaimReviving {
                 run,

@@ -4,7 +4,7 @@ use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe, now, sleep_until};
 use crate::jobs::Executor;
 use futures_util::FutureExt;
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{Command, Delivery, DeliveryEnd, Input, JobEntry};
+use pelican_model::protocol::{Command, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::world::Issuer;
 use std::panic::AssertUnwindSafe;
@@ -38,6 +38,9 @@ where
             match command {
                 Command::Db(_) | Command::Stream(_) => {
                     debug_assert!(call.is_none(), "a role has one call outstanding");
+                    if matches!(command, Command::Stream(StreamOp::Ack { .. })) {
+                        crate::crash_point!("before_ack");
+                    }
                     let by = Issuer {
                         worker: Some(worker),
                         own_fence: d.own_fence(),

@@ -141,6 +141,9 @@ async fn read_loop<S, D, P, X>(
         match io.run(&role, read, by).await {
             Input::Stream(Ok(StreamReply::Entries(got))) => {
                 let empty = got.is_empty();
+                if !empty {
+                    crate::crash_point!("after_receive");
+                }
                 for (id, job) in got {
                     let permit = permits.pop().expect("read at most one entry per slot");
                     spawn_delivery(io, executor, worker, id, job, permit);

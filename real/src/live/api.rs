@@ -1,0 +1,271 @@
+//! `pelican api`: the HTTP API (axum).
+//!
+//! | route | does |
+//! |---|---|
+//! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes) |
+//! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
+//! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
+//! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
+//! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
+//!
+//! Mutating routes take `Authorization: Bearer <token>` when a token is
+//! configured. Every error is a 4xx/5xx with a JSON body `{"error": ".."}`.
+
+use super::metrics;
+use super::pg::PgDb;
+use super::redis::RedisStream;
+use crate::driver::{Io, NoProbe, cancel, submit};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use pelican_model::ids::RunId;
+use pelican_model::protocol::{DbOp, DbReply, SubmitterEnd};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// The API's dependencies.
+pub struct ApiState {
+    /// The driver's clients (the API runs submissions and cancels).
+    pub io: Io<RedisStream, PgDb, NoProbe>,
+    /// The bearer token mutating routes require, if any.
+    pub token: Option<String>,
+    /// The metrics recorder's handle.
+    pub metrics: PrometheusHandle,
+}
+
+/// An API error: a status and a message, answered as JSON.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+fn unavailable(what: &str) -> ApiError {
+    ApiError(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{what} is unavailable; retry later"),
+    )
+}
+
+/// The router, with a body limit of `body_limit_bytes`.
+pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
+    Router::new()
+        .route("/runs", post(create_run))
+        .route("/runs/{id}", get(get_run))
+        .route("/runs/{id}/cancel", post(cancel_run))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
+        .layer(DefaultBodyLimit::max(body_limit_bytes))
+        .with_state(state)
+}
+
+fn authorize(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &state.token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "wrong bearer token".into(),
+        )),
+        None => Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing `Authorization: Bearer <token>`".into(),
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `POST /runs` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRun {
+    /// The job kind (`[a-z0-9_.-]`, 1–64 characters).
+    pub kind: String,
+    /// The job input, any JSON (default `{}`).
+    #[serde(default = "empty_object")]
+    pub input: Value,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// Checks a job kind's spelling.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_kind(kind: &str) -> Result<(), String> {
+    if kind.is_empty() || kind.len() > 64 {
+        return Err("kind must have 1 to 64 characters".into());
+    }
+    if !kind
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+    {
+        return Err(format!(
+            "kind {kind:?} may only hold a-z, 0-9, '_', '.', '-'"
+        ));
+    }
+    Ok(())
+}
+
+async fn create_run(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<NewRun>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers)?;
+    let Json(new) = body.map_err(|e| bad(e.body_text()))?;
+    validate_kind(&new.kind).map_err(bad)?;
+    let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
+    let run = match state.io.db.execute(&DbOp::NextRunId).await {
+        Ok(DbReply::NewRun(run)) => run,
+        _ => return Err(unavailable("Postgres")),
+    };
+    match submit(&state.io, run, &new.kind, &input).await {
+        SubmitterEnd::Accepted { published } => {
+            tracing::info!(%run, kind = %new.kind, published, "run accepted");
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({ "run_id": run.0, "status": "queued", "published": published })),
+            ))
+        }
+        SubmitterEnd::Unavailable => Err(unavailable("Postgres")),
+    }
+}
+
+fn parse_run(id: &str) -> Result<RunId, ApiError> {
+    let digits = id.strip_prefix("run-").unwrap_or(id);
+    digits.parse::<u64>().map(RunId).map_err(|_| {
+        bad(format!(
+            "{id:?} is not a run id (a number, or run-<number>)"
+        ))
+    })
+}
+
+/// The JSON view of a run, for `GET /runs/{id}` and `pelican status`.
+///
+/// # Errors
+/// 404 for an unknown run, 503 when Postgres does not answer.
+pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
+    let row = match db.execute(&DbOp::ReadRun { run }).await {
+        Ok(DbReply::Run(Some(r))) => r,
+        Ok(DbReply::Run(None)) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
+        }
+        _ => return Err(unavailable("Postgres")),
+    };
+    let attempts = match db.execute(&DbOp::ReadAttempts { run }).await {
+        Ok(DbReply::Attempts(a)) => a,
+        _ => return Err(unavailable("Postgres")),
+    };
+    let as_json = |s: &str| serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s));
+    Ok(json!({
+        "run_id": row.run_id.0,
+        "kind": row.kind,
+        "input": as_json(&row.input),
+        "status": row.status.as_str(),
+        "dispatch": row.dispatch.0,
+        "attempts_max": row.attempts_max,
+        "lease_until_ms": row.lease_until.map(|t| t.0),
+        "retry_at_ms": row.retry_at.map(|t| t.0),
+        "entry_id": row.entry_id.map(|e| e.to_string()),
+        "result": row.result.as_deref().map(as_json),
+        "error": row.error.map(|(class, message)| json!({ "class": class.as_str(), "message": message })),
+        "attempts": attempts.iter().map(|(n, a)| json!({
+            "attempt": n.0,
+            "fence": a.fence.0,
+            "worker": a.worker,
+            "entry_id": a.entry_id.to_string(),
+            "outcome": a.outcome.map(|o| match o {
+                pelican_model::status::AttemptOutcome::Succeeded => "succeeded",
+                pelican_model::status::AttemptOutcome::Failed(c) => c.as_str(),
+            }),
+        })).collect::<Vec<_>>(),
+    }))
+}
+
+async fn get_run(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let run = parse_run(&id)?;
+    Ok(Json(run_view(&state.io.db, run).await?))
+}
+
+async fn cancel_run(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers)?;
+    let run = parse_run(&id)?;
+    match cancel(&state.io, run).await {
+        Ok(true) => Ok(Json(json!({ "run_id": run.0, "status": "cancelled" }))),
+        Ok(false) => match state.io.db.execute(&DbOp::ReadRun { run }).await {
+            Ok(DbReply::Run(Some(r))) => Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("run {} already ended: {}", run.0, r.status),
+            )),
+            Ok(DbReply::Run(None)) => {
+                Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)))
+            }
+            _ => Err(unavailable("Postgres")),
+        },
+        Err(_) => Err(unavailable("Postgres")),
+    }
+}
+
+async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
+    let pg = matches!(
+        state.io.db.execute(&DbOp::CountRuns).await,
+        Ok(DbReply::Counts(_))
+    );
+    let mut conn = state.io.stream.connection();
+    let redis = redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .is_ok();
+    let status = if pg && redis {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" };
+    (
+        status,
+        Json(json!({ "postgres": word(pg), "redis": word(redis) })),
+    )
+        .into_response()
+}
+
+async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
+    metrics::observe_queue(&state.io.stream, &state.io.db).await;
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}

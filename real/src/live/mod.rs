@@ -1,0 +1,10 @@
+//! The live bindings (feature `live`, on by default): the stream client on
+//! Redis, the database client on Postgres, the HTTP API and the metrics.
+
+pub mod api;
+pub mod metrics;
+pub mod pg;
+pub mod redis;
+
+pub use pg::{PgDb, PgTools};
+pub use redis::{RedisStream, StreamNames};

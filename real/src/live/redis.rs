@@ -1,0 +1,506 @@
+//! The stream client on Redis (redis-rs, tokio, `ConnectionManager`).
+//!
+//! Each [`StreamOp`] is one Redis command (or, for `Locate`, one pipeline of
+//! read-only commands), the twin of the `pelican_model::Stream` method that
+//! `World::execute` calls for it; the replies are parsed into the same
+//! [`StreamReply`] values. Connection failures and timeouts are
+//! [`Unavailable`]; Redis errors the protocol knows (`NOGROUP`) are answers.
+
+use crate::driver::{StreamClient, StreamResult};
+use pelican_model::ids::{Dispatch, EntryId, RunId};
+use pelican_model::protocol::{DeadEntry, JobEntry, StreamOp, StreamReply, Unavailable};
+use pelican_model::stream::{AutoClaim, StreamError};
+use pelican_model::world::Issuer;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, Value};
+use std::time::Duration;
+
+/// Where the streams live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamNames {
+    /// The job stream (`pelican:jobs`).
+    pub jobs: String,
+    /// The dead-letter stream (`pelican:jobs:dead`).
+    pub dead: String,
+    /// The consumer group (`pelican`).
+    pub group: String,
+}
+
+impl StreamNames {
+    /// The names under `prefix`: `<prefix>:jobs`, `<prefix>:jobs:dead`, and
+    /// the group `group`.
+    #[must_use]
+    pub fn new(prefix: &str, group: &str) -> StreamNames {
+        StreamNames {
+            jobs: format!("{prefix}:jobs"),
+            dead: format!("{prefix}:jobs:dead"),
+            group: group.to_owned(),
+        }
+    }
+}
+
+/// The Redis stream client.
+#[derive(Clone)]
+pub struct RedisStream {
+    /// Every command but the blocking read.
+    conn: ConnectionManager,
+    /// XREADGROUP ... BLOCK, on its own connection so that a blocked read
+    /// never delays a heartbeat queued behind it on a multiplexed one.
+    reader: ConnectionManager,
+    names: StreamNames,
+    block_ms: u64,
+}
+
+/// Why the client could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to Redis at {url}: {source}")]
+pub struct ConnectError {
+    url: String,
+    #[source]
+    source: redis::RedisError,
+}
+
+impl RedisStream {
+    /// Connects to `url` (two connections, each reconnecting on its own).
+    /// An empty `XREADGROUP` waits up to `block_ms` for entries.
+    ///
+    /// # Errors
+    /// The URL is invalid or the server cannot be reached.
+    pub async fn connect(
+        url: &str,
+        names: StreamNames,
+        block_ms: u64,
+        response_timeout: Duration,
+    ) -> Result<RedisStream, ConnectError> {
+        let err = |source| ConnectError {
+            url: url.to_owned(),
+            source,
+        };
+        let client = redis::Client::open(url).map_err(err)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(response_timeout))
+            .set_response_timeout(Some(response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
+            .await
+            .map_err(err)?;
+        let reader_config =
+            config.set_response_timeout(Some(response_timeout + Duration::from_millis(block_ms)));
+        let reader = ConnectionManager::new_with_config(client, reader_config)
+            .await
+            .map_err(err)?;
+        Ok(RedisStream {
+            conn,
+            reader,
+            names,
+            block_ms,
+        })
+    }
+
+    /// The stream names.
+    #[must_use]
+    pub fn names(&self) -> &StreamNames {
+        &self.names
+    }
+
+    /// A connection for other uses (metrics, tests).
+    #[must_use]
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn query(&self, cmd: &Cmd) -> Result<Result<Value, StreamError>, Unavailable> {
+        let mut conn = self.conn.clone();
+        answer(cmd.query_async::<Value>(&mut conn).await)
+    }
+
+    /// Runs one command.
+    pub async fn execute(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
+        let n = &self.names;
+        Ok(match op {
+            StreamOp::Publish { entry, .. } => {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(&n.jobs).arg("*");
+                for (k, v) in encode_job(&entry) {
+                    cmd.arg(k).arg(v);
+                }
+                self.query(&cmd).await?.and_then(added)
+            }
+            StreamOp::PublishDead { entry, .. } => {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(&n.dead).arg("*");
+                for (k, v) in encode_dead(&entry) {
+                    cmd.arg(k).arg(v);
+                }
+                self.query(&cmd).await?.and_then(added)
+            }
+            StreamOp::EnsureGroup => {
+                let mut cmd = redis::cmd("XGROUP");
+                cmd.arg("CREATE")
+                    .arg(&n.jobs)
+                    .arg(&n.group)
+                    .arg("0")
+                    .arg("MKSTREAM");
+                match self.query(&cmd).await? {
+                    Ok(_) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
+                    Err(e) => Err(e),
+                }
+            }
+            StreamOp::Read {
+                consumer, count, ..
+            } => {
+                let mut cmd = redis::cmd("XREADGROUP");
+                cmd.arg("GROUP")
+                    .arg(&n.group)
+                    .arg(&consumer)
+                    .arg("COUNT")
+                    .arg(count)
+                    .arg("BLOCK")
+                    .arg(self.block_ms)
+                    .arg("STREAMS")
+                    .arg(&n.jobs)
+                    .arg(">");
+                let mut reader = self.reader.clone();
+                answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply)
+            }
+            StreamOp::Ack { ids } => {
+                let mut cmd = redis::cmd("XACK");
+                cmd.arg(&n.jobs).arg(&n.group);
+                for id in &ids {
+                    cmd.arg(id.to_string());
+                }
+                self.query(&cmd)
+                    .await?
+                    .map(|v| StreamReply::Acked(int(&v).unwrap_or(0)))
+            }
+            StreamOp::AutoClaim {
+                consumer,
+                min_idle_ms,
+                start,
+                count,
+                ..
+            } => {
+                let mut cmd = redis::cmd("XAUTOCLAIM");
+                cmd.arg(&n.jobs)
+                    .arg(&n.group)
+                    .arg(&consumer)
+                    .arg(min_idle_ms)
+                    .arg(start.to_string())
+                    .arg("COUNT")
+                    .arg(count);
+                self.query(&cmd).await?.map(autoclaim_reply)
+            }
+            StreamOp::Touch { consumer, id, .. } => {
+                let mut cmd = redis::cmd("XCLAIM");
+                cmd.arg(&n.jobs)
+                    .arg(&n.group)
+                    .arg(&consumer)
+                    .arg(0)
+                    .arg(id.to_string())
+                    .arg("JUSTID");
+                self.query(&cmd)
+                    .await?
+                    .map(|v| StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty())))
+            }
+            StreamOp::Locate { id } => return self.locate(id).await,
+        })
+    }
+
+    /// `Locate`: XRANGE id id, XPENDING id id 1, XINFO GROUPS (read-only).
+    async fn locate(&self, id: EntryId) -> Result<StreamResult, Unavailable> {
+        let n = &self.names;
+        let key = id.to_string();
+        let mut range = redis::cmd("XRANGE");
+        range.arg(&n.jobs).arg(&key).arg(&key).arg("COUNT").arg(1);
+        let entry = match self.query(&range).await? {
+            Ok(Value::Array(items)) => items.first().map(|e| decode_entry(e).1),
+            _ => None,
+        };
+        let mut pending = redis::cmd("XPENDING");
+        pending
+            .arg(&n.jobs)
+            .arg(&n.group)
+            .arg(&key)
+            .arg(&key)
+            .arg(1);
+        let pending = matches!(self.query(&pending).await?, Ok(Value::Array(a)) if !a.is_empty());
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&n.jobs);
+        let delivered = match self.query(&info).await? {
+            Ok(Value::Array(groups)) => groups
+                .iter()
+                .filter_map(fields)
+                .find(|f| field(f, "name").as_deref() == Some(n.group.as_str()))
+                .and_then(|f| field(&f, "last-delivered-id"))
+                .and_then(|s| s.parse::<EntryId>().ok())
+                .is_some_and(|last| id <= last),
+            _ => false,
+        };
+        Ok(Ok(StreamReply::Located {
+            entry,
+            pending,
+            delivered,
+        }))
+    }
+}
+
+impl StreamClient for RedisStream {
+    async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
+        self.execute(op).await
+    }
+}
+
+/// Sorts a command's result: an answer, a protocol error, or no answer.
+fn answer(r: redis::RedisResult<Value>) -> Result<Result<Value, StreamError>, Unavailable> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(e) => match e.code() {
+            Some("NOGROUP") => Ok(Err(StreamError::NoGroup)),
+            Some("BUSYGROUP") => Ok(Err(StreamError::BusyGroup)),
+            _ => Err(Unavailable),
+        },
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn added(v: Value) -> Result<StreamReply, StreamError> {
+    let id = text(&v)
+        .and_then(|s| s.parse::<EntryId>().ok())
+        .unwrap_or(EntryId::ZERO);
+    Ok(StreamReply::Added(id))
+}
+
+/// A flat `[k1, v1, k2, v2, ...]` array or a map, as `(key, value)` texts.
+fn fields(v: &Value) -> Option<Vec<(String, String)>> {
+    match v {
+        Value::Array(items) => Some(
+            items
+                .chunks(2)
+                .filter_map(|kv| match kv {
+                    [k, v] => Some((text(k)?, text(v).unwrap_or_default())),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Value::Map(pairs) => Some(
+            pairs
+                .iter()
+                .filter_map(|(k, v)| Some((text(k)?, text(v).unwrap_or_default())))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+fn field(fields: &[(String, String)], name: &str) -> Option<String> {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// The fields of a job entry.
+#[must_use]
+pub fn encode_job(entry: &JobEntry) -> Vec<(&'static str, String)> {
+    match entry {
+        JobEntry::Job { run, dispatch } => {
+            vec![
+                ("run_id", run.0.to_string()),
+                ("dispatch", dispatch.0.to_string()),
+            ]
+        }
+        // Only tests write malformed entries on purpose; this keeps the
+        // twin total.
+        JobEntry::Malformed { reason } => vec![("malformed", reason.clone())],
+    }
+}
+
+/// Decodes a job entry's fields (S10: anything but exactly `run_id` and
+/// `dispatch`, both numbers, is malformed, with the reason).
+#[must_use]
+pub fn decode_job(fields: &[(String, String)]) -> JobEntry {
+    let malformed = |reason: String| JobEntry::Malformed { reason };
+    if let Some((k, _)) = fields
+        .iter()
+        .find(|(k, _)| k != "run_id" && k != "dispatch")
+    {
+        return malformed(format!("unexpected field {k:?}"));
+    }
+    let Some(run) = field(fields, "run_id") else {
+        return malformed("missing field run_id".into());
+    };
+    let Some(dispatch) = field(fields, "dispatch") else {
+        return malformed("missing field dispatch".into());
+    };
+    let Ok(run) = run.parse::<u64>() else {
+        return malformed(format!("run_id {run:?} is not a number"));
+    };
+    match dispatch.parse::<u32>() {
+        Ok(d) if d > 0 => JobEntry::Job {
+            run: RunId(run),
+            dispatch: Dispatch(d),
+        },
+        _ => malformed(format!("dispatch {dispatch:?} is not a positive number")),
+    }
+}
+
+fn encode_dead(entry: &DeadEntry) -> Vec<(&'static str, String)> {
+    match entry {
+        DeadEntry::Run { run, source, class } => vec![
+            ("kind", "run".into()),
+            ("run_id", run.0.to_string()),
+            ("source", source.to_string()),
+            ("class", class.as_str().into()),
+        ],
+        DeadEntry::Quarantined { source, reason } => vec![
+            ("kind", "quarantined".into()),
+            ("source", source.to_string()),
+            ("reason", reason.clone()),
+        ],
+    }
+}
+
+/// `[id, [k, v, ...]]` → (id, decoded entry).
+fn decode_entry(v: &Value) -> (EntryId, JobEntry) {
+    let Value::Array(parts) = v else {
+        return (
+            EntryId::ZERO,
+            JobEntry::Malformed {
+                reason: "not an entry".into(),
+            },
+        );
+    };
+    let id = parts
+        .first()
+        .and_then(text)
+        .and_then(|s| s.parse::<EntryId>().ok())
+        .unwrap_or(EntryId::ZERO);
+    let job = match parts.get(1).and_then(fields) {
+        Some(f) => decode_job(&f),
+        None => JobEntry::Malformed {
+            reason: "entry without fields".into(),
+        },
+    };
+    (id, job)
+}
+
+/// XREADGROUP's reply: nil (nothing within BLOCK) or `[[stream, [entry...]]]`
+/// (RESP2) / `{stream: [entry...]}` (RESP3).
+fn read_reply(v: Value) -> StreamReply {
+    let entries = match v {
+        Value::Array(streams) => streams
+            .into_iter()
+            .filter_map(|s| match s {
+                Value::Array(mut kv) if kv.len() == 2 => kv.pop(),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
+        _ => Vec::new(),
+    };
+    let got = entries
+        .iter()
+        .filter_map(|e| match e {
+            Value::Array(items) => Some(items.iter().map(decode_entry).collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    StreamReply::Entries(got)
+}
+
+/// XAUTOCLAIM's reply: `[next, [entry...], [deleted id...]]`.
+fn autoclaim_reply(v: Value) -> StreamReply {
+    let Value::Array(parts) = v else {
+        return StreamReply::AutoClaimed(AutoClaim {
+            next: EntryId::ZERO,
+            claimed: Vec::new(),
+            deleted: Vec::new(),
+        });
+    };
+    let next = parts
+        .first()
+        .and_then(text)
+        .and_then(|s| s.parse::<EntryId>().ok())
+        .unwrap_or(EntryId::ZERO);
+    let claimed = match parts.get(1) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter(|e| !matches!(e, Value::Nil))
+            .map(|e| {
+                let (id, job) = decode_entry(e);
+                (id, Some(job))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let deleted = match parts.get(2) {
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .filter_map(text)
+            .filter_map(|s| s.parse::<EntryId>().ok())
+            .collect(),
+        _ => Vec::new(),
+    };
+    StreamReply::AutoClaimed(AutoClaim {
+        next,
+        claimed,
+        deleted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn job_entries_round_trip() {
+        let job = JobEntry::Job {
+            run: RunId(42),
+            dispatch: Dispatch(3),
+        };
+        let fields: Vec<(String, String)> = encode_job(&job)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        assert_eq!(decode_job(&fields), job);
+    }
+
+    #[test]
+    fn malformed_entries_say_why() {
+        let reason = |pairs: &[(&str, &str)]| match decode_job(&f(pairs)) {
+            JobEntry::Malformed { reason } => reason,
+            other => panic!("decoded {other:?}"),
+        };
+        assert_eq!(reason(&[("dispatch", "1")]), "missing field run_id");
+        assert_eq!(reason(&[("run_id", "7")]), "missing field dispatch");
+        assert!(reason(&[("run_id", "x"), ("dispatch", "1")]).contains("not a number"));
+        assert!(reason(&[("run_id", "7"), ("dispatch", "0")]).contains("positive"));
+        assert!(reason(&[("run_id", "7"), ("dispatch", "1"), ("x", "y")]).contains("unexpected"));
+        assert!(reason(&[]).contains("missing"));
+    }
+}
