@@ -61,6 +61,11 @@ pub fn command(c: &Command) -> String {
             DbOp::RequeueRun { run, dispatch, .. } => format!("requeue {run} {dispatch}"),
             DbOp::RequeueEntry { entry, .. } => format!("requeue the run of {}", id(*entry)),
             DbOp::ApplyEffect { key } => format!("apply effect {key}"),
+            DbOp::NextRunId => "next run id".into(),
+            DbOp::ReadAttempts { run } => format!("read the attempts of {run}"),
+            DbOp::ListDeadLetters { .. } => "list dead letters".into(),
+            DbOp::CountRuns => "count runs by status".into(),
+            DbOp::DlqRequeue { run, .. } => format!("requeue dead {run}"),
         },
         Command::Stream(op) => match op {
             StreamOp::Publish {
