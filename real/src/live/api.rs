@@ -137,7 +137,7 @@ async fn create_run(
     body: Result<Json<NewRun>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers)?;
-    let Json(new) = body.map_err(|e| bad(e.body_text()))?;
+    let Json(new) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
     let run = match state.io.db.execute(&DbOp::NextRunId).await {

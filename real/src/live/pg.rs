@@ -202,6 +202,51 @@ impl PgDb {
         Ok(())
     }
 
+    /// Every row of every table, as the model's [`Db`](pelican_model::Db)
+    /// (for tests and operators' checks: the invariants run over it).
+    ///
+    /// # Errors
+    /// A query failed or a stored value is not representable.
+    pub async fn snapshot(&self) -> Result<pelican_model::Db, PgError> {
+        let p = &self.pool;
+        let mut db = pelican_model::Db::new();
+        let runs = sqlx::query(
+            "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+             lease_until, retry_at, published_at, entry_id, result, error_class, error_message FROM runs",
+        )
+        .fetch_all(p)
+        .await?;
+        for r in &runs {
+            let row = run_row(r)?;
+            db.run_ids = db.run_ids.max(row.run_id.0);
+            db.runs.insert(row.run_id, row);
+        }
+        for r in &sqlx::query(
+            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome FROM attempts",
+        )
+        .fetch_all(p)
+        .await?
+        {
+            let run = RunId(unsigned("run_id", r.try_get("run_id")?)?);
+            let (n, a) = attempt_row(r)?;
+            db.attempts.insert((run, n), a);
+        }
+        for r in &sqlx::query(
+            "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters",
+        )
+        .fetch_all(p)
+        .await?
+        {
+            let (run, d) = dead_letter(r)?;
+            db.dead_letters.insert(run, d);
+        }
+        for r in &sqlx::query("SELECT key, requests FROM effects").fetch_all(p).await? {
+            let n: i64 = r.try_get("requests")?;
+            db.effects.insert(r.try_get("key")?, unsigned("requests", n)?);
+        }
+        Ok(db)
+    }
+
     /// Runs one statement.
     ///
     /// # Errors
@@ -531,4 +576,16 @@ impl Tools for PgTools {
             }
         })
     }
+}
+
+/// Runs a SQL text outside the protocol's statements (test and operator
+/// tooling: creating and dropping databases).
+///
+/// # Errors
+/// The statement failed.
+pub async fn raw_execute(db: &PgDb, sql: &str) -> Result<u64, PgError> {
+    let r = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&db.pool)
+        .await?;
+    Ok(r.rows_affected())
 }
