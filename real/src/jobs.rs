@@ -197,7 +197,10 @@ async fn sleep(ctx: JobContext) -> JobOutcome {
     match serde_json::from_str::<SleepInput>(&ctx.input) {
         Ok(i) => {
             pause(i.ms).await;
-            succeeded(format!("{{\"slept_ms\":{}}}", i.ms))
+            succeeded(format!(
+                "{{\"slept_ms\":{},\"attempt\":{}}}",
+                i.ms, ctx.attempt
+            ))
         }
         Err(e) => bad_input("sleep", &e),
     }

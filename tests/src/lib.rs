@@ -26,6 +26,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod scenarios;
+
 /// The shared async runtime the harness talks to Postgres and Redis with.
 pub fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -382,6 +384,10 @@ pub struct Env {
     procs: Vec<String>,
     /// Runs submitted and accepted.
     pub accepted: BTreeSet<RunId>,
+    /// The mutant every process of this test runs with, if any.
+    pub mutant: Option<String>,
+    /// How long [`Env::settle`] waits.
+    pub settle_timeout: Duration,
     /// Side effects each run's job makes when it succeeds.
     pub effects: BTreeMap<RunId, u32>,
 }
@@ -390,15 +396,27 @@ impl Env {
     /// A fresh Redis and database, migrated.
     #[must_use]
     pub fn new() -> Env {
+        Env::mutated(None)
+    }
+
+    /// A fresh Redis and database, migrated; every process runs `mutant`.
+    #[must_use]
+    pub fn mutated(mutant: Option<&str>) -> Env {
         let db = Database::create();
         let url = db.url().to_owned();
-        Env::with_database(url, Some(db))
+        Env::with_database(url, Some(db), mutant)
     }
 
     /// A fresh Redis, and the database at `url`, migrated.
     #[must_use]
-    pub fn with_database(database_url: String, db: Option<Database>) -> Env {
+    pub fn with_database(database_url: String, db: Option<Database>, mutant: Option<&str>) -> Env {
         let env = Env {
+            mutant: mutant.map(str::to_owned),
+            settle_timeout: if mutant.is_some() {
+                Duration::from_secs(25)
+            } else {
+                Duration::from_secs(60)
+            },
             redis: Redis::start(),
             database_url,
             stream: "pelican".into(),
@@ -420,6 +438,10 @@ impl Env {
             .env("PELICAN_STREAM", &self.stream)
             .env("PELICAN_CALL_TIMEOUT_MS", "1000")
             .env_remove("FAILPOINTS");
+        match &self.mutant {
+            Some(m) => c.env("PELICAN_MUTANT", m),
+            None => c.env_remove("PELICAN_MUTANT"),
+        };
         c
     }
 
@@ -517,6 +539,10 @@ impl Env {
         let mut config = Config::default();
         config.policy = Policy {
             attempts_max,
+            mutant: self
+                .mutant
+                .as_deref()
+                .map(|m| m.parse().expect("a known mutant")),
             ..Policy::default()
         };
         Io {
@@ -589,7 +615,8 @@ impl Env {
     ///
     /// # Panics
     /// After `timeout`, with the runs still open and the process logs.
-    pub fn settle(&self, timeout: Duration) -> Db {
+    pub fn settle(&self) -> Db {
+        let timeout = self.settle_timeout;
         let start = Instant::now();
         loop {
             let db = self.db();

@@ -83,6 +83,34 @@ struct Connection {
         global = true
     )]
     call_timeout_ms: u64,
+    /// Inject a protocol bug into every role this process runs (testing
+    /// only; exists only in builds with the `mutants` feature).
+    #[cfg(feature = "mutants")]
+    #[arg(long, env = "PELICAN_MUTANT", global = true)]
+    mutant: Option<String>,
+}
+
+impl Connection {
+    fn mutant(&self) -> Result<Option<pelican_model::protocol::Mutant>> {
+        #[cfg(feature = "mutants")]
+        return self
+            .mutant
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("{e}"));
+        #[cfg(not(feature = "mutants"))]
+        Ok(None)
+    }
+
+    /// The driver's defaults with this process's call timeout and mutant.
+    fn config(&self, attempts_max: u32) -> Result<Config> {
+        let mut config = Config::default();
+        config.policy.attempts_max = attempts_max;
+        config.policy.mutant = self.mutant()?;
+        config.call_timeout_ms = self.call_timeout_ms;
+        Ok(config)
+    }
 }
 
 #[derive(Subcommand)]
@@ -203,10 +231,6 @@ struct WorkerArgs {
     /// Serve this worker's Prometheus metrics here.
     #[arg(long, env = "PELICAN_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
-    /// Inject a protocol bug (testing only; needs the `mutants` feature).
-    #[cfg(feature = "mutants")]
-    #[arg(long, env = "PELICAN_MUTANT")]
-    mutant: Option<String>,
 }
 
 struct OsEntropy;
@@ -344,15 +368,7 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         backoff_cap_ms: a.backoff_cap_ms,
         sweep_grace_ms: a.sweep_grace_ms,
         sweep_batch_max: 64,
-        #[cfg(feature = "mutants")]
-        mutant: a
-            .mutant
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        #[cfg(not(feature = "mutants"))]
-        mutant: None,
+        mutant: c.mutant()?,
     };
     let config = Config {
         policy,
@@ -397,9 +413,7 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
 async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     let handle = install_metrics(None)?;
     let clients = connect(c, 0).await?;
-    let mut config = Config::default();
-    config.policy.attempts_max = a.attempts_max;
-    config.call_timeout_ms = c.call_timeout_ms;
+    let config = c.config(a.attempts_max)?;
     if a.api_token.is_none() {
         tracing::warn!("no --api-token: mutating routes are open to anyone who can reach the API");
     }
@@ -447,9 +461,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
             let input: serde_json::Value =
                 serde_json::from_str(&input).context("the input is not JSON")?;
             let clients = connect(c, 0).await?;
-            let mut config = Config::default();
-            config.policy.attempts_max = attempts_max;
-            let io = io(clients, config, NoProbe);
+            let io = io(clients, c.config(attempts_max)?, NoProbe);
             let run = match io.db.execute(&DbOp::NextRunId).await? {
                 DbReply::NewRun(r) => r,
                 other => bail!("unexpected answer {other:?}"),

@@ -93,6 +93,9 @@ where
             biased;
             input = maybe(call.as_mut()) => {
                 call = None;
+                if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
+                    crate::crash_point!("after_ack");
+                }
                 input
             }
             outcome = maybe(running.as_mut()) => {

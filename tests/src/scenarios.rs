@@ -1,0 +1,497 @@
+//! The live scenarios: each builds its own [`Env`] (with `mutant` injected
+//! into every process, if given), drives real `pelican` processes through a
+//! failure, and panics if any guarantee is broken. `tests/live.rs` runs each
+//! on the correct build (it must pass); `tests/mutants.rs` runs each mutant
+//! against the scenario that exposes it (it must fail).
+
+use crate::{Cluster, Database, Env};
+use pelican_model::ids::RunId;
+use pelican_model::protocol::{DbOp, DbReply};
+use pelican_model::status::{ErrorClass, RunStatus};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// Sweeper grace long enough that only the protocol path under test can
+/// recover a run (the sweeper is the safety net of last resort).
+const NO_SWEEP: &[&str] = &["--sweep-grace-ms", "600000"];
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not within 30 s");
+        sleep_ms(50);
+    }
+}
+
+/// The happy path through the API: submit, two workers, every outcome right.
+pub fn through_the_api(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("sekret");
+    let _w1 = env.worker(1, None, &[]);
+    let _w2 = env.worker(2, None, &[]);
+    let agent = agent();
+    let jobs = [
+        ("noop", json!({}), "succeeded"),
+        ("sleep", json!({"ms": 300}), "succeeded"),
+        ("effect", json!({"calls": 3}), "succeeded"),
+        ("fail", json!({"class": "retryable", "times": 1}), "succeeded"),
+        ("fail", json!({"class": "terminal", "times": 5}), "failed"),
+        ("fail", json!({"class": "retryable", "times": 9}), "dead"),
+        ("panic", json!({"times": 1}), "succeeded"),
+    ];
+    let mut ids = Vec::new();
+    for (kind, input, _) in &jobs {
+        let mut resp = agent
+            .post(format!("{base}/runs"))
+            .header("Authorization", "Bearer sekret")
+            .send_json(json!({ "kind": kind, "input": input }))
+            .expect("the API answers");
+        assert_eq!(resp.status().as_u16(), 202);
+        let body: Value = resp.body_mut().read_json().expect("JSON");
+        let id = RunId(body["run_id"].as_u64().expect("a run id"));
+        env.accepted.insert(id);
+        env.effects
+            .insert(id, pelican_real::jobs::effects_of(kind, &input.to_string()));
+        ids.push(id);
+    }
+    env.settle();
+    env.check(&[]);
+    for (id, (kind, _, want)) in ids.iter().zip(&jobs) {
+        let mut resp = agent
+            .get(format!("{base}/runs/{}", id.0))
+            .call()
+            .expect("the API answers");
+        assert_eq!(resp.status().as_u16(), 200);
+        let body: Value = resp.body_mut().read_json().expect("JSON");
+        assert_eq!(body["status"], *want, "{kind}: {body}");
+        assert!(body["attempts"].as_array().is_some_and(|a| !a.is_empty()));
+    }
+    let mut metrics = agent.get(format!("{base}/metrics")).call().expect("metrics");
+    let text = metrics.body_mut().read_to_string().expect("text");
+    assert!(text.contains("pelican_runs{status=\"succeeded\"} 5"), "{text}");
+    assert!(text.contains("pelican_pel_count 0"), "{text}");
+}
+
+/// Kill right after XREADGROUP: the entries stay pending and another worker
+/// reclaims and runs them.
+pub fn kill_right_after_receive(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let runs: Vec<_> = (0..3).map(|_| env.submit("noop", "{}", 3)).collect();
+    let mut w1 = env.worker(1, Some("after_receive"), &[]);
+    let status = w1.wait(Duration::from_secs(20));
+    assert!(!status.success(), "the crash point killed it");
+    assert!(env.pel_len() > 0, "its deliveries are pending");
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    for r in runs {
+        assert_eq!(db.runs[&r].status, RunStatus::Succeeded);
+    }
+}
+
+/// Kill after the outcome is committed, before XACK: the run is not run
+/// again; the redelivered entry is acknowledged as already terminal.
+pub fn kill_after_commit_before_ack(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("effect", r#"{"calls":1}"#, 3);
+    let mut w1 = env.worker(1, Some("before_ack"), &[]);
+    w1.wait(Duration::from_secs(20));
+    assert_eq!(env.db().runs[&run].status, RunStatus::Succeeded);
+    assert_eq!(env.pel_len(), 1, "committed but not acknowledged");
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].attempts, 1, "no new attempt");
+    assert_eq!(
+        db.effects[&format!("{run}/0")],
+        1,
+        "the finished run was not executed again"
+    );
+}
+
+/// Kill right after XACK: with ack-after-commit the outcome is already
+/// durable, so nothing is left to recover (the sweeper is off).
+pub fn kill_right_after_ack(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("noop", "{}", 3);
+    let mut w1 = env.worker(1, Some("after_ack"), NO_SWEEP);
+    w1.wait(Duration::from_secs(20));
+    let _w2 = env.worker(2, None, NO_SWEEP);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+}
+
+/// Kill right after a side effect: the retry sends the same idempotency key
+/// and the tool service does not apply it twice.
+pub fn kill_right_after_the_side_effect(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("effect", r#"{"calls":2}"#, 3);
+    let mut w1 = env.worker(1, Some("after_effect"), &[]);
+    w1.wait(Duration::from_secs(20));
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+    assert_eq!(db.runs[&run].attempts, 2);
+    assert_eq!(db.effects[&format!("{run}/0")], 2, "requested twice, applied once");
+    assert_eq!(db.effects[&format!("{run}/1")], 1);
+}
+
+fn result_attempt(env: &Env, run: RunId) -> u64 {
+    let db = env.db();
+    let result = db.runs[&run].result.clone().unwrap_or_default();
+    serde_json::from_str::<Value>(&result).expect("a JSON result")["attempt"]
+        .as_u64()
+        .expect("the sleep job reports its attempt")
+}
+
+/// A live long job is reclaimed prematurely (its worker paused past the
+/// lease): the late worker's write is rejected and overwrites nothing.
+pub fn premature_reclaim_of_a_live_long_job(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":3000}"#, 3);
+    let w1 = env.worker(1, None, &[]);
+    wait_for("w1 runs the job", || env.db().runs[&run].status == RunStatus::Running);
+    w1.stop();
+    let _w2 = env.worker(2, None, &[]);
+    wait_for("w2 reclaims the run", || env.db().runs[&run].attempts >= 2);
+    w1.cont();
+    env.settle();
+    let db = env.check(&[]);
+    let r = &db.runs[&run];
+    assert_eq!(r.status, RunStatus::Succeeded);
+    assert_eq!(r.attempts, 2);
+    let attempts = db.read_attempts(run);
+    assert_eq!(attempts[0].1.worker, "w1");
+    assert_eq!(attempts[0].1.outcome, None, "the late write was rejected");
+    assert_eq!(attempts[1].1.worker, "w2");
+    assert_eq!(result_attempt(&env, run), 2, "the result is the current attempt's");
+}
+
+/// A late worker (paused past its lease) must not acknowledge the entry
+/// that another worker reclaimed and then died holding: the entry stays
+/// pending and a third worker finishes the run.
+pub fn late_worker_does_not_ack_a_reclaimed_entry(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":2500}"#, 5);
+    let w1 = env.worker(1, None, NO_SWEEP);
+    wait_for("w1 runs the job", || env.db().runs[&run].status == RunStatus::Running);
+    w1.stop();
+    let mut w2 = env.worker(2, None, NO_SWEEP);
+    wait_for("w2 reclaims the run", || env.db().runs[&run].attempts >= 2);
+    w2.kill9();
+    w1.cont();
+    let _w3 = env.worker(3, None, NO_SWEEP);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+}
+
+/// Retryable errors back off through retry_at and end in the dead letters;
+/// an operator's requeue runs the run again.
+pub fn retryable_errors_back_off_then_dead_letter(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("fail", r#"{"class":"retryable","times":99}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Dead);
+    assert_eq!(db.runs[&run].attempts, 3);
+    let d = &db.dead_letters[&run];
+    assert_eq!(d.attempts.len(), 3);
+    assert_eq!(d.class, ErrorClass::Retryable, "died of its own errors");
+    let out = env.cli(&["dlq", "list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("\"run_id\": {}", run.0)));
+    let out = env.cli(&["dlq", "requeue", &run.0.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].attempts, 4);
+    assert_eq!(db.runs[&run].status, RunStatus::Dead);
+}
+
+/// A terminal error is not retried.
+pub fn terminal_error_is_not_retried(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("fail", r#"{"class":"terminal","times":1}"#, 5);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Failed);
+    assert_eq!(db.runs[&run].attempts, 1);
+}
+
+/// A pending entry trimmed away is detected (XAUTOCLAIM's deleted IDs) and
+/// its run recovered from Postgres, without the sweeper's help.
+pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("noop", "{}", 3);
+    let mut w1 = env.worker(1, Some("after_receive"), NO_SWEEP);
+    w1.wait(Duration::from_secs(20));
+    assert_eq!(env.pel_len(), 1);
+    let mut c = env.redis.conn();
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(env.jobs_key())
+        .arg("MAXLEN")
+        .arg(0)
+        .query(&mut c)
+        .expect("XTRIM");
+    let _w2 = env.worker(2, None, NO_SWEEP);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+    assert!(db.runs[&run].dispatch.0 >= 2, "recovered under a new dispatch");
+}
+
+/// Redis restarts (kill -9, AOF replay) while runs are in flight.
+pub fn redis_restart_with_aof(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    for _ in 0..6 {
+        env.submit("sleep", r#"{"ms":800}"#, 5);
+    }
+    let _w1 = env.worker(1, None, &[]);
+    let _w2 = env.worker(2, None, &[]);
+    sleep_ms(500);
+    env.redis.restart();
+    env.settle();
+    env.check(&[]);
+}
+
+/// Redis loses everything (stream and group): workers recreate the group and
+/// the sweeper re-publishes from Postgres.
+pub fn total_redis_data_loss(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    for _ in 0..4 {
+        env.submit("sleep", r#"{"ms":1500}"#, 5);
+    }
+    let _w1 = env.worker(1, None, &[]);
+    sleep_ms(700);
+    env.redis.wipe();
+    for _ in 0..3 {
+        env.submit("noop", "{}", 5);
+    }
+    env.settle();
+    env.check(&[]);
+}
+
+/// Postgres restarts (immediate shutdown) while runs are in flight.
+pub fn postgres_restart(mutant: Option<&str>) {
+    let cluster = Cluster::start();
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), mutant);
+    for _ in 0..6 {
+        env.submit("sleep", r#"{"ms":700}"#, 5);
+    }
+    let _w1 = env.worker(1, None, &[]);
+    sleep_ms(500);
+    cluster.restart();
+    env.settle();
+    env.check(&[]);
+    drop(env);
+}
+
+/// SIGTERM: the worker stops reading, finishes its in-flight job within the
+/// grace period and exits 0.
+pub fn sigterm_finishes_in_flight_jobs(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":1500}"#, 3);
+    let mut w = env.worker(1, None, &[]);
+    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    w.term();
+    let status = w.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit 0; log:\n{}", w.log_text());
+    assert_eq!(
+        env.db().runs[&run].status,
+        RunStatus::Succeeded,
+        "finished in the grace period"
+    );
+    let later = env.submit("noop", "{}", 3);
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&later].status, RunStatus::Succeeded);
+}
+
+/// SIGTERM with a job longer than the grace period: exit 0, the entry stays
+/// pending, another worker finishes the run.
+pub fn sigterm_leaves_a_long_job_pending(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":4000}"#, 3);
+    let mut w = env.worker(1, None, &["--shutdown-grace-ms", "300"]);
+    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    w.term();
+    assert!(w.wait(Duration::from_secs(20)).success());
+    assert_eq!(env.pel_len(), 1);
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+}
+
+/// Malformed entries and entries naming unknown runs are quarantined with a
+/// reason, acknowledged, and block nothing.
+pub fn malformed_stream_entries_are_quarantined(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let bad = vec![
+        env.xadd(&[("garbage", "1")]),
+        env.xadd(&[("run_id", "not-a-number"), ("dispatch", "1")]),
+        env.xadd(&[("run_id", "5")]),
+        env.xadd(&[("run_id", "999999"), ("dispatch", "1")]),
+        env.xadd(&[("run_id", "1"), ("dispatch", "1"), ("extra", "x")]),
+    ];
+    let good = env.submit("noop", "{}", 3);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&bad);
+    assert_eq!(db.runs[&good].status, RunStatus::Succeeded);
+}
+
+/// A cancel that lands before any delivery: the run never starts, and a
+/// later delivery of its entry does not revive it.
+pub fn cancelled_before_delivery_never_runs(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("noop", "{}", 3);
+    let out = env.cli(&["cancel", &run.0.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Cancelled);
+    assert_eq!(db.runs[&run].attempts, 0, "never started");
+}
+
+/// A cancel that lands while the job runs: the job stops at its next
+/// heartbeat and the run stays cancelled.
+pub fn cancel_stops_a_running_job(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":5000}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    let out = env.cli(&["cancel", &run.0.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Cancelled);
+    assert_eq!(db.runs[&run].attempts, 1);
+}
+
+/// A run whose publication was lost (the API stored it, then the XADD
+/// failed) is published by the outbox and runs.
+pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let io = env.io(3);
+    let run = crate::rt().block_on(async move {
+        let run = match io.db.execute(&DbOp::NextRunId).await {
+            Ok(DbReply::NewRun(r)) => r,
+            other => panic!("next run id: {other:?}"),
+        };
+        let insert = DbOp::InsertRun {
+            run,
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+        };
+        assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
+        run
+    });
+    env.accepted.insert(run);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+}
+
+/// Bad API requests get clear 4xx answers with a JSON body, and change nothing.
+pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("sekret");
+    let agent = agent();
+    let post = |path: &str, token: Option<&str>, body: &str| {
+        let mut req = agent
+            .post(format!("{base}{path}"))
+            .header("Content-Type", "application/json");
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req.send(body).expect("the API answers");
+        let status = resp.status().as_u16();
+        let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        (status, body)
+    };
+    let ok = Some("sekret");
+    let cases: Vec<(&str, Option<&str>, String, u16)> = vec![
+        ("/runs", None, r#"{"kind":"noop"}"#.into(), 401),
+        ("/runs", Some("wrong"), r#"{"kind":"noop"}"#.into(), 401),
+        ("/runs", ok, "{not json".into(), 400),
+        ("/runs", ok, r#"{"kind":"noop","input":"#.into(), 400),
+        ("/runs", ok, r#"{"input":{}}"#.into(), 422),
+        ("/runs", ok, r#"{"kind":"noop","surprise":1}"#.into(), 422),
+        ("/runs", ok, r#"{"kind":"Bad Kind!"}"#.into(), 400),
+        ("/runs", ok, r#"{"kind":""}"#.into(), 400),
+        (
+            "/runs",
+            ok,
+            format!(r#"{{"kind":"noop","input":"{}"}}"#, "x".repeat(10_000)),
+            413,
+        ),
+        ("/runs/abc/cancel", ok, String::new(), 400),
+        ("/runs/424242/cancel", ok, String::new(), 404),
+        ("/nowhere", ok, String::new(), 404),
+    ];
+    for (path, token, body, want) in &cases {
+        let (status, json) = post(path, *token, body);
+        assert_eq!(status, *want, "POST {path} {body:.60}: {json}");
+        assert!(json["error"].is_string(), "POST {path}: a JSON error body, got {json}");
+    }
+    for (path, want) in [("/runs/abc", 400), ("/runs/424242", 404)] {
+        let mut resp = agent.get(format!("{base}{path}")).call().expect("answers");
+        assert_eq!(resp.status().as_u16(), want, "GET {path}");
+        let json: Value = resp.body_mut().read_json().expect("a JSON body");
+        assert!(json["error"].is_string());
+    }
+    assert!(env.db().runs.is_empty(), "no bad request stored a run");
+    let run = env.submit("noop", "{}", 3);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let (status, json) = post(&format!("/runs/{}/cancel", run.0), ok, "");
+    assert_eq!(status, 409, "{json}");
+    env.check(&[]);
+}
+
+/// The binary's own errors are clear: bad flags, unreachable servers, bad
+/// input.
+pub fn bad_flags_and_unreachable_servers_fail_clearly(mutant: Option<&str>) {
+    let env = Env::mutated(mutant);
+    let err = |args: &[&str]| {
+        let out = env.cli(args);
+        assert!(!out.status.success(), "pelican {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(err(&["worker", "--lease-ms", "soon"]).contains("invalid value"));
+    assert!(
+        err(&["worker", "--heartbeat-ms", "5000", "--lease-ms", "3000", "--read-block-ms", "100"])
+            .contains("heartbeat_ms")
+    );
+    assert!(err(&["status", "424242"]).contains("no run"));
+    assert!(
+        err(&["--database-url", "postgres://postgres@127.0.0.1:1/x", "status"])
+            .contains("connecting to Postgres")
+    );
+    assert!(err(&["--redis-url", "redis://127.0.0.1:1", "cancel", "1"]).contains("Redis"));
+    assert!(err(&["submit", "noop", "{not json"]).contains("not JSON"));
+    assert!(err(&["submit", "Bad Kind", "{}"]).contains("kind"));
+    assert!(err(&["cancel", "run-x"]).contains("not a run id"));
+}

@@ -1,0 +1,35 @@
+//! The live tests' teeth: each mutant, injected into every `pelican`
+//! process (and the test's own submissions), must make the scenario that
+//! exposes it fail. Needs the `mutants` feature here and a `pelican` binary
+//! built with `mutants` (`cargo xtask test` builds both).
+
+#![cfg(feature = "mutants")]
+
+use pelican_tests::scenarios as s;
+
+fn caught(mutant: &str, scenario: fn(Option<&str>)) {
+    let outcome = std::panic::catch_unwind(|| scenario(Some(mutant)));
+    assert!(
+        outcome.is_err(),
+        "mutant {mutant} passed its live scenario: the live tests cannot see it"
+    );
+}
+
+macro_rules! mutants {
+    ($($test:ident: $mutant:literal => $scenario:ident),* $(,)?) => {
+        $(#[test] fn $test() { caught($mutant, s::$scenario); })*
+    };
+}
+
+mutants! {
+    ack_before_commit: "AckBeforeCommit" => kill_right_after_ack,
+    no_fence: "NoFence" => premature_reclaim_of_a_live_long_job,
+    no_terminal_check: "NoTerminalCheck" => kill_after_commit_before_ack,
+    no_idempotency_key: "NoIdempotencyKey" => kill_right_after_the_side_effect,
+    retry_in_pel: "RetryInPel" => retryable_errors_back_off_then_dead_letter,
+    no_dead_letter: "NoDeadLetter" => retryable_errors_back_off_then_dead_letter,
+    stale_ack: "StaleAck" => late_worker_does_not_ack_a_reclaimed_entry,
+    ignore_trimmed: "IgnoreTrimmed" => trimmed_pending_entry_is_recovered,
+    revive_cancelled: "ReviveCancelled" => cancelled_before_delivery_never_runs,
+    no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
+}
