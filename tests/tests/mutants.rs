@@ -9,10 +9,15 @@ use pelican_tests::scenarios as s;
 
 fn caught(mutant: &str, scenario: fn(Option<&str>)) {
     let outcome = std::panic::catch_unwind(|| scenario(Some(mutant)));
-    assert!(
-        outcome.is_err(),
-        "mutant {mutant} passed its live scenario: the live tests cannot see it"
-    );
+    let Err(panic) = outcome else {
+        panic!("mutant {mutant} passed its live scenario: the live tests cannot see it");
+    };
+    let why = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    eprintln!("mutant {mutant} caught: {}", why.lines().next().unwrap_or(""));
 }
 
 macro_rules! mutants {

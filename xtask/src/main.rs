@@ -130,6 +130,31 @@ fn simulator(mutants: bool, args: &[&str]) -> Command {
     c
 }
 
+/// Builds `pelican` with the crash points (and `extra` features) for the
+/// live tests, and copies it to `target/live-bin/<name>` so that the two
+/// variants can sit side by side.
+fn live_binary(extra: &[&str], name: &str) -> Result<PathBuf, String> {
+    let mut features = vec!["failpoints"];
+    features.extend_from_slice(extra);
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--package",
+        "pelican-real",
+        "--bin",
+        "pelican",
+        "--features",
+        &features.join(","),
+    ]);
+    run(&format!("build pelican --features {}", features.join(",")), build)?;
+    let dir = root().join("target").join("live-bin");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let to = dir.join(name);
+    std::fs::copy(root().join("target").join("debug").join("pelican"), &to)
+        .map_err(|e| format!("copying the pelican binary: {e}"))?;
+    Ok(to)
+}
+
 fn wants_mutant(args: &[String]) -> bool {
     args.iter()
         .any(|a| a == "--mutant" || a.starts_with("--mutant="))
@@ -200,8 +225,39 @@ fn test(args: &[String]) -> Result<(), String> {
         return Err(format!("test takes no options, got {a:?}"));
     }
     let mut unit = cargo();
-    unit.args(["test", "--workspace"]);
+    unit.args(["test", "--workspace", "--exclude", "pelican-tests"]);
     run("unit, property and small-model tests (debug)", unit)?;
+    let correct = live_binary(&[], "pelican")?;
+    let mutant = live_binary(&["mutants"], "pelican-mutants")?;
+    let mut live = cargo();
+    live.env("PELICAN_BIN", &correct).args([
+        "test",
+        "--package",
+        "pelican-tests",
+        "--test",
+        "live",
+        "--",
+        "--test-threads",
+        "2",
+    ]);
+    run(
+        "live end-to-end tests: real Redis and Postgres, real processes killed",
+        live,
+    )?;
+    let mut live_mutants = cargo();
+    live_mutants.env("PELICAN_BIN", &mutant).args([
+        "test",
+        "--package",
+        "pelican-tests",
+        "--features",
+        "mutants",
+        "--test",
+        "mutants",
+        "--",
+        "--test-threads",
+        "2",
+    ]);
+    run("every mutant fails a live scenario", live_mutants)?;
     let mut release = cargo();
     release.args([
         "test",
