@@ -85,10 +85,7 @@ pub fn free_port() -> u16 {
 fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ok() {
-        assert!(
-            start.elapsed() < timeout,
-            "{what}: not within {timeout:?}"
-        );
+        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -120,7 +117,14 @@ impl Redis {
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -311,11 +315,14 @@ impl Cluster {
             .status();
         let data = dir.join("data");
         let data_s = data.display().to_string();
-        let ok = as_postgres(&pg_tool("initdb"), &["-D", &data_s, "-A", "trust", "-U", "postgres"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
+        let ok = as_postgres(
+            &pg_tool("initdb"),
+            &["-D", &data_s, "-A", "trust", "-U", "postgres"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
         assert!(ok, "initdb failed: install PostgreSQL (.ci/run does)");
         let c = Cluster {
             dir,
@@ -362,10 +369,13 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let data = self.dir.join("data").display().to_string();
-        let _ = as_postgres(&pg_tool("pg_ctl"), &["-D", &data, "-m", "immediate", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = as_postgres(
+            &pg_tool("pg_ctl"),
+            &["-D", &data, "-m", "immediate", "stop"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -427,7 +437,11 @@ impl Env {
             effects: BTreeMap::new(),
         };
         let out = env.cli(&["migrate"]);
-        assert!(out.status.success(), "pelican migrate failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pelican migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         env
     }
 
@@ -536,14 +550,16 @@ impl Env {
                 .expect("the test's Postgres answers");
             (s, d)
         });
-        let mut config = Config::default();
-        config.policy = Policy {
-            attempts_max,
-            mutant: self
-                .mutant
-                .as_deref()
-                .map(|m| m.parse().expect("a known mutant")),
-            ..Policy::default()
+        let config = Config {
+            policy: Policy {
+                attempts_max,
+                mutant: self
+                    .mutant
+                    .as_deref()
+                    .map(|m| m.parse().expect("a known mutant")),
+                ..Policy::default()
+            },
+            ..Config::default()
         };
         Io {
             stream,
@@ -559,7 +575,11 @@ impl Env {
         let io = self.io(attempts_max);
         let (k, i) = (kind.to_owned(), input.to_owned());
         let run = rt().block_on(async move {
-            let run = match io.db.execute(&pelican_model::protocol::DbOp::NextRunId).await {
+            let run = match io
+                .db
+                .execute(&pelican_model::protocol::DbOp::NextRunId)
+                .await
+            {
                 Ok(pelican_model::protocol::DbReply::NewRun(r)) => r,
                 other => panic!("next run id: {other:?}"),
             };
@@ -677,7 +697,10 @@ impl Env {
                 broken.push(format!("S1 {run} is {}", r.status));
             }
             if r.attempts > r.attempts_max {
-                broken.push(format!("S6 {run} ran {} of {} attempts", r.attempts, r.attempts_max));
+                broken.push(format!(
+                    "S6 {run} ran {} of {} attempts",
+                    r.attempts, r.attempts_max
+                ));
             }
             let succeeded = db
                 .read_attempts(*run)
@@ -686,7 +709,10 @@ impl Env {
                 .count();
             let want = usize::from(r.status == RunStatus::Succeeded);
             if succeeded != want {
-                broken.push(format!("S2 {run} is {} with {succeeded} succeeded attempts", r.status));
+                broken.push(format!(
+                    "S2 {run} is {} with {succeeded} succeeded attempts",
+                    r.status
+                ));
             }
             if r.status == RunStatus::Succeeded {
                 for call in 0..self.effects.get(run).copied().unwrap_or(0) {
@@ -697,7 +723,10 @@ impl Env {
                         .filter(|k| *k == &prefix || k.starts_with(&format!("{prefix}/")))
                         .collect();
                     if keys.len() != 1 {
-                        broken.push(format!("S5 effect {prefix} applied under {} keys: {keys:?}", keys.len()));
+                        broken.push(format!(
+                            "S5 effect {prefix} applied under {} keys: {keys:?}",
+                            keys.len()
+                        ));
                     }
                 }
             }
@@ -734,7 +763,9 @@ impl Env {
         let mut out = BTreeSet::new();
         if let redis::Value::Array(entries) = v {
             for e in entries {
-                let redis::Value::Array(parts) = e else { continue };
+                let redis::Value::Array(parts) = e else {
+                    continue;
+                };
                 let Some(redis::Value::Array(fields)) = parts.get(1) else {
                     continue;
                 };

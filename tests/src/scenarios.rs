@@ -29,7 +29,10 @@ fn agent() -> ureq::Agent {
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ok() {
-        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not within 30 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
         sleep_ms(50);
     }
 }
@@ -45,7 +48,11 @@ pub fn through_the_api(mutant: Option<&str>) {
         ("noop", json!({}), "succeeded"),
         ("sleep", json!({"ms": 300}), "succeeded"),
         ("effect", json!({"calls": 3}), "succeeded"),
-        ("fail", json!({"class": "retryable", "times": 1}), "succeeded"),
+        (
+            "fail",
+            json!({"class": "retryable", "times": 1}),
+            "succeeded",
+        ),
         ("fail", json!({"class": "terminal", "times": 5}), "failed"),
         ("fail", json!({"class": "retryable", "times": 9}), "dead"),
         ("panic", json!({"times": 1}), "succeeded"),
@@ -77,9 +84,15 @@ pub fn through_the_api(mutant: Option<&str>) {
         assert_eq!(body["status"], *want, "{kind}: {body}");
         assert!(body["attempts"].as_array().is_some_and(|a| !a.is_empty()));
     }
-    let mut metrics = agent.get(format!("{base}/metrics")).call().expect("metrics");
+    let mut metrics = agent
+        .get(format!("{base}/metrics"))
+        .call()
+        .expect("metrics");
     let text = metrics.body_mut().read_to_string().expect("text");
-    assert!(text.contains("pelican_runs{status=\"succeeded\"} 5"), "{text}");
+    assert!(
+        text.contains("pelican_runs{status=\"succeeded\"} 5"),
+        "{text}"
+    );
     assert!(text.contains("pelican_pel_count 0"), "{text}");
 }
 
@@ -145,7 +158,11 @@ pub fn kill_right_after_the_side_effect(mutant: Option<&str>) {
     let db = env.check(&[]);
     assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
     assert_eq!(db.runs[&run].attempts, 2);
-    assert_eq!(db.effects[&format!("{run}/0")], 2, "requested twice, applied once");
+    assert_eq!(
+        db.effects[&format!("{run}/0")],
+        2,
+        "requested twice, applied once"
+    );
     assert_eq!(db.effects[&format!("{run}/1")], 1);
 }
 
@@ -163,7 +180,9 @@ pub fn premature_reclaim_of_a_live_long_job(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":3000}"#, 3);
     let w1 = env.worker(1, None, &[]);
-    wait_for("w1 runs the job", || env.db().runs[&run].status == RunStatus::Running);
+    wait_for("w1 runs the job", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
     w1.stop();
     let _w2 = env.worker(2, None, &[]);
     wait_for("w2 reclaims the run", || env.db().runs[&run].attempts >= 2);
@@ -177,7 +196,11 @@ pub fn premature_reclaim_of_a_live_long_job(mutant: Option<&str>) {
     assert_eq!(attempts[0].1.worker, "w1");
     assert_eq!(attempts[0].1.outcome, None, "the late write was rejected");
     assert_eq!(attempts[1].1.worker, "w2");
-    assert_eq!(result_attempt(&env, run), 2, "the result is the current attempt's");
+    assert_eq!(
+        result_attempt(&env, run),
+        2,
+        "the result is the current attempt's"
+    );
 }
 
 /// A late worker (paused past its lease) must not acknowledge the entry
@@ -187,7 +210,9 @@ pub fn late_worker_does_not_ack_a_reclaimed_entry(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":2500}"#, 5);
     let w1 = env.worker(1, None, NO_SWEEP);
-    wait_for("w1 runs the job", || env.db().runs[&run].status == RunStatus::Running);
+    wait_for("w1 runs the job", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
     w1.stop();
     let mut w2 = env.worker(2, None, NO_SWEEP);
     wait_for("w2 reclaims the run", || env.db().runs[&run].attempts >= 2);
@@ -215,7 +240,11 @@ pub fn retryable_errors_back_off_then_dead_letter(mutant: Option<&str>) {
     let out = env.cli(&["dlq", "list"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("\"run_id\": {}", run.0)));
     let out = env.cli(&["dlq", "requeue", &run.0.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     env.settle();
     let db = env.check(&[]);
     assert_eq!(db.runs[&run].attempts, 4);
@@ -252,7 +281,10 @@ pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {
     env.settle();
     let db = env.check(&[]);
     assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
-    assert!(db.runs[&run].dispatch.0 >= 2, "recovered under a new dispatch");
+    assert!(
+        db.runs[&run].dispatch.0 >= 2,
+        "recovered under a new dispatch"
+    );
 }
 
 /// Redis restarts (kill -9, AOF replay) while runs are in flight.
@@ -309,7 +341,9 @@ pub fn sigterm_finishes_in_flight_jobs(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":1500}"#, 3);
     let mut w = env.worker(1, None, &[]);
-    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    wait_for("the job runs", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
     w.term();
     let status = w.wait(Duration::from_secs(20));
     assert!(status.success(), "exit 0; log:\n{}", w.log_text());
@@ -331,7 +365,9 @@ pub fn sigterm_leaves_a_long_job_pending(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":4000}"#, 3);
     let mut w = env.worker(1, None, &["--shutdown-grace-ms", "300"]);
-    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    wait_for("the job runs", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
     w.term();
     assert!(w.wait(Duration::from_secs(20)).success());
     assert_eq!(env.pel_len(), 1);
@@ -365,7 +401,11 @@ pub fn cancelled_before_delivery_never_runs(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("noop", "{}", 3);
     let out = env.cli(&["cancel", &run.0.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _w = env.worker(1, None, &[]);
     env.settle();
     let db = env.check(&[]);
@@ -379,9 +419,15 @@ pub fn cancel_stops_a_running_job(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":5000}"#, 3);
     let _w = env.worker(1, None, &[]);
-    wait_for("the job runs", || env.db().runs[&run].status == RunStatus::Running);
+    wait_for("the job runs", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
     let out = env.cli(&["cancel", &run.0.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     env.settle();
     let db = env.check(&[]);
     assert_eq!(db.runs[&run].status, RunStatus::Cancelled);
@@ -454,7 +500,10 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
     for (path, token, body, want) in &cases {
         let (status, json) = post(path, *token, body);
         assert_eq!(status, *want, "POST {path} {body:.60}: {json}");
-        assert!(json["error"].is_string(), "POST {path}: a JSON error body, got {json}");
+        assert!(
+            json["error"].is_string(),
+            "POST {path}: a JSON error body, got {json}"
+        );
     }
     for (path, want) in [("/runs/abc", 400), ("/runs/424242", 404)] {
         let mut resp = agent.get(format!("{base}{path}")).call().expect("answers");
@@ -482,13 +531,25 @@ pub fn bad_flags_and_unreachable_servers_fail_clearly(mutant: Option<&str>) {
     };
     assert!(err(&["worker", "--lease-ms", "soon"]).contains("invalid value"));
     assert!(
-        err(&["worker", "--heartbeat-ms", "5000", "--lease-ms", "3000", "--read-block-ms", "100"])
-            .contains("heartbeat_ms")
+        err(&[
+            "worker",
+            "--heartbeat-ms",
+            "5000",
+            "--lease-ms",
+            "3000",
+            "--read-block-ms",
+            "100"
+        ])
+        .contains("heartbeat_ms")
     );
     assert!(err(&["status", "424242"]).contains("no run"));
     assert!(
-        err(&["--database-url", "postgres://postgres@127.0.0.1:1/x", "status"])
-            .contains("connecting to Postgres")
+        err(&[
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/x",
+            "status"
+        ])
+        .contains("connecting to Postgres")
     );
     assert!(err(&["--redis-url", "redis://127.0.0.1:1", "cancel", "1"]).contains("Redis"));
     assert!(err(&["submit", "noop", "{not json"]).contains("not JSON"));

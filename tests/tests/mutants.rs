@@ -17,7 +17,10 @@ fn caught(mutant: &str, scenario: fn(Option<&str>)) {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_default();
-    eprintln!("mutant {mutant} caught: {}", why.lines().next().unwrap_or(""));
+    eprintln!(
+        "mutant {mutant} caught: {}",
+        why.lines().next().unwrap_or("")
+    );
 }
 
 macro_rules! mutants {

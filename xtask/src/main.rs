@@ -146,7 +146,10 @@ fn live_binary(extra: &[&str], name: &str) -> Result<PathBuf, String> {
         "--features",
         &features.join(","),
     ]);
-    run(&format!("build pelican --features {}", features.join(",")), build)?;
+    run(
+        &format!("build pelican --features {}", features.join(",")),
+        build,
+    )?;
     let dir = root().join("target").join("live-bin");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let to = dir.join(name);

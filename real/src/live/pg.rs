@@ -240,9 +240,13 @@ impl PgDb {
             let (run, d) = dead_letter(r)?;
             db.dead_letters.insert(run, d);
         }
-        for r in &sqlx::query("SELECT key, requests FROM effects").fetch_all(p).await? {
+        for r in &sqlx::query("SELECT key, requests FROM effects")
+            .fetch_all(p)
+            .await?
+        {
             let n: i64 = r.try_get("requests")?;
-            db.effects.insert(r.try_get("key")?, unsigned("requests", n)?);
+            db.effects
+                .insert(r.try_get("key")?, unsigned("requests", n)?);
         }
         Ok(db)
     }
