@@ -73,6 +73,29 @@ impl Redis {
                 .xclaim(consumer, 0, &[*id], None, true, *now)
                 .map(|got| StreamReply::Touched(!got.is_empty())),
             StreamOp::Locate { id } => Ok(self.locate(*id)),
+            StreamOp::Retain { before } => Ok(StreamReply::Trimmed(self.retain(*before))),
+        }
+    }
+
+    /// `Retain`: the cutoff below which every entry is delivered,
+    /// acknowledged and older than `before`; `None` without the group.
+    #[must_use]
+    pub fn retention_cutoff(&self, before: crate::time::Timestamp) -> Option<EntryId> {
+        let group = self.jobs.group.as_ref()?;
+        let mut cutoff = EntryId::new(before.0, 0);
+        if let Some(&oldest) = group.pel.keys().next() {
+            cutoff = cutoff.min(oldest);
+        }
+        if let Some(first_undelivered) = group.last_delivered.successor() {
+            cutoff = cutoff.min(first_undelivered);
+        }
+        Some(cutoff)
+    }
+
+    fn retain(&mut self, before: crate::time::Timestamp) -> u64 {
+        match self.retention_cutoff(before) {
+            Some(cutoff) => self.jobs.xtrim(crate::stream::Trim::MinId(cutoff)),
+            None => 0,
         }
     }
 
@@ -355,5 +378,68 @@ impl World {
     /// the group are gone.
     pub fn redis_wiped(&mut self) {
         self.redis = Redis::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Dispatch, RunId};
+    use crate::time::Timestamp;
+
+    fn job(n: u64) -> JobEntry {
+        JobEntry::Job {
+            run: RunId(n),
+            dispatch: Dispatch(1),
+        }
+    }
+
+    /// Retention trims only entries that are delivered, acknowledged and
+    /// older than the cutoff time: never a pending or undelivered one.
+    #[test]
+    fn retention_keeps_pending_and_undelivered_entries() {
+        let mut w = World::new();
+        for n in 1..=5 {
+            let now = Timestamp(n * 10);
+            w.stream(&StreamOp::Publish { entry: job(n), now }, Issuer::default())
+                .expect("XADD");
+        }
+        let read = StreamOp::Read {
+            consumer: "w0".into(),
+            count: 3,
+            now: Timestamp(60),
+        };
+        w.stream(&read, Issuer::default()).expect("XREADGROUP");
+        let ack = StreamOp::Ack {
+            ids: vec![EntryId::new(10, 0)],
+        };
+        w.stream(&ack, Issuer::default()).expect("XACK");
+        // Entry 1 is acked; 2 and 3 are pending; 4 and 5 are undelivered.
+        let retain = |w: &mut World, before| {
+            w.redis
+                .execute(&StreamOp::Retain {
+                    before: Timestamp(before),
+                })
+                .expect("Retain")
+        };
+        assert_eq!(retain(&mut w, 1_000), StreamReply::Trimmed(1));
+        assert_eq!(w.redis.jobs.len(), 4);
+        w.stream(
+            &StreamOp::Ack {
+                ids: vec![EntryId::new(20, 0), EntryId::new(30, 0)],
+            },
+            Issuer::default(),
+        )
+        .expect("XACK");
+        // Time bounds it too: only entries older than 25 ms.
+        assert_eq!(retain(&mut w, 25), StreamReply::Trimmed(1));
+        assert_eq!(retain(&mut w, 1_000), StreamReply::Trimmed(1));
+        assert_eq!(w.redis.jobs.len(), 2, "undelivered entries stay");
+        w.redis_wiped();
+        assert_eq!(
+            retain(&mut w, 1_000),
+            StreamReply::Trimmed(0),
+            "no group: no trim"
+        );
     }
 }

@@ -77,6 +77,7 @@ fn config() -> Config {
         maintenance_every_ms: 50,
         shutdown_grace_ms: 100,
         job_timeout_ms: 10_000,
+        retention_ms: 200,
     }
 }
 

@@ -193,6 +193,9 @@ impl Oracle {
                 Ok(_),
             ) => self.count("quarantined"),
             (StreamOp::EnsureGroup, Ok(_)) => self.count("group_ensured"),
+            (StreamOp::Retain { .. }, Ok(StreamReply::Trimmed(n))) if *n > 0 => {
+                self.count("retention_trims");
+            }
             _ => {}
         }
         let (o, r) = (op.clone(), reply.clone());

@@ -67,6 +67,7 @@ impl Scenario {
                 maintenance_every_ms: 1_000,
                 shutdown_grace_ms: 2_000,
                 job_timeout_ms: 20_000,
+                retention_ms: 3_000,
             },
         }
     }

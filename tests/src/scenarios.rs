@@ -556,3 +556,25 @@ pub fn bad_flags_and_unreachable_servers_fail_clearly(mutant: Option<&str>) {
     assert!(err(&["submit", "Bad Kind", "{}"]).contains("kind"));
     assert!(err(&["cancel", "run-x"]).contains("not a run id"));
 }
+
+/// Retention: once runs are done, their acknowledged entries are trimmed
+/// from the stream; the runs are untouched.
+pub fn retention_trims_acknowledged_entries(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let runs: Vec<_> = (0..5).map(|_| env.submit("noop", "{}", 3)).collect();
+    let _w = env.worker(1, None, &["--retention-ms", "1"]);
+    env.settle();
+    let key = env.jobs_key();
+    wait_for("the stream is trimmed", || {
+        let mut c = env.redis.conn();
+        redis::cmd("XLEN")
+            .arg(&key)
+            .query::<u64>(&mut c)
+            .unwrap_or(1)
+            == 0
+    });
+    let db = env.check(&[]);
+    for r in runs {
+        assert_eq!(db.runs[&r].status, RunStatus::Succeeded);
+    }
+}

@@ -31,4 +31,5 @@ live! {
     unpublished_run_is_published_by_the_outbox,
     bad_api_requests_get_clear_errors,
     bad_flags_and_unreachable_servers_fail_clearly,
+    retention_trims_acknowledged_entries,
 }

@@ -86,6 +86,7 @@ pub fn command(c: &Command) -> String {
             StreamOp::AutoClaim { start, .. } => format!("XAUTOCLAIM from {}", id(*start)),
             StreamOp::Touch { id: e, .. } => format!("XCLAIM {} JUSTID (idle reset)", id(*e)),
             StreamOp::Locate { id: e } => format!("locate {}", id(*e)),
+            StreamOp::Retain { .. } => "XTRIM MINID (retention)".into(),
         },
         other => format!("{other:?}"),
     }

@@ -500,6 +500,12 @@ pub enum StreamOp {
     /// XRANGE jobs id id + XPENDING jobs group id id 1 + XINFO GROUPS:
     /// what is at this ID now, is it pending, was it delivered?
     Locate { id: EntryId },
+    /// Retention: XPENDING jobs group (summary) + XINFO GROUPS, then
+    /// XTRIM jobs MINID cutoff, where the cutoff is the smallest of
+    /// `before` (as an ID), the oldest pending ID and the first undelivered
+    /// ID: only delivered, acknowledged entries older than `before` go.
+    /// Nothing is trimmed without the group.
+    Retain { before: Timestamp },
 }
 
 /// The answer to a [`StreamOp`].
@@ -517,6 +523,8 @@ pub enum StreamReply {
         pending: bool,
         delivered: bool,
     },
+    /// Entries removed by `Retain`.
+    Trimmed(u64),
 }
 
 /// Why a command has no answer: the server was unreachable, the call timed

@@ -225,6 +225,10 @@ struct WorkerArgs {
     /// A job running longer fails retryably.
     #[arg(long, env = "PELICAN_JOB_TIMEOUT_MS", default_value_t = 3_600_000)]
     job_timeout_ms: u64,
+    /// Stream retention: delivered, acknowledged entries older than this are
+    /// trimmed by the maintenance pass (0: keep every entry).
+    #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
+    retention_ms: u64,
     /// Do not run the retry scheduler, outbox and sweeper in this worker.
     #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
     no_maintenance: bool,
@@ -380,6 +384,7 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         maintenance_every_ms: a.maintenance_every_ms,
         shutdown_grace_ms: a.shutdown_grace_ms,
         job_timeout_ms: a.job_timeout_ms,
+        retention_ms: if a.no_maintenance { 0 } else { a.retention_ms },
     };
     if c.call_timeout_ms <= a.read_block_ms {
         bail!(

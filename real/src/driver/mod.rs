@@ -137,6 +137,9 @@ pub struct Config {
     /// retryably (a hung handler would otherwise hold its run forever,
     /// heartbeating).
     pub job_timeout_ms: u64,
+    /// Stream retention: each maintenance pass trims delivered, acknowledged
+    /// entries older than this (0: keep every entry).
+    pub retention_ms: u64,
 }
 
 impl Default for Config {
@@ -151,6 +154,7 @@ impl Default for Config {
             maintenance_every_ms: 1_000,
             shutdown_grace_ms: 30_000,
             job_timeout_ms: 3_600_000,
+            retention_ms: 86_400_000,
         }
     }
 }

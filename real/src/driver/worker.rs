@@ -8,6 +8,7 @@ use pelican_model::protocol::{
     Command, Input, JobEntry, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp, StreamReply,
 };
 use pelican_model::stream::StreamError;
+use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -242,6 +243,15 @@ async fn maintenance_loop<S, D, P>(
             MaintenanceTask::Sweep,
         ] {
             super::maintain(&io, worker, task).await;
+        }
+        if io.config.retention_ms > 0 {
+            let before = Timestamp(now().0.saturating_sub(io.config.retention_ms));
+            let by = Issuer {
+                worker: Some(worker),
+                own_fence: None,
+            };
+            let retain = Command::Stream(StreamOp::Retain { before });
+            let _ = io.run(&RoleId::Maintenance(worker), retain, by).await;
         }
     }
 }

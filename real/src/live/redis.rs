@@ -204,7 +204,57 @@ impl RedisStream {
                     .map(|v| StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty())))
             }
             StreamOp::Locate { id } => return self.locate(id).await,
+            StreamOp::Retain { before } => return self.retain(before).await,
         })
+    }
+
+    /// `Retain`: XPENDING (summary) and XINFO GROUPS give the oldest
+    /// pending and the last delivered ID; XTRIM MINID removes what is older
+    /// than all three bounds. New pending entries can only come from IDs
+    /// above the last delivered one, so the two reads and the trim need no
+    /// transaction.
+    async fn retain(
+        &self,
+        before: pelican_model::time::Timestamp,
+    ) -> Result<StreamResult, Unavailable> {
+        let n = &self.names;
+        let mut summary = redis::cmd("XPENDING");
+        summary.arg(&n.jobs).arg(&n.group);
+        let oldest = match self.query(&summary).await? {
+            Ok(Value::Array(parts)) => parts
+                .get(1)
+                .and_then(text)
+                .and_then(|s| s.parse::<EntryId>().ok()),
+            Ok(_) => None,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&n.jobs);
+        let last = match self.query(&info).await? {
+            Ok(Value::Array(groups)) => groups
+                .iter()
+                .filter_map(fields)
+                .find(|f| field(f, "name").as_deref() == Some(n.group.as_str()))
+                .and_then(|f| field(&f, "last-delivered-id"))
+                .and_then(|s| s.parse::<EntryId>().ok()),
+            _ => None,
+        };
+        let Some(last) = last else {
+            return Ok(Ok(StreamReply::Trimmed(0)));
+        };
+        let mut cutoff = EntryId::new(before.0, 0);
+        if let Some(oldest) = oldest {
+            cutoff = cutoff.min(oldest);
+        }
+        if let Some(next) = last.successor() {
+            cutoff = cutoff.min(next);
+        }
+        let mut trim = redis::cmd("XTRIM");
+        trim.arg(&n.jobs).arg("MINID").arg(cutoff.to_string());
+        Ok(self
+            .query(&trim)
+            .await?
+            .map(|v| StreamReply::Trimmed(int(&v).unwrap_or(0))))
     }
 
     /// `Locate`: XRANGE id id, XPENDING id id 1, XINFO GROUPS (read-only).
