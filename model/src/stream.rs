@@ -257,6 +257,24 @@ impl<P: Clone> Stream<P> {
         Ok(())
     }
 
+    /// `XGROUP DESTROY key group`: 1 if the group existed (its PEL goes
+    /// with it), 0 if not.
+    ///
+    /// # Errors
+    /// `NoKey` when the key does not exist.
+    pub fn xgroup_destroy(&mut self, name: &str) -> Result<u64, StreamError> {
+        if !self.exists {
+            return Err(StreamError::NoKey);
+        }
+        match &self.group {
+            Some(g) if g.name == name => {
+                self.group = None;
+                Ok(1)
+            }
+            _ => Ok(0),
+        }
+    }
+
     /// `XREADGROUP GROUP g <consumer> COUNT <count> STREAMS key >`: delivers
     /// up to `count` entries never delivered to the group, adding each to the
     /// PEL under `consumer`. Never blocks (the caller owns blocking).
@@ -288,7 +306,11 @@ impl<P: Clone> Stream<P> {
                 },
             );
         }
-        self.group_mut()?.consumers.insert(consumer.to_owned());
+        // Redis 7.0 creates the consumer only when it is delivered something
+        // (found by the conformance tests).
+        if !batch.is_empty() {
+            self.group_mut()?.consumers.insert(consumer.to_owned());
+        }
         Ok(batch)
     }
 
@@ -341,7 +363,11 @@ impl<P: Clone> Stream<P> {
     /// `XACK key group id ...`: removes the IDs from the PEL, whoever holds
     /// them; returns how many were pending.
     pub fn xack(&mut self, ids: &[EntryId]) -> Result<u64, StreamError> {
-        let group = self.group_mut()?;
+        // Redis answers 0, not NOGROUP, when the key or the group is missing
+        // (found by the conformance tests).
+        let Ok(group) = self.group_mut() else {
+            return Ok(0);
+        };
         Ok(ids
             .iter()
             .filter(|id| group.pel.remove(id).is_some())
@@ -389,6 +415,9 @@ impl<P: Clone> Stream<P> {
             let Some(payload) = payload else {
                 group.pel.remove(&id);
                 deleted.push(id);
+                // A deleted entry uses up COUNT like a claimed one (Redis
+                // 7.0; found by the conformance tests).
+                left -= 1;
                 continue;
             };
             let nack = group.pel.get_mut(&id).expect("collected from the PEL");
@@ -403,7 +432,10 @@ impl<P: Clone> Stream<P> {
             claimed.push((id, (!justid).then_some(payload)));
             left -= 1;
         }
-        self.group_mut()?.consumers.insert(consumer.to_owned());
+        // As XCLAIM: the consumer exists once it claimed something.
+        if !claimed.is_empty() {
+            self.group_mut()?.consumers.insert(consumer.to_owned());
+        }
         Ok(AutoClaim {
             next,
             claimed,
@@ -450,7 +482,11 @@ impl<P: Clone> Stream<P> {
             }
             out.push((*id, (!justid).then_some(payload)));
         }
-        self.group_mut()?.consumers.insert(consumer.to_owned());
+        // Redis creates the consumer only once an entry is claimed (found
+        // by the conformance tests).
+        if !out.is_empty() {
+            self.group_mut()?.consumers.insert(consumer.to_owned());
+        }
         Ok(out)
     }
 
@@ -547,7 +583,8 @@ impl<P: Clone> Stream<P> {
     /// `XINFO GROUPS key`.
     pub fn xinfo_groups(&self) -> Result<Vec<GroupInfo>, StreamError> {
         if !self.exists {
-            return Err(StreamError::NoGroup);
+            // "ERR no such key" (found by the conformance tests).
+            return Err(StreamError::NoKey);
         }
         Ok(self.group.iter().map(|g| self.group_info(g)).collect())
     }

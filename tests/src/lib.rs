@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod conformance;
 pub mod scenarios;
 
 /// The shared async runtime the harness talks to Postgres and Redis with.

@@ -25,6 +25,9 @@ commands:
             run simulated seeds under madsim (pelican-sim sweep)
   replay <SEED | traces/FILE> [--scenario NAME] [--mutant NAME]
             re-run one seed and print its timeline
+  conformance [--cases N] [--seed S] [--json]
+            the reference models against live Redis and Postgres: N random
+            stream and N random database sequences (default 10,000 each)
   verify    the main job: check standard (complete, every guarantee holds,
             every interesting path reached) and catch all ten mutants; then
             10,000 simulated seeds pass and every mutant fails within 1,000
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         "verify" => verify(rest),
         "sim" => sim(rest),
         "replay" => replay(rest),
+        "conformance" => conformance(rest),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
@@ -187,6 +191,22 @@ fn replay(args: &[String]) -> Result<(), String> {
     )
 }
 
+fn conformance(args: &[String]) -> Result<(), String> {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--quiet",
+        "--release",
+        "--package",
+        "pelican-tests",
+        "--bin",
+        "pelican-conformance",
+        "--",
+    ])
+    .args(args);
+    run(&format!("conformance {}", args.join(" ")), c)
+}
+
 fn check(args: &[String]) -> Result<(), String> {
     let mutants = args
         .iter()
@@ -261,6 +281,19 @@ fn test(args: &[String]) -> Result<(), String> {
         "2",
     ]);
     run("every mutant fails a live scenario", live_mutants)?;
+    let mut conformance = cargo();
+    conformance.env("CONFORMANCE_CASES", "1000").args([
+        "test",
+        "--release",
+        "--package",
+        "pelican-tests",
+        "--test",
+        "conformance",
+    ]);
+    run(
+        "conformance: 1,000 stream and 1,000 database sequences against Redis and Postgres",
+        conformance,
+    )?;
     let mut release = cargo();
     release.args([
         "test",

@@ -60,6 +60,7 @@ pub use submitter::{Submitter, SubmitterEnd};
 
 /// The knobs of the protocol, with units in their names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Policy {
     /// How long a claim or heartbeat keeps an attempt's ownership.
     pub lease_ms: u64,

@@ -60,7 +60,7 @@ fn commands_without_a_group_answer_nogroup() {
     let mut s: Stream<&str> = Stream::new();
     s.xadd(AddId::Auto, "a", t(1)).unwrap();
     assert_eq!(s.xreadgroup("c", 1, t(1)), Err(StreamError::NoGroup));
-    assert_eq!(s.xack(&[id(1, 0)]), Err(StreamError::NoGroup));
+    assert_eq!(s.xack(&[id(1, 0)]), Ok(0), "Redis answers 0 without the group");
     assert!(s.xautoclaim("c", 0, EntryId::ZERO, 1, false, t(1)).is_err());
     assert!(s.xpending_summary().is_err());
 }
@@ -176,14 +176,19 @@ fn xautoclaim_reports_and_drops_deleted_ids_whatever_their_idle_time() {
     assert_eq!(r.deleted, vec![id(1, 0), id(2, 0), id(4, 0)]);
     assert!(r.claimed.is_empty());
     assert_eq!(s.pel_len(), 2);
-    // Deleted IDs do not use up COUNT.
+    // Deleted IDs use up COUNT as claimed ones do (Redis 7.0, as the
+    // conformance tests against a live server show).
     let mut s = five();
     s.xreadgroup("c1", 5, t(100)).unwrap();
     s.xtrim(Trim::MaxLen(2));
     let r = s
-        .xautoclaim("c2", 0, EntryId::ZERO, 1, false, t(150))
+        .xautoclaim("c2", 0, EntryId::ZERO, 2, false, t(150))
         .unwrap();
-    assert_eq!(r.deleted, vec![id(1, 0), id(2, 0), id(3, 0)]);
+    assert_eq!(r.deleted, vec![id(1, 0), id(2, 0)]);
+    assert!(r.claimed.is_empty());
+    assert_eq!(r.next, id(3, 0));
+    let r = s.xautoclaim("c2", 0, r.next, 2, false, t(150)).unwrap();
+    assert_eq!(r.deleted, vec![id(3, 0)]);
     assert_eq!(r.claimed, vec![(id(4, 0), Some("d"))]);
     assert_eq!(r.next, id(5, 0));
 }

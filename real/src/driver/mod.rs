@@ -115,6 +115,7 @@ impl Probe for NoProbe {}
 
 /// The driver's knobs, with units in their names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Config {
     /// The protocol's own knobs.
     pub policy: Policy,

@@ -435,7 +435,7 @@ impl PgDb {
                 limit,
             } => DbReply::Candidates(
                 q(sql::ORPHAN_CANDIDATES)
-                    .bind(ms(*now).saturating_sub(big(*grace_ms)))
+                    .bind(ms(*now).saturating_sub(big(*grace_ms)).max(0))
                     .bind(big(*limit as u64))
                     .fetch_all(p)
                     .await?
