@@ -53,8 +53,9 @@ pub mod driver;
 pub mod jobs;
 #[cfg(feature = "live")]
 pub mod live;
+pub mod trace;
 
 pub use driver::{
-    Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, StreamClient, StreamResult, Tools,
-    Worker, cancel, maintain, now, submit,
+    Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, Start, StreamClient, StreamResult,
+    Tools, Worker, cancel, maintain, now, submit,
 };

@@ -82,12 +82,16 @@ fn config() -> Config {
 }
 
 fn io(mem: &Mem) -> Arc<Io<Mem, Mem, NoProbe>> {
+    io_with(mem, NoProbe)
+}
+
+fn io_with<P: pelican_real::Probe>(mem: &Mem, probe: P) -> Arc<Io<Mem, Mem, P>> {
     let config = config();
     config.validate().expect("the test's knobs are consistent");
     Arc::new(Io {
         stream: mem.clone(),
         db: mem.clone(),
-        probe: NoProbe,
+        probe,
         entropy: Arc::new(Counter(Mutex::new(0))),
         config,
     })
@@ -188,4 +192,41 @@ fn inconsistent_knobs_are_rejected() {
     let mut c = config();
     c.in_flight_max = 0;
     assert!(c.validate().is_err());
+}
+
+/// A worker's trace replays through the protocol; a tampered one is
+/// rejected at the tampered line, with the role's events before it.
+#[tokio::test]
+async fn traces_conform_and_tampering_is_caught() {
+    use pelican_real::trace::{TraceProbe, check, check_file};
+    let mem = Mem(Arc::new(Mutex::new(World::new())));
+    let path = std::env::temp_dir().join(format!("pelican-trace-{}.jsonl", std::process::id()));
+    let probe = TraceProbe::create(&path, &config().policy).expect("a temp file");
+    let io = io_with(&mem, probe);
+    for (n, (kind, input, _)) in JOBS.iter().enumerate() {
+        let end = submit(&*io, RunId(n as u64 + 1), kind, input).await;
+        assert!(matches!(end, SubmitterEnd::Accepted { .. }));
+    }
+    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), true);
+    worker.run(tokio::time::sleep(Duration::from_secs(3))).await;
+    let events = check_file(&path).expect("the trace conforms");
+    assert!(events > 50, "{events} events");
+    let lines: Vec<String> = std::fs::read_to_string(&path)
+        .expect("readable")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // A delivery's completion, rewritten to carry another fence.
+    let at = lines
+        .iter()
+        .position(|l| l.contains("\"Complete\""))
+        .expect("a completion");
+    let mut tampered = lines.clone();
+    tampered[at] = tampered[at].replace("\"fence\":1", "\"fence\":7");
+    let r = check(tampered).expect_err("a write with a foreign fence");
+    assert_eq!(r.line, at + 1);
+    assert!(r.reason.contains("but the protocol sends"), "{r}");
+    assert!(!r.before.is_empty());
+    let _ = std::fs::remove_file(&path);
 }

@@ -108,7 +108,7 @@ impl Probe for SimProbe {
     fn sent(&self, role: &RoleId, command: &Command) {
         lock(&self.oracle).sent(&self.node, role, command);
     }
-    fn received(&self, role: &RoleId, input: &Input) {
+    fn received(&self, role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
         lock(&self.oracle).received(&self.node, role, input);
     }
     fn executing(&self, _worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {

@@ -41,19 +41,57 @@ const GROUP: &str = "g";
 #[derive(Clone, Debug)]
 #[allow(missing_docs)]
 pub enum SOp {
-    Add { id: (u64, u64) },
-    Read { consumer: u8, count: usize },
-    Ack { ids: Vec<(u64, u64)> },
-    Claim { consumer: u8, min_idle: bool, ids: Vec<(u64, u64)>, set_idle: bool, justid: bool },
-    AutoClaim { consumer: u8, min_idle: bool, start: (u64, u64), count: usize, justid: bool },
+    Add {
+        id: (u64, u64),
+    },
+    Read {
+        consumer: u8,
+        count: usize,
+    },
+    Ack {
+        ids: Vec<(u64, u64)>,
+    },
+    Claim {
+        consumer: u8,
+        min_idle: bool,
+        ids: Vec<(u64, u64)>,
+        set_idle: bool,
+        justid: bool,
+    },
+    AutoClaim {
+        consumer: u8,
+        min_idle: bool,
+        start: (u64, u64),
+        count: usize,
+        justid: bool,
+    },
     PendingSummary,
-    PendingRange { min_idle: Option<bool>, start: (u64, u64), end: (u64, u64), count: usize, consumer: Option<u8> },
-    Range { start: (u64, u64), end: (u64, u64), count: usize },
-    TrimMaxLen { keep: u64 },
-    TrimMinId { id: (u64, u64) },
-    Del { ids: Vec<(u64, u64)> },
+    PendingRange {
+        min_idle: Option<bool>,
+        start: (u64, u64),
+        end: (u64, u64),
+        count: usize,
+        consumer: Option<u8>,
+    },
+    Range {
+        start: (u64, u64),
+        end: (u64, u64),
+        count: usize,
+    },
+    TrimMaxLen {
+        keep: u64,
+    },
+    TrimMinId {
+        id: (u64, u64),
+    },
+    Del {
+        ids: Vec<(u64, u64)>,
+    },
     InfoGroups,
-    GroupCreate { from_zero: bool, mkstream: bool },
+    GroupCreate {
+        from_zero: bool,
+        mkstream: bool,
+    },
     GroupDestroy,
 }
 
@@ -103,7 +141,13 @@ fn sop() -> impl Strategy<Value = SOp> {
 pub fn stream_sequence() -> impl Strategy<Value = Vec<SOp>> {
     (any::<bool>(), prop::collection::vec(sop(), 1..25)).prop_map(|(create, mut ops)| {
         if create {
-            ops.insert(0, SOp::GroupCreate { from_zero: true, mkstream: true });
+            ops.insert(
+                0,
+                SOp::GroupCreate {
+                    from_zero: true,
+                    mkstream: true,
+                },
+            );
         }
         ops
     })
@@ -155,7 +199,13 @@ fn model_apply(s: &mut Stream<u64>, op: &SOp, n: u64) -> SReply {
             Ok(n) => SReply::Int(n),
             Err(e) => err(e),
         },
-        SOp::Claim { consumer: c, min_idle, ids, set_idle, justid } => {
+        SOp::Claim {
+            consumer: c,
+            min_idle,
+            ids,
+            set_idle,
+            justid,
+        } => {
             let ids: Vec<EntryId> = ids.iter().copied().map(eid).collect();
             let set = set_idle.then_some(LONG_IDLE_MS);
             match s.xclaim(&consumer(*c), idle(*min_idle), &ids, set, *justid, NOW) {
@@ -163,8 +213,21 @@ fn model_apply(s: &mut Stream<u64>, op: &SOp, n: u64) -> SReply {
                 Err(e) => err(e),
             }
         }
-        SOp::AutoClaim { consumer: c, min_idle, start, count, justid } => {
-            match s.xautoclaim(&consumer(*c), idle(*min_idle), eid(*start), *count, *justid, NOW) {
+        SOp::AutoClaim {
+            consumer: c,
+            min_idle,
+            start,
+            count,
+            justid,
+        } => {
+            match s.xautoclaim(
+                &consumer(*c),
+                idle(*min_idle),
+                eid(*start),
+                *count,
+                *justid,
+                NOW,
+            ) {
                 Ok(r) => SReply::AutoClaim(r.next, r.claimed, r.deleted),
                 Err(e) => err(e),
             }
@@ -173,38 +236,64 @@ fn model_apply(s: &mut Stream<u64>, op: &SOp, n: u64) -> SReply {
             Ok(p) => SReply::Summary(p.count, p.range, p.consumers),
             Err(e) => err(e),
         },
-        SOp::PendingRange { min_idle, start, end, count, consumer: c } => {
+        SOp::PendingRange {
+            min_idle,
+            start,
+            end,
+            count,
+            consumer: c,
+        } => {
             let min = min_idle.map(idle);
             let who = c.map(consumer);
             match s.xpending_range(min, eid(*start), eid(*end), *count, who.as_deref(), NOW) {
                 Ok(v) => SReply::Rows(
                     v.into_iter()
-                        .map(|r| (r.id, r.consumer, r.idle_ms >= THRESHOLD_MS, r.delivery_count))
+                        .map(|r| {
+                            (
+                                r.id,
+                                r.consumer,
+                                r.idle_ms >= THRESHOLD_MS,
+                                r.delivery_count,
+                            )
+                        })
                         .collect(),
                 ),
                 Err(e) => err(e),
             }
         }
-        SOp::Range { start, end, count } => {
-            rows(s.xrange(eid(*start), eid(*end), *count).into_iter().map(|(id, p)| (id, Some(p))).collect())
-        }
+        SOp::Range { start, end, count } => rows(
+            s.xrange(eid(*start), eid(*end), *count)
+                .into_iter()
+                .map(|(id, p)| (id, Some(p)))
+                .collect(),
+        ),
         SOp::TrimMaxLen { keep } => SReply::Int(s.xtrim(Trim::MaxLen(*keep))),
         SOp::TrimMinId { id } => SReply::Int(s.xtrim(Trim::MinId(eid(*id)))),
         SOp::Del { ids } => SReply::Int(s.xdel(&ids.iter().copied().map(eid).collect::<Vec<_>>())),
         SOp::InfoGroups => match s.xinfo_groups() {
             Ok(gs) => SReply::Groups(
                 gs.into_iter()
-                    .map(|g| (g.name, g.consumers, g.pending, g.last_delivered, g.entries_read, g.lag))
+                    .map(|g| {
+                        (
+                            g.name,
+                            g.consumers,
+                            g.pending,
+                            g.last_delivered,
+                            g.entries_read,
+                            g.lag,
+                        )
+                    })
                     .collect(),
             ),
             Err(e) => err(e),
         },
-        SOp::GroupCreate { from_zero, mkstream } => {
-            match s.xgroup_create(GROUP, from_zero.then_some(EntryId::ZERO), *mkstream) {
-                Ok(()) => SReply::Ok,
-                Err(e) => err(e),
-            }
-        }
+        SOp::GroupCreate {
+            from_zero,
+            mkstream,
+        } => match s.xgroup_create(GROUP, from_zero.then_some(EntryId::ZERO), *mkstream) {
+            Ok(()) => SReply::Ok,
+            Err(e) => err(e),
+        },
         SOp::GroupDestroy => match s.xgroup_destroy(GROUP) {
             Ok(n) => SReply::Int(n),
             Err(e) => err(e),
@@ -235,7 +324,9 @@ fn int_of(v: &Value) -> Option<u64> {
 }
 
 fn entries(v: &Value) -> Vec<(EntryId, Option<u64>)> {
-    let Value::Array(items) = v else { return Vec::new() };
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
     items
         .iter()
         .map(|e| match e {
@@ -258,7 +349,10 @@ fn kv(v: &Value) -> Vec<(String, Value)> {
             .chunks(2)
             .filter_map(|p| Some((text(&p[0])?, p.get(1)?.clone())))
             .collect(),
-        Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((text(k)?, v.clone()))).collect(),
+        Value::Map(pairs) => pairs
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, v.clone())))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -270,10 +364,19 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             cmd = redis::cmd("XADD");
             cmd.arg(key).arg(eid(*id).to_string()).arg("v").arg(n);
         }
-        SOp::Read { consumer: who, count } => {
+        SOp::Read {
+            consumer: who,
+            count,
+        } => {
             cmd = redis::cmd("XREADGROUP");
-            cmd.arg("GROUP").arg(GROUP).arg(consumer(*who)).arg("COUNT").arg(*count)
-                .arg("STREAMS").arg(key).arg(">");
+            cmd.arg("GROUP")
+                .arg(GROUP)
+                .arg(consumer(*who))
+                .arg("COUNT")
+                .arg(*count)
+                .arg("STREAMS")
+                .arg(key)
+                .arg(">");
         }
         SOp::Ack { ids } => {
             cmd = redis::cmd("XACK");
@@ -282,9 +385,18 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
                 cmd.arg(eid(*id).to_string());
             }
         }
-        SOp::Claim { consumer: who, min_idle, ids, set_idle, justid } => {
+        SOp::Claim {
+            consumer: who,
+            min_idle,
+            ids,
+            set_idle,
+            justid,
+        } => {
             cmd = redis::cmd("XCLAIM");
-            cmd.arg(key).arg(GROUP).arg(consumer(*who)).arg(idle(*min_idle));
+            cmd.arg(key)
+                .arg(GROUP)
+                .arg(consumer(*who))
+                .arg(idle(*min_idle));
             for id in ids {
                 cmd.arg(eid(*id).to_string());
             }
@@ -295,10 +407,21 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
                 cmd.arg("JUSTID");
             }
         }
-        SOp::AutoClaim { consumer: who, min_idle, start, count, justid } => {
+        SOp::AutoClaim {
+            consumer: who,
+            min_idle,
+            start,
+            count,
+            justid,
+        } => {
             cmd = redis::cmd("XAUTOCLAIM");
-            cmd.arg(key).arg(GROUP).arg(consumer(*who)).arg(idle(*min_idle))
-                .arg(eid(*start).to_string()).arg("COUNT").arg(*count);
+            cmd.arg(key)
+                .arg(GROUP)
+                .arg(consumer(*who))
+                .arg(idle(*min_idle))
+                .arg(eid(*start).to_string())
+                .arg("COUNT")
+                .arg(*count);
             if *justid {
                 cmd.arg("JUSTID");
             }
@@ -307,20 +430,32 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             cmd = redis::cmd("XPENDING");
             cmd.arg(key).arg(GROUP);
         }
-        SOp::PendingRange { min_idle, start, end, count, consumer: who } => {
+        SOp::PendingRange {
+            min_idle,
+            start,
+            end,
+            count,
+            consumer: who,
+        } => {
             cmd = redis::cmd("XPENDING");
             cmd.arg(key).arg(GROUP);
             if let Some(m) = min_idle {
                 cmd.arg("IDLE").arg(idle(*m));
             }
-            cmd.arg(eid(*start).to_string()).arg(eid(*end).to_string()).arg(*count);
+            cmd.arg(eid(*start).to_string())
+                .arg(eid(*end).to_string())
+                .arg(*count);
             if let Some(w) = who {
                 cmd.arg(consumer(*w));
             }
         }
         SOp::Range { start, end, count } => {
             cmd = redis::cmd("XRANGE");
-            cmd.arg(key).arg(eid(*start).to_string()).arg(eid(*end).to_string()).arg("COUNT").arg(*count);
+            cmd.arg(key)
+                .arg(eid(*start).to_string())
+                .arg(eid(*end).to_string())
+                .arg("COUNT")
+                .arg(*count);
         }
         SOp::TrimMaxLen { keep } => {
             cmd = redis::cmd("XTRIM");
@@ -341,9 +476,15 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             cmd = redis::cmd("XINFO");
             cmd.arg("GROUPS").arg(key);
         }
-        SOp::GroupCreate { from_zero, mkstream } => {
+        SOp::GroupCreate {
+            from_zero,
+            mkstream,
+        } => {
             cmd = redis::cmd("XGROUP");
-            cmd.arg("CREATE").arg(key).arg(GROUP).arg(if *from_zero { "0" } else { "$" });
+            cmd.arg("CREATE")
+                .arg(key)
+                .arg(GROUP)
+                .arg(if *from_zero { "0" } else { "$" });
             if *mkstream {
                 cmd.arg("MKSTREAM");
             }
@@ -358,7 +499,14 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
         Err(e) => {
             let code = e.code().unwrap_or("ERR");
             // Redis answers XINFO on a missing key with a plain ERR.
-            return SReply::Error(if code == "NOGROUP" || code == "BUSYGROUP" { code } else { "ERR" }.to_owned());
+            return SReply::Error(
+                if code == "NOGROUP" || code == "BUSYGROUP" {
+                    code
+                } else {
+                    "ERR"
+                }
+                .to_owned(),
+            );
         }
     };
     match op {
@@ -368,15 +516,21 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
                 Some(Value::Array(kv)) => SReply::Entries(entries(&kv[1])),
                 _ => SReply::Entries(Vec::new()),
             },
-            Value::Map(pairs) => SReply::Entries(pairs.first().map(|(_, e)| entries(e)).unwrap_or_default()),
+            Value::Map(pairs) => {
+                SReply::Entries(pairs.first().map(|(_, e)| entries(e)).unwrap_or_default())
+            }
             _ => SReply::Entries(Vec::new()),
         },
-        SOp::Ack { .. } | SOp::TrimMaxLen { .. } | SOp::TrimMinId { .. } | SOp::Del { .. } | SOp::GroupDestroy => {
-            SReply::Int(int_of(&v).unwrap_or(0))
-        }
+        SOp::Ack { .. }
+        | SOp::TrimMaxLen { .. }
+        | SOp::TrimMinId { .. }
+        | SOp::Del { .. }
+        | SOp::GroupDestroy => SReply::Int(int_of(&v).unwrap_or(0)),
         SOp::Claim { .. } | SOp::Range { .. } => SReply::Entries(entries(&v)),
         SOp::AutoClaim { .. } => {
-            let Value::Array(parts) = &v else { return SReply::Error("shape".into()) };
+            let Value::Array(parts) = &v else {
+                return SReply::Error("shape".into());
+            };
             let deleted = match parts.get(2) {
                 Some(Value::Array(ids)) => ids.iter().map(id_of).collect(),
                 _ => Vec::new(),
@@ -384,7 +538,9 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             SReply::AutoClaim(id_of(&parts[0]), entries(&parts[1]), deleted)
         }
         SOp::PendingSummary => {
-            let Value::Array(parts) = &v else { return SReply::Error("shape".into()) };
+            let Value::Array(parts) = &v else {
+                return SReply::Error("shape".into());
+            };
             let count = int_of(&parts[0]).unwrap_or(0);
             let range = match (&parts[1], &parts[2]) {
                 (Value::Nil, _) | (_, Value::Nil) => None,
@@ -403,7 +559,9 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             SReply::Summary(count, range, consumers)
         }
         SOp::PendingRange { .. } => {
-            let Value::Array(rows) = &v else { return SReply::Rows(Vec::new()) };
+            let Value::Array(rows) = &v else {
+                return SReply::Rows(Vec::new());
+            };
             SReply::Rows(
                 rows.iter()
                     .filter_map(|r| match r {
@@ -419,13 +577,20 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
             )
         }
         SOp::InfoGroups => {
-            let Value::Array(groups) = &v else { return SReply::Groups(Vec::new()) };
+            let Value::Array(groups) = &v else {
+                return SReply::Groups(Vec::new());
+            };
             SReply::Groups(
                 groups
                     .iter()
                     .map(|g| {
                         let f = kv(g);
-                        let get = |k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap_or(Value::Nil);
+                        let get = |k: &str| {
+                            f.iter()
+                                .find(|(n, _)| n == k)
+                                .map(|(_, v)| v.clone())
+                                .unwrap_or(Value::Nil)
+                        };
                         (
                             text(&get("name")).unwrap_or_default(),
                             int_of(&get("consumers")).unwrap_or(0),
@@ -445,16 +610,27 @@ fn redis_apply(c: &mut redis::Connection, key: &str, op: &SOp, n: u64) -> SReply
 fn model_pel(s: &Stream<u64>) -> Vec<(EntryId, String, u64)> {
     s.group
         .as_ref()
-        .map(|g| g.pel.iter().map(|(id, p)| (*id, p.consumer.clone(), p.delivery_count)).collect())
+        .map(|g| {
+            g.pel
+                .iter()
+                .map(|(id, p)| (*id, p.consumer.clone(), p.delivery_count))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn redis_pel(c: &mut redis::Connection, key: &str) -> Vec<(EntryId, String, u64)> {
     let v: Value = redis::cmd("XPENDING")
-        .arg(key).arg(GROUP).arg("-").arg("+").arg(1000)
+        .arg(key)
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(1000)
         .query(c)
         .unwrap_or(Value::Nil);
-    let Value::Array(rows) = v else { return Vec::new() };
+    let Value::Array(rows) = v else {
+        return Vec::new();
+    };
     rows.iter()
         .filter_map(|r| match r {
             Value::Array(p) => Some((id_of(&p[0]), text(&p[1])?, int_of(&p[3])?)),
@@ -477,18 +653,27 @@ fn describe_stream(ops: &[SOp]) -> String {
 /// # Errors
 /// The first command whose reply or PEL differs.
 pub fn stream_case(c: &mut redis::Connection, key: &str, ops: &[SOp]) -> Result<(), String> {
-    let _: () = redis::cmd("DEL").arg(key).query(c).map_err(|e| format!("DEL: {e}"))?;
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query(c)
+        .map_err(|e| format!("DEL: {e}"))?;
     let mut model = Stream::<u64>::new();
     for (i, op) in ops.iter().enumerate() {
         let n = i as u64;
         let want = model_apply(&mut model, op, n);
         let got = redis_apply(c, key, op, n);
         if want != got {
-            return Err(format!("command {} {op:?}: model {want:?}, Redis {got:?}", i + 1));
+            return Err(format!(
+                "command {} {op:?}: model {want:?}, Redis {got:?}",
+                i + 1
+            ));
         }
         let (mp, rp) = (model_pel(&model), redis_pel(c, key));
         if mp != rp {
-            return Err(format!("after command {} {op:?}: PEL model {mp:?}, Redis {rp:?}", i + 1));
+            return Err(format!(
+                "after command {} {op:?}: PEL model {mp:?}, Redis {rp:?}",
+                i + 1
+            ));
         }
     }
     Ok(())
@@ -542,7 +727,10 @@ fn runner(cases: u32, seed: u64) -> TestRunner {
             failure_persistence: None,
             ..Config::default()
         },
-        proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed_bytes),
+        proptest::test_runner::TestRng::from_seed(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+            &seed_bytes,
+        ),
     )
 }
 
@@ -647,7 +835,10 @@ pub async fn db_case(db: &PgDb, ops: &[DbOp]) -> Result<(), String> {
             .await
             .map_err(|e| format!("statement {} {op:?} failed on Postgres: {e}", i + 1))?;
         if want != got {
-            return Err(format!("statement {} {op:?}: model {want:?}, Postgres {got:?}", i + 1));
+            return Err(format!(
+                "statement {} {op:?}: model {want:?}, Postgres {got:?}",
+                i + 1
+            ));
         }
     }
     let live = db.snapshot().await.map_err(|e| format!("snapshot: {e}"))?;
@@ -655,10 +846,16 @@ pub async fn db_case(db: &PgDb, ops: &[DbOp]) -> Result<(), String> {
     // The sequence is Postgres state too; the snapshot takes the largest id.
     model.run_ids = model.runs.keys().map(|r| r.0).max().unwrap_or(0);
     if model.runs != live.runs {
-        return Err(format!("final runs differ:\n model    {:?}\n Postgres {:?}", model.runs, live.runs));
+        return Err(format!(
+            "final runs differ:\n model    {:?}\n Postgres {:?}",
+            model.runs, live.runs
+        ));
     }
     if model.attempts != live.attempts {
-        return Err(format!("final attempts differ:\n model    {:?}\n Postgres {:?}", model.attempts, live.attempts));
+        return Err(format!(
+            "final attempts differ:\n model    {:?}\n Postgres {:?}",
+            model.attempts, live.attempts
+        ));
     }
     if model.dead_letters != live.dead_letters {
         return Err(format!(
@@ -667,7 +864,10 @@ pub async fn db_case(db: &PgDb, ops: &[DbOp]) -> Result<(), String> {
         ));
     }
     if model.effects != live.effects {
-        return Err(format!("final effects differ:\n model    {:?}\n Postgres {:?}", model.effects, live.effects));
+        return Err(format!(
+            "final effects differ:\n model    {:?}\n Postgres {:?}",
+            model.effects, live.effects
+        ));
     }
     Ok(())
 }
@@ -688,7 +888,9 @@ pub fn run_db(url: &str, cases: u32, seed: u64) -> Outcome {
     });
     let mut runner = runner(cases, seed);
     let result = runner.run(&db_sequence(), |ops| {
-        crate::rt().block_on(db_case(&db, &ops)).map_err(TestCaseError::fail)
+        crate::rt()
+            .block_on(db_case(&db, &ops))
+            .map_err(TestCaseError::fail)
     });
     Outcome {
         cases,

@@ -381,6 +381,17 @@ impl Drop for Cluster {
     }
 }
 
+thread_local! {
+    static TRACES: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The trace files of the processes this thread started since the last
+/// call (a scenario that panicked still leaves them on disk).
+#[must_use]
+pub fn take_traces() -> Vec<PathBuf> {
+    TRACES.with(|t| std::mem::take(&mut *t.borrow_mut()))
+}
+
 /// One test's world: its Redis, its database, its stream names.
 pub struct Env {
     /// Redis.
@@ -397,6 +408,8 @@ pub struct Env {
     pub accepted: BTreeSet<RunId>,
     /// The mutant every process of this test runs with, if any.
     pub mutant: Option<String>,
+    /// The protocol traces the processes write.
+    pub traces: Vec<PathBuf>,
     /// How long [`Env::settle`] waits.
     pub settle_timeout: Duration,
     /// Side effects each run's job makes when it succeeds.
@@ -423,6 +436,7 @@ impl Env {
     pub fn with_database(database_url: String, db: Option<Database>, mutant: Option<&str>) -> Env {
         let env = Env {
             mutant: mutant.map(str::to_owned),
+            traces: Vec::new(),
             settle_timeout: if mutant.is_some() {
                 Duration::from_secs(25)
             } else {
@@ -493,6 +507,12 @@ impl Env {
             }
         }
         c.args(flags);
+        let trace = self
+            .logs
+            .join(format!("{:02}-worker-{id}.trace.jsonl", self.procs.len()));
+        c.arg("--trace-file").arg(&trace);
+        self.traces.push(trace.clone());
+        TRACES.with(|t| t.borrow_mut().push(trace));
         if let Some(fp) = failpoint {
             c.env("FAILPOINTS", format!("{fp}=return"));
         }
@@ -632,7 +652,54 @@ impl Env {
         }
     }
 
-    /// Waits until every accepted run is terminal and the PEL is empty.
+    /// Whether the stream holds entries the group has not delivered yet.
+    #[must_use]
+    pub fn undelivered(&self) -> bool {
+        let mut c = self.redis.conn();
+        let newest: redis::Value = redis::cmd("XREVRANGE")
+            .arg(self.jobs_key())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query(&mut c)
+            .unwrap_or(redis::Value::Nil);
+        let id_text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse::<EntryId>().ok(),
+            _ => None,
+        };
+        let newest = match &newest {
+            redis::Value::Array(es) => es.first().and_then(|e| match e {
+                redis::Value::Array(p) => p.first().and_then(id_text),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let Some(newest) = newest else { return false };
+        let groups: redis::Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(self.jobs_key())
+            .query(&mut c)
+            .unwrap_or(redis::Value::Nil);
+        let last = match &groups {
+            redis::Value::Array(gs) => gs.iter().find_map(|g| match g {
+                redis::Value::Array(kv) => kv
+                    .chunks(2)
+                    .find(|p| matches!(&p[0], redis::Value::BulkString(k) if k == b"last-delivered-id"))
+                    .and_then(|p| id_text(&p[1])),
+                redis::Value::Map(kv) => kv
+                    .iter()
+                    .find(|(k, _)| matches!(k, redis::Value::BulkString(k) if k == b"last-delivered-id"))
+                    .and_then(|(_, v)| id_text(v)),
+                _ => None,
+            }),
+            _ => None,
+        };
+        last.is_none_or(|last| newest > last)
+    }
+
+    /// Waits until every accepted run is terminal, every entry delivered
+    /// and the PEL empty.
     ///
     /// # Panics
     /// After `timeout`, with the runs still open and the process logs.
@@ -651,7 +718,7 @@ impl Env {
                 })
                 .collect();
             let pel = self.pel_len();
-            if open.is_empty() && pel == 0 {
+            if open.is_empty() && pel == 0 && !self.undelivered() {
                 return db;
             }
             if start.elapsed() > timeout {
@@ -735,6 +802,12 @@ impl Env {
         let pel = self.pel_len();
         if pel != 0 {
             broken.push(format!("S9 {pel} deliveries left pending"));
+        }
+        // A process that had not started yet wrote no trace.
+        for t in self.traces.iter().filter(|t| t.exists()) {
+            if let Err(r) = pelican_real::trace::check_file(t) {
+                broken.push(format!("trace {} does not conform: {r}", t.display()));
+            }
         }
         let quarantined = self.quarantined();
         for id in malformed {

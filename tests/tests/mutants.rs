@@ -8,7 +8,27 @@
 use pelican_tests::scenarios as s;
 
 fn caught(mutant: &str, scenario: fn(Option<&str>)) {
+    let _ = pelican_tests::take_traces();
     let outcome = std::panic::catch_unwind(|| scenario(Some(mutant)));
+    let rejected: Vec<String> = pelican_tests::take_traces()
+        .iter()
+        .filter_map(|t| pelican_real::trace::check_file(t).err())
+        .map(|r| r.reason)
+        .collect();
+    eprintln!(
+        "mutant {mutant}: {} trace(s) rejected{}",
+        rejected.len(),
+        rejected
+            .first()
+            .map(|r| format!(": {r:.200}"))
+            .unwrap_or_default()
+    );
+    if ["AckBeforeCommit", "NoFence", "StaleAck"].contains(&mutant) {
+        assert!(
+            !rejected.is_empty(),
+            "no trace of mutant {mutant} was rejected"
+        );
+    }
     let Err(panic) = outcome else {
         panic!("mutant {mutant} passed its live scenario: the live tests cannot see it");
     };

@@ -60,7 +60,11 @@ fn commands_without_a_group_answer_nogroup() {
     let mut s: Stream<&str> = Stream::new();
     s.xadd(AddId::Auto, "a", t(1)).unwrap();
     assert_eq!(s.xreadgroup("c", 1, t(1)), Err(StreamError::NoGroup));
-    assert_eq!(s.xack(&[id(1, 0)]), Ok(0), "Redis answers 0 without the group");
+    assert_eq!(
+        s.xack(&[id(1, 0)]),
+        Ok(0),
+        "Redis answers 0 without the group"
+    );
     assert!(s.xautoclaim("c", 0, EntryId::ZERO, 1, false, t(1)).is_err());
     assert!(s.xpending_summary().is_err());
 }

@@ -145,6 +145,20 @@ enum Cmd {
     /// The dead-letter queue.
     #[command(subcommand)]
     Dlq(DlqCmd),
+    /// Protocol traces (`--trace-file` of `worker` and `api`).
+    #[command(subcommand)]
+    Trace(TraceCmd),
+}
+
+#[derive(Subcommand)]
+enum TraceCmd {
+    /// Replay traces through the protocol's state machines: each must
+    /// conform, or the first event the model does not allow is shown.
+    Check {
+        /// Trace files (JSON lines).
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -180,6 +194,9 @@ struct ApiArgs {
     /// Attempts each submitted run allows.
     #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
     attempts_max: u32,
+    /// Write a protocol trace (JSON lines) of the submissions here.
+    #[arg(long, env = "PELICAN_TRACE_FILE")]
+    trace_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -235,6 +252,10 @@ struct WorkerArgs {
     /// Serve this worker's Prometheus metrics here.
     #[arg(long, env = "PELICAN_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Write a protocol trace (JSON lines) here; `pelican trace check`
+    /// replays it through the protocol.
+    #[arg(long, env = "PELICAN_TRACE_FILE")]
+    trace_file: Option<std::path::PathBuf>,
 }
 
 struct OsEntropy;
@@ -400,7 +421,8 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     let tools = Arc::new(PgTools(clients.db.clone()));
     let registry = Registry::with_builtins(tools, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
-    let io = Arc::new(io(clients, config, MetricsProbe::default()));
+    let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
+    let io = Arc::new(io(clients, config, (MetricsProbe::default(), trace)));
     tracing::info!(worker = %id.consumer(), in_flight_max = a.in_flight_max, "worker started");
     let left = Worker::new(io, Arc::new(registry), id, !a.no_maintenance)
         .run(shutdown_signal())
@@ -422,8 +444,9 @@ async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     if a.api_token.is_none() {
         tracing::warn!("no --api-token: mutating routes are open to anyone who can reach the API");
     }
+    let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
     let state = Arc::new(ApiState {
-        io: io(clients, config, NoProbe),
+        io: io(clients, config, trace),
         token: a.api_token,
         metrics: handle,
     });
@@ -436,6 +459,17 @@ async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
         .await
         .context("serving the API")?;
     Ok(())
+}
+
+fn trace_probe(
+    path: Option<&std::path::Path>,
+    policy: &Policy,
+) -> Result<Option<pelican_real::trace::TraceProbe>> {
+    path.map(|p| {
+        pelican_real::trace::TraceProbe::create(p, policy)
+            .with_context(|| format!("creating the trace file {}", p.display()))
+    })
+    .transpose()
 }
 
 async fn main_inner(cli: Cli) -> Result<()> {
@@ -530,6 +564,21 @@ async fn main_inner(cli: Cli) -> Result<()> {
                 Err(_) => {
                     bail!("Postgres did not answer; the cancel may not have happened, retry it")
                 }
+            }
+        }
+        Cmd::Trace(TraceCmd::Check { files }) => {
+            let mut bad = 0;
+            for f in &files {
+                match pelican_real::trace::check_file(f) {
+                    Ok(n) => println!("{}: conforms, {n} events", f.display()),
+                    Err(r) => {
+                        bad += 1;
+                        println!("{}: does NOT conform\n{r}", f.display());
+                    }
+                }
+            }
+            if bad > 0 {
+                bail!("{bad} of {} traces do not conform", files.len());
             }
         }
         Cmd::Dlq(DlqCmd::List { limit }) => {

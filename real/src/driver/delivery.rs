@@ -20,6 +20,7 @@ pub(crate) async fn deliver<S, D, P, X>(
     worker: WorkerId,
     entry: EntryId,
     job: JobEntry,
+    nth: u32,
 ) -> DeliveryEnd
 where
     S: StreamClient,
@@ -27,10 +28,22 @@ where
     P: Probe,
     X: Executor,
 {
-    let role = RoleId::Delivery(worker, entry);
+    let role = RoleId::Delivery(worker, entry, nth);
     let entropy = io.entropy.next_u64();
-    let mut d = Delivery::new(now(), &io.config.policy, worker, entry, job, entropy);
-    let mut call: Option<Pin<Box<dyn Future<Output = Input> + Send + '_>>> = None;
+    let start = now();
+    io.probe.started(
+        &role,
+        &super::Start::Delivery {
+            now: start,
+            entry,
+            job: job.clone(),
+            entropy,
+        },
+    );
+    let mut d = Delivery::new(start, &io.config.policy, worker, entry, job, entropy);
+    type Call<'a> =
+        Pin<Box<dyn Future<Output = (pelican_model::time::Timestamp, Input)> + Send + 'a>>;
+    let mut call: Option<Call<'_>> = None;
     let mut running: Option<tokio::task::JoinHandle<JobOutcome>> = None;
     let mut timer = None;
     loop {
@@ -45,7 +58,7 @@ where
                         worker: Some(worker),
                         own_fence: d.own_fence(),
                     };
-                    call = Some(Box::pin(io.run(&role, command, by)));
+                    call = Some(Box::pin(io.run_at(&role, command, by)));
                 }
                 Command::Execute(execution) => {
                     io.probe.sent(&role, &Command::Execute(execution.clone()));
@@ -89,14 +102,14 @@ where
         if !d.is_executing() {
             timer = None;
         }
-        let input = tokio::select! {
+        let (at, input) = tokio::select! {
             biased;
-            input = maybe(call.as_mut()) => {
+            (at, input) = maybe(call.as_mut()) => {
                 call = None;
                 if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
                     crate::crash_point!("after_ack");
                 }
-                input
+                (at, input)
             }
             outcome = maybe(running.as_mut()) => {
                 running = None;
@@ -105,16 +118,18 @@ where
                     message: format!("job task ended abnormally: {e}"),
                 });
                 let input = Input::Executed(outcome);
-                io.probe.received(&role, &input);
-                input
+                let at = now();
+                io.probe.received(&role, at, &input);
+                (at, input)
             }
             () = sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
                 timer = None;
-                io.probe.received(&role, &Input::Timer);
-                Input::Timer
+                let at = now();
+                io.probe.received(&role, at, &Input::Timer);
+                (at, Input::Timer)
             }
         };
-        d.handle(now(), input);
+        d.handle(at, input);
     }
 }
 

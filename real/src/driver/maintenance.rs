@@ -20,10 +20,13 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
         own_fence: None,
     };
     let mut m = Maintenance::new(&io.config.policy);
-    m.start(now(), task);
+    let start = now();
+    io.probe
+        .started(&role, &super::Start::Maintenance { now: start, task });
+    m.start(start, task);
     while let Some(command) = m.poll() {
-        let input = io.run(&role, command, by).await;
-        m.handle(now(), input);
+        let (at, input) = io.run_at(&role, command, by).await;
+        m.handle(at, input);
     }
     debug_assert!(m.is_idle());
 }
@@ -38,10 +41,18 @@ pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
     input: &str,
 ) -> SubmitterEnd {
     let role = RoleId::Submitter(run);
+    io.probe.started(
+        &role,
+        &super::Start::Submit {
+            run,
+            kind: kind.to_owned(),
+            input: input.to_owned(),
+        },
+    );
     let mut s = Submitter::new(&io.config.policy, run, kind, input);
     while let Some(command) = s.poll() {
-        let input = io.run(&role, command, Issuer::default()).await;
-        s.handle(now(), input);
+        let (at, input) = io.run_at(&role, command, Issuer::default()).await;
+        s.handle(at, input);
     }
     s.end()
         .expect("a submission ends once its commands are answered")

@@ -70,8 +70,10 @@ pub trait Entropy: Send + Sync + 'static {
 pub enum RoleId {
     /// A worker's reader (XREADGROUP, group creation).
     Reader(WorkerId),
-    /// A worker handling one delivery.
-    Delivery(WorkerId, EntryId),
+    /// A worker handling one delivery: its `n`th since the worker started
+    /// (the same entry can be delivered to the same worker again while an
+    /// earlier delivery of it still runs).
+    Delivery(WorkerId, EntryId, u32),
     /// A worker's reclaimer.
     Reclaimer(WorkerId),
     /// A maintenance pass (retries, outbox, sweep) of a worker.
@@ -80,6 +82,8 @@ pub enum RoleId {
     Submitter(RunId),
     /// The API cancelling a run.
     Cancel(RunId),
+    /// A worker's stream retention pass (a driver chore, not a protocol role).
+    Retention(WorkerId),
 }
 
 /// Observes the driver. Every method defaults to nothing, so a probe pays
@@ -90,9 +94,13 @@ pub trait Probe: Send + Sync + 'static {
     fn sent(&self, role: &RoleId, command: &Command) {
         let _ = (role, command);
     }
-    /// `role` received `input`.
-    fn received(&self, role: &RoleId, input: &Input) {
-        let _ = (role, input);
+    /// `role` received `input` at `now` (the time the role handles it at).
+    fn received(&self, role: &RoleId, now: Timestamp, input: &Input) {
+        let _ = (role, now, input);
+    }
+    /// A role instance started (see [`Start`]).
+    fn started(&self, role: &RoleId, start: &Start) {
+        let _ = (role, start);
     }
     /// A job starts under the attempt this delivery claimed (`own_fence`).
     fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
@@ -108,10 +116,113 @@ pub trait Probe: Send + Sync + 'static {
     }
 }
 
+/// How a role instance started: what the driver passed to its constructor
+/// or its `start`, so that a trace can rebuild it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Start {
+    /// `Delivery::new(now, policy, worker, entry, job, entropy)`.
+    Delivery {
+        /// When.
+        now: Timestamp,
+        /// The entry.
+        entry: EntryId,
+        /// What it says.
+        job: pelican_model::protocol::JobEntry,
+        /// The jitter draw.
+        entropy: u64,
+    },
+    /// `Reclaimer::start(now, free)` (the reclaimer lives as long as its
+    /// worker).
+    Reclaim {
+        /// When.
+        now: Timestamp,
+        /// Free slots.
+        free: usize,
+    },
+    /// `Maintenance::new` then `start(now, task)`.
+    Maintenance {
+        /// When.
+        now: Timestamp,
+        /// Which pass.
+        task: pelican_model::protocol::MaintenanceTask,
+    },
+    /// `Submitter::new(policy, run, kind, input)`.
+    Submit {
+        /// The run.
+        run: RunId,
+        /// Its kind.
+        kind: String,
+        /// Its input.
+        input: String,
+    },
+}
+
 /// A probe that observes nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoProbe;
 impl Probe for NoProbe {}
+
+/// Two probes observe together.
+impl<A: Probe, B: Probe> Probe for (A, B) {
+    fn sent(&self, role: &RoleId, command: &Command) {
+        self.0.sent(role, command);
+        self.1.sent(role, command);
+    }
+    fn received(&self, role: &RoleId, now: Timestamp, input: &Input) {
+        self.0.received(role, now, input);
+        self.1.received(role, now, input);
+    }
+    fn started(&self, role: &RoleId, start: &Start) {
+        self.0.started(role, start);
+        self.1.started(role, start);
+    }
+    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+        self.0.executing(worker, execution, own_fence);
+        self.1.executing(worker, execution, own_fence);
+    }
+    fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
+        self.0.delivery_end(worker, entry, end);
+        self.1.delivery_end(worker, entry, end);
+    }
+    fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        self.0.reclaimer_holds(worker, held);
+        self.1.reclaimer_holds(worker, held);
+    }
+}
+
+/// An optional probe.
+impl<P: Probe> Probe for Option<P> {
+    fn sent(&self, role: &RoleId, command: &Command) {
+        if let Some(p) = self {
+            p.sent(role, command);
+        }
+    }
+    fn received(&self, role: &RoleId, now: Timestamp, input: &Input) {
+        if let Some(p) = self {
+            p.received(role, now, input);
+        }
+    }
+    fn started(&self, role: &RoleId, start: &Start) {
+        if let Some(p) = self {
+            p.started(role, start);
+        }
+    }
+    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+        if let Some(p) = self {
+            p.executing(worker, execution, own_fence);
+        }
+    }
+    fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
+        if let Some(p) = self {
+            p.delivery_end(worker, entry, end);
+        }
+    }
+    fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
+        if let Some(p) = self {
+            p.reclaimer_holds(worker, held);
+        }
+    }
+}
 
 /// The driver's knobs, with units in their names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +293,15 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
     /// # Panics
     /// On a command that is not `Db` or `Stream`.
     pub async fn run(&self, role: &RoleId, command: Command, by: Issuer) -> Input {
+        self.run_at(role, command, by).await.1
+    }
+
+    /// As [`Io::run`], with the time the answer arrived: the role must
+    /// handle it at that time (traces record it).
+    ///
+    /// # Panics
+    /// On a command that is not `Db` or `Stream`.
+    pub async fn run_at(&self, role: &RoleId, command: Command, by: Issuer) -> (Timestamp, Input) {
         self.probe.sent(role, &command);
         let timeout = Duration::from_millis(self.config.call_timeout_ms);
         let input = match command {
@@ -197,8 +317,9 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
             }
             other => panic!("not a server command: {other:?}"),
         };
-        self.probe.received(role, &input);
-        input
+        let at = now();
+        self.probe.received(role, at, &input);
+        (at, input)
     }
 }
 

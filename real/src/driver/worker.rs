@@ -13,6 +13,7 @@ use pelican_model::world::Issuer;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -51,12 +52,14 @@ where
         let config = &self.io.config;
         let slots = Arc::new(Semaphore::new(config.in_flight_max));
         let (stop_tx, stop_rx) = watch::channel(false);
+        let count = Arc::new(AtomicU32::new(0));
         let reclaim = tokio::spawn(reclaim_loop(
             self.io.clone(),
             self.executor.clone(),
             self.id,
             slots.clone(),
             stop_rx.clone(),
+            count.clone(),
         ));
         let maintain = self
             .maintenance
@@ -64,7 +67,7 @@ where
         tokio::select! {
             biased;
             () = shutdown => {}
-            () = read_loop(&self.io, &self.executor, self.id, &slots) => {}
+            () = read_loop(&self.io, &self.executor, self.id, &slots, &count) => {}
         }
         // Stop taking work. The reclaimer and the maintenance pass stop where
         // they are: every step they take is a conditional statement or a
@@ -92,6 +95,7 @@ fn spawn_delivery<S, D, P, X>(
     entry: pelican_model::ids::EntryId,
     job: JobEntry,
     permit: OwnedSemaphorePermit,
+    count: &AtomicU32,
 ) where
     S: StreamClient,
     D: DbClient,
@@ -99,8 +103,9 @@ fn spawn_delivery<S, D, P, X>(
     X: Executor,
 {
     let (io, executor) = (io.clone(), executor.clone());
+    let nth = count.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
-        super::delivery::deliver(&io, &*executor, worker, entry, job).await;
+        super::delivery::deliver(&io, &*executor, worker, entry, job, nth).await;
         drop(permit);
     });
 }
@@ -111,6 +116,7 @@ async fn read_loop<S, D, P, X>(
     executor: &Arc<X>,
     worker: WorkerId,
     slots: &Arc<Semaphore>,
+    count: &AtomicU32,
 ) where
     S: StreamClient,
     D: DbClient,
@@ -147,7 +153,7 @@ async fn read_loop<S, D, P, X>(
                 }
                 for (id, job) in got {
                     let permit = permits.pop().expect("read at most one entry per slot");
-                    spawn_delivery(io, executor, worker, id, job, permit);
+                    spawn_delivery(io, executor, worker, id, job, permit, count);
                 }
                 drop(permits);
                 if empty {
@@ -178,6 +184,7 @@ async fn reclaim_loop<S, D, P, X>(
     worker: WorkerId,
     slots: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
+    count: Arc<AtomicU32>,
 ) where
     S: StreamClient,
     D: DbClient,
@@ -197,10 +204,13 @@ async fn reclaim_loop<S, D, P, X>(
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }
-        r.start(now(), slots.available_permits());
+        let (start, free) = (now(), slots.available_permits());
+        io.probe
+            .started(&role, &super::Start::Reclaim { now: start, free });
+        r.start(start, free);
         while let Some(command) = r.poll() {
-            let input = io.run(&role, command, by).await;
-            r.handle(now(), input);
+            let (at, input) = io.run_at(&role, command, by).await;
+            r.handle(at, input);
             while let Some(event) = r.poll_event() {
                 match event {
                     ReclaimerEvent::Deliver(id, job) => {
@@ -208,7 +218,7 @@ async fn reclaim_loop<S, D, P, X>(
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             return;
                         };
-                        spawn_delivery(&io, &executor, worker, id, job, permit);
+                        spawn_delivery(&io, &executor, worker, id, job, permit, &count);
                     }
                     ReclaimerEvent::Trimmed(_) => {}
                 }
@@ -251,7 +261,7 @@ async fn maintenance_loop<S, D, P>(
                 own_fence: None,
             };
             let retain = Command::Stream(StreamOp::Retain { before });
-            let _ = io.run(&RoleId::Maintenance(worker), retain, by).await;
+            let _ = io.run(&RoleId::Retention(worker), retain, by).await;
         }
     }
 }

@@ -14,7 +14,7 @@
 use super::metrics;
 use super::pg::PgDb;
 use super::redis::RedisStream;
-use crate::driver::{Io, NoProbe, cancel, submit};
+use crate::driver::{Io, cancel, submit};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -31,7 +31,7 @@ use std::sync::Arc;
 /// The API's dependencies.
 pub struct ApiState {
     /// The driver's clients (the API runs submissions and cancels).
-    pub io: Io<RedisStream, PgDb, NoProbe>,
+    pub io: Io<RedisStream, PgDb, Option<crate::trace::TraceProbe>>,
     /// The bearer token mutating routes require, if any.
     pub token: Option<String>,
     /// The metrics recorder's handle.

@@ -142,7 +142,7 @@ impl Probe for MetricsProbe {
         }
     }
 
-    fn received(&self, role: &RoleId, input: &Input) {
+    fn received(&self, role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
         match input {
             Input::Executed(outcome) => {
                 let started = self.started.lock().expect("never poisoned").remove(role);

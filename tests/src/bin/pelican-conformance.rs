@@ -46,7 +46,10 @@ fn main() -> ExitCode {
     let so = stream.join().expect("the stream run does not panic");
     let seconds = started.elapsed().as_secs_f64();
     let mut mismatches = 0;
-    for (what, o) in [("model::Stream vs Redis", &so), ("model::Db vs Postgres", &dbo)] {
+    for (what, o) in [
+        ("model::Stream vs Redis", &so),
+        ("model::Db vs Postgres", &dbo),
+    ] {
         match &o.mismatch {
             None => println!("{what}: {} sequences, no difference", o.cases),
             Some(m) => {
