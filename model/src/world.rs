@@ -127,6 +127,18 @@ pub struct Issuer {
     pub own_fence: Option<Fence>,
 }
 
+impl Issuer {
+    /// A worker's command outside any claimed attempt (reads, reclaims,
+    /// maintenance).
+    #[must_use]
+    pub fn worker(worker: WorkerId) -> Issuer {
+        Issuer {
+            worker: Some(worker),
+            own_fence: None,
+        }
+    }
+}
+
 /// A guarantee broken at some step.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Violation {

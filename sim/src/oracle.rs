@@ -6,8 +6,7 @@ use crate::scenario::FaultMix;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::{self, Broken};
 use pelican_model::protocol::{
-    AckReason, Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, Policy, StreamOp,
-    StreamReply,
+    Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
 };
 use pelican_model::status::{AttemptOutcome, ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::StreamError;
@@ -295,16 +294,7 @@ impl Oracle {
 
     /// A delivery ended.
     pub fn delivery_end(&mut self, node: &str, entry: EntryId, end: DeliveryEnd) {
-        self.count(match end {
-            DeliveryEnd::Acked(AckReason::Written) => "acked_written",
-            DeliveryEnd::Acked(AckReason::Terminal) => "acked_terminal",
-            DeliveryEnd::Acked(AckReason::Stale) => "acked_stale",
-            DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
-            DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
-            DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
-            DeliveryEnd::Acked(AckReason::Mutant) => "acked_mutant",
-            DeliveryEnd::LeftPending(_) => "left_pending",
-        });
+        self.count(end.name());
         self.event(node, &|| format!("delivery {entry} ended: {end:?}"), &|s| {
             entry.hash(s);
             end.hash(s);

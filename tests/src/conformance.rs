@@ -153,6 +153,10 @@ pub fn stream_sequence() -> impl Strategy<Value = Vec<SOp>> {
     })
 }
 
+/// XINFO GROUPS, one group: name, consumers, pending, last delivered,
+/// entries-read, lag.
+pub type GroupRow = (String, u64, u64, EntryId, Option<u64>, Option<u64>);
+
 /// A reply, as both sides are reduced to it for comparison.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SReply {
@@ -171,7 +175,7 @@ pub enum SReply {
     /// XPENDING extended: id, consumer, idle bucket (long?), delivery count.
     Rows(Vec<(EntryId, String, bool, u64)>),
     /// XINFO GROUPS: name, consumers, pending, last delivered, entries-read, lag.
-    Groups(Vec<(String, u64, u64, EntryId, Option<u64>, Option<u64>)>),
+    Groups(Vec<GroupRow>),
 }
 
 fn code(e: StreamError) -> String {
@@ -842,7 +846,6 @@ pub async fn db_case(db: &PgDb, ops: &[DbOp]) -> Result<(), String> {
         }
     }
     let live = db.snapshot().await.map_err(|e| format!("snapshot: {e}"))?;
-    let mut model = model;
     // The sequence is Postgres state too; the snapshot takes the largest id.
     model.run_ids = model.runs.keys().map(|r| r.0).max().unwrap_or(0);
     if model.runs != live.runs {

@@ -526,6 +526,12 @@ impl Env {
         c.args(["api", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--api-token", token, "--body-limit-bytes", "4096"])
             .args(["--attempts-max", "3"]);
+        let trace = self
+            .logs
+            .join(format!("{:02}-api.trace.jsonl", self.procs.len()));
+        c.arg("--trace-file").arg(&trace);
+        self.traces.push(trace.clone());
+        TRACES.with(|t| t.borrow_mut().push(trace));
         let p = self.spawn("api", c);
         let base = format!("http://127.0.0.1:{port}");
         let health = format!("{base}/healthz");

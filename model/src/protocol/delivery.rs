@@ -51,6 +51,24 @@ pub enum DeliveryEnd {
     LeftPending(PendingReason),
 }
 
+impl DeliveryEnd {
+    /// A short name for counters and metrics labels (`acked_written`,
+    /// `left_pending`, ...).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            DeliveryEnd::Acked(AckReason::Written) => "acked_written",
+            DeliveryEnd::Acked(AckReason::Terminal) => "acked_terminal",
+            DeliveryEnd::Acked(AckReason::Stale) => "acked_stale",
+            DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
+            DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
+            DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
+            DeliveryEnd::Acked(AckReason::Mutant) => "acked_mutant",
+            DeliveryEnd::LeftPending(_) => "left_pending",
+        }
+    }
+}
+
 /// Why an entry was acknowledged (S4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AckReason {

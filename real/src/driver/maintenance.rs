@@ -15,10 +15,7 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     task: MaintenanceTask,
 ) {
     let role = RoleId::Maintenance(worker);
-    let by = Issuer {
-        worker: Some(worker),
-        own_fence: None,
-    };
+    let by = Issuer::worker(worker);
     let mut m = Maintenance::new(&io.config.policy);
     let start = now();
     io.probe

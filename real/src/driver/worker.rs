@@ -124,10 +124,7 @@ async fn read_loop<S, D, P, X>(
     X: Executor,
 {
     let role = RoleId::Reader(worker);
-    let by = Issuer {
-        worker: Some(worker),
-        own_fence: None,
-    };
+    let by = Issuer::worker(worker);
     let idle = Duration::from_millis(io.config.idle_poll_ms);
     loop {
         let Ok(first) = slots.clone().acquire_owned().await else {
@@ -192,10 +189,7 @@ async fn reclaim_loop<S, D, P, X>(
     X: Executor,
 {
     let role = RoleId::Reclaimer(worker);
-    let by = Issuer {
-        worker: Some(worker),
-        own_fence: None,
-    };
+    let by = Issuer::worker(worker);
     let every = Duration::from_millis(io.config.reclaim_every_ms);
     let mut r = Reclaimer::new(&io.config.policy, worker);
     loop {
@@ -256,10 +250,7 @@ async fn maintenance_loop<S, D, P>(
         }
         if io.config.retention_ms > 0 {
             let before = Timestamp(now().0.saturating_sub(io.config.retention_ms));
-            let by = Issuer {
-                worker: Some(worker),
-                own_fence: None,
-            };
+            let by = Issuer::worker(worker);
             let retain = Command::Stream(StreamOp::Retain { before });
             let _ = io.run(&RoleId::Retention(worker), retain, by).await;
         }

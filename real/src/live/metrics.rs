@@ -17,7 +17,7 @@ use super::pg::PgDb;
 use super::redis::RedisStream;
 use crate::driver::{Probe, RoleId};
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{AckReason, Command, DbOp, DbReply, DeliveryEnd, Input};
+use pelican_model::protocol::{Command, DbOp, DbReply, DeliveryEnd, Input};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use redis::Value;
 use std::collections::HashMap;
@@ -177,16 +177,7 @@ impl Probe for MetricsProbe {
     }
 
     fn delivery_end(&self, _worker: WorkerId, _entry: EntryId, end: DeliveryEnd) {
-        let label = match end {
-            DeliveryEnd::Acked(AckReason::Written) => "acked_written",
-            DeliveryEnd::Acked(AckReason::Terminal) => "acked_terminal",
-            DeliveryEnd::Acked(AckReason::Stale) => "acked_stale",
-            DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
-            DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
-            DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
-            DeliveryEnd::Acked(AckReason::Mutant) => "acked_mutant",
-            DeliveryEnd::LeftPending(_) => "left_pending",
-        };
+        let label = end.name();
         metrics::counter!("pelican_deliveries_total", "end" => label).increment(1);
     }
 }

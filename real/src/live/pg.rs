@@ -346,34 +346,41 @@ impl PgDb {
                     .execute(p)
                     .await?,
             ),
+            // Three statements with the same parameters: (run, fence, class,
+            // message).
             DbOp::Fail {
                 run,
                 fence,
                 class,
                 message,
-            } => rows(
-                q(sql::FAIL)
-                    .bind(big(run.0))
-                    .bind(big(fence.0))
-                    .bind(class.as_str())
-                    .bind(message)
-                    .execute(p)
-                    .await?,
-            ),
-            DbOp::RecordFailureOnly {
+            }
+            | DbOp::RecordFailureOnly {
                 run,
                 fence,
                 class,
                 message,
-            } => rows(
-                q(sql::RECORD_FAILURE_ONLY)
-                    .bind(big(run.0))
-                    .bind(big(fence.0))
-                    .bind(class.as_str())
-                    .bind(message)
-                    .execute(p)
-                    .await?,
-            ),
+            }
+            | DbOp::DeadLetter {
+                run,
+                fence,
+                class,
+                message,
+            } => {
+                let text = match op {
+                    DbOp::Fail { .. } => sql::FAIL,
+                    DbOp::RecordFailureOnly { .. } => sql::RECORD_FAILURE_ONLY,
+                    _ => sql::DEAD_LETTER,
+                };
+                rows(
+                    q(text)
+                        .bind(big(run.0))
+                        .bind(big(fence.0))
+                        .bind(class.as_str())
+                        .bind(message)
+                        .execute(p)
+                        .await?,
+                )
+            }
             DbOp::ScheduleRetry {
                 run,
                 fence,
@@ -387,20 +394,6 @@ impl PgDb {
                     .bind(class.as_str())
                     .bind(message)
                     .bind(ms(*retry_at))
-                    .execute(p)
-                    .await?,
-            ),
-            DbOp::DeadLetter {
-                run,
-                fence,
-                class,
-                message,
-            } => rows(
-                q(sql::DEAD_LETTER)
-                    .bind(big(run.0))
-                    .bind(big(fence.0))
-                    .bind(class.as_str())
-                    .bind(message)
                     .execute(p)
                     .await?,
             ),
