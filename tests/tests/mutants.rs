@@ -10,11 +10,16 @@ use pelican_tests::scenarios as s;
 fn caught(mutant: &str, scenario: fn(Option<&str>)) {
     let _ = pelican_tests::take_traces();
     let outcome = std::panic::catch_unwind(|| scenario(Some(mutant)));
-    let rejected: Vec<String> = pelican_tests::take_traces()
+    let traces = pelican_tests::take_traces();
+    let rejected: Vec<String> = traces
         .iter()
         .filter_map(|t| pelican_real::trace::check_file(t).err())
         .map(|r| r.reason)
         .collect();
+    // The scenario failed on purpose: its logs are not needed.
+    for dir in traces.iter().filter_map(|t| t.parent()) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     eprintln!(
         "mutant {mutant}: {} trace(s) rejected{}",
         rejected.len(),
