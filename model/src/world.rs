@@ -82,14 +82,11 @@ impl Redis {
     #[must_use]
     pub fn retention_cutoff(&self, before: crate::time::Timestamp) -> Option<EntryId> {
         let group = self.jobs.group.as_ref()?;
-        let mut cutoff = EntryId::new(before.0, 0);
-        if let Some(&oldest) = group.pel.keys().next() {
-            cutoff = cutoff.min(oldest);
-        }
-        if let Some(first_undelivered) = group.last_delivered.successor() {
-            cutoff = cutoff.min(first_undelivered);
-        }
-        Some(cutoff)
+        Some(retention_cutoff(
+            before,
+            group.pel.keys().next().copied(),
+            group.last_delivered,
+        ))
     }
 
     fn retain(&mut self, before: crate::time::Timestamp) -> u64 {
@@ -116,6 +113,26 @@ impl Redis {
             delivered,
         }
     }
+}
+
+/// The `Retain` rule, shared by the model and the Redis binding: the
+/// smallest of `before` (as an ID), the oldest pending ID and the first ID
+/// after the last delivered one. Every entry below it is delivered,
+/// acknowledged and older than `before`.
+#[must_use]
+pub fn retention_cutoff(
+    before: crate::time::Timestamp,
+    oldest_pending: Option<EntryId>,
+    last_delivered: EntryId,
+) -> EntryId {
+    let mut cutoff = EntryId::new(before.0, 0);
+    if let Some(oldest) = oldest_pending {
+        cutoff = cutoff.min(oldest);
+    }
+    if let Some(first_undelivered) = last_delivered.successor() {
+        cutoff = cutoff.min(first_undelivered);
+    }
+    cutoff
 }
 
 /// Who issued a command: the invariants need the issuing attempt's own fence.

@@ -13,7 +13,6 @@
 //! conforms.
 
 use crate::driver::{Probe, RoleId, Start};
-use pelican_model::ids::WorkerId;
 use pelican_model::protocol::{
     Command, Delivery, Input, Maintenance, Policy, Reclaimer, Submitter,
 };
@@ -344,17 +343,4 @@ pub fn check_file(path: &Path) -> Result<usize, Rejection> {
         before: Vec::new(),
     })?;
     check(std::io::BufReader::new(file).lines().map_while(Result::ok))
-}
-
-/// The worker whose consumer name is `w<n>`, for tools that read traces.
-#[must_use]
-pub fn worker_of(role: &RoleId) -> Option<WorkerId> {
-    match role {
-        RoleId::Reader(w)
-        | RoleId::Delivery(w, ..)
-        | RoleId::Reclaimer(w)
-        | RoleId::Maintenance(w)
-        | RoleId::Retention(w) => Some(*w),
-        RoleId::Submitter(_) | RoleId::Cancel(_) => None,
-    }
 }

@@ -15,7 +15,7 @@
 //! that `XCLAIM ... IDLE` sets), and idle times are compared in those two
 //! buckets.
 
-use pelican_model::db::{Db, sql};
+use pelican_model::db::Db;
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
 use pelican_model::protocol::DbOp;
 use pelican_model::status::ErrorClass;
@@ -913,7 +913,3 @@ pub fn run_db(url: &str, cases: u32, seed: u64) -> Outcome {
         },
     }
 }
-
-/// The SQL texts the sequences exercise (for the record: every statement
-/// `pelican_real::live::pg` runs comes from here).
-pub const STATEMENTS: &[&str] = &[sql::INSERT_RUN, sql::CLAIM, sql::COMPLETE];

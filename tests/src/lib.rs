@@ -11,7 +11,7 @@
 //! with what to do, never skips it. `cargo xtask test` builds the binary and
 //! `.ci/run` installs and starts the services.
 
-use pelican_model::ids::{EntryId, RunId, WorkerId};
+use pelican_model::ids::{EntryId, RunId};
 use pelican_model::protocol::{Policy, SubmitterEnd};
 use pelican_model::status::{AttemptOutcome, RunStatus};
 use pelican_model::world::World;
@@ -20,7 +20,7 @@ use pelican_real::live::{PgDb, RedisStream, StreamNames};
 use pelican_real::{Config, Entropy, Io, NoProbe, submit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -968,11 +968,6 @@ impl Proc {
         }
     }
 
-    /// Whether it has exited.
-    pub fn exited(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_some()
-    }
-
     /// Its log so far.
     #[must_use]
     pub fn log_text(&self) -> String {
@@ -985,16 +980,4 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// `WorkerId` `n`'s consumer name.
-#[must_use]
-pub fn consumer(n: u32) -> String {
-    WorkerId(n).consumer()
-}
-
-/// Reads a log file, for assertion messages.
-#[must_use]
-pub fn read_log(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
 }

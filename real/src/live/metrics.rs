@@ -14,7 +14,7 @@
 //! | `pelican_unavailable_total` | counter | calls that got no answer |
 
 use super::pg::PgDb;
-use super::redis::RedisStream;
+use super::redis::{RedisStream, field};
 use crate::driver::{Probe, RoleId};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{Command, DbOp, DbReply, DeliveryEnd, Input};
@@ -28,22 +28,13 @@ use std::time::Instant;
 pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
     let names = stream.names().clone();
     let mut conn = stream.connection();
-    if let Ok(Value::Array(groups)) = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(&names.jobs)
-        .query_async::<Value>(&mut conn)
-        .await
-    {
-        for g in groups {
-            let kv = flat(&g);
-            if kv.get("name").map(String::as_str) == Some(names.group.as_str()) {
-                if let Some(lag) = kv.get("lag").and_then(|l| l.parse::<f64>().ok()) {
-                    metrics::gauge!("pelican_queue_lag").set(lag);
-                }
-                if let Some(p) = kv.get("pending").and_then(|l| l.parse::<f64>().ok()) {
-                    metrics::gauge!("pelican_pel_count").set(p);
-                }
-            }
+    if let Ok(Some(group)) = stream.group_info().await {
+        let number = |name| field(&group, name).and_then(|v| v.parse::<f64>().ok());
+        if let Some(lag) = number("lag") {
+            metrics::gauge!("pelican_queue_lag").set(lag);
+        }
+        if let Some(p) = number("pending") {
+            metrics::gauge!("pelican_pel_count").set(p);
         }
     }
     let oldest = redis::cmd("XPENDING")
@@ -73,29 +64,6 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
                 .map_or(0, |(_, n)| *n);
             metrics::gauge!("pelican_runs", "status" => status.as_str()).set(n as f64);
         }
-    }
-}
-
-fn flat(v: &Value) -> HashMap<String, String> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    };
-    match v {
-        Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|kv| match kv {
-                [k, v] => Some((text(k)?, text(v)?)),
-                _ => None,
-            })
-            .collect(),
-        Value::Map(pairs) => pairs
-            .iter()
-            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
-            .collect(),
-        _ => HashMap::new(),
     }
 }
 

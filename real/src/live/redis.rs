@@ -208,6 +208,29 @@ impl RedisStream {
         })
     }
 
+    /// Our group's row of XINFO GROUPS, as (field, value) texts; `None`
+    /// without the key or the group.
+    pub(crate) async fn group_info(&self) -> Result<Option<Vec<(String, String)>>, Unavailable> {
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&self.names.jobs);
+        Ok(match self.query(&info).await? {
+            Ok(Value::Array(groups)) => groups
+                .iter()
+                .filter_map(fields)
+                .find(|f| field(f, "name").as_deref() == Some(self.names.group.as_str())),
+            _ => None,
+        })
+    }
+
+    /// The group's last delivered ID (XINFO GROUPS), if the group exists.
+    async fn last_delivered(&self) -> Result<Option<EntryId>, Unavailable> {
+        Ok(self
+            .group_info()
+            .await?
+            .and_then(|f| field(&f, "last-delivered-id"))
+            .and_then(|s| s.parse::<EntryId>().ok()))
+    }
+
     /// `Retain`: XPENDING (summary) and XINFO GROUPS give the oldest
     /// pending and the last delivered ID; XTRIM MINID removes what is older
     /// than all three bounds. New pending entries can only come from IDs
@@ -228,27 +251,10 @@ impl RedisStream {
             Ok(_) => None,
             Err(e) => return Ok(Err(e)),
         };
-        let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&n.jobs);
-        let last = match self.query(&info).await? {
-            Ok(Value::Array(groups)) => groups
-                .iter()
-                .filter_map(fields)
-                .find(|f| field(f, "name").as_deref() == Some(n.group.as_str()))
-                .and_then(|f| field(&f, "last-delivered-id"))
-                .and_then(|s| s.parse::<EntryId>().ok()),
-            _ => None,
-        };
-        let Some(last) = last else {
+        let Some(last) = self.last_delivered().await? else {
             return Ok(Ok(StreamReply::Trimmed(0)));
         };
-        let mut cutoff = EntryId::new(before.0, 0);
-        if let Some(oldest) = oldest {
-            cutoff = cutoff.min(oldest);
-        }
-        if let Some(next) = last.successor() {
-            cutoff = cutoff.min(next);
-        }
+        let cutoff = pelican_model::world::retention_cutoff(before, oldest, last);
         let mut trim = redis::cmd("XTRIM");
         trim.arg(&n.jobs).arg("MINID").arg(cutoff.to_string());
         Ok(self
@@ -275,18 +281,7 @@ impl RedisStream {
             .arg(&key)
             .arg(1);
         let pending = matches!(self.query(&pending).await?, Ok(Value::Array(a)) if !a.is_empty());
-        let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&n.jobs);
-        let delivered = match self.query(&info).await? {
-            Ok(Value::Array(groups)) => groups
-                .iter()
-                .filter_map(fields)
-                .find(|f| field(f, "name").as_deref() == Some(n.group.as_str()))
-                .and_then(|f| field(&f, "last-delivered-id"))
-                .and_then(|s| s.parse::<EntryId>().ok())
-                .is_some_and(|last| id <= last),
-            _ => false,
-        };
+        let delivered = self.last_delivered().await?.is_some_and(|last| id <= last);
         Ok(Ok(StreamReply::Located {
             entry,
             pending,
@@ -359,7 +354,7 @@ fn fields(v: &Value) -> Option<Vec<(String, String)>> {
     }
 }
 
-fn field(fields: &[(String, String)], name: &str) -> Option<String> {
+pub(crate) fn field(fields: &[(String, String)], name: &str) -> Option<String> {
     fields
         .iter()
         .find(|(k, _)| k == name)
