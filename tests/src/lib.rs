@@ -12,8 +12,9 @@
 //! `.ci/run` installs and starts the services.
 
 use pelican_model::ids::{EntryId, RunId};
+pub use pelican_model::invariants::Broken;
 use pelican_model::protocol::{Policy, SubmitterEnd};
-use pelican_model::status::{AttemptOutcome, RunStatus};
+use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
 use pelican_model::world::World;
 use pelican_model::{Db, invariants};
 use pelican_real::live::{PgDb, RedisStream, StreamNames};
@@ -26,6 +27,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod chaos;
 pub mod conformance;
 pub mod scenarios;
 
@@ -414,6 +416,9 @@ pub struct Env {
     pub settle_timeout: Duration,
     /// Side effects each run's job makes when it succeeds.
     pub effects: BTreeMap<RunId, u32>,
+    /// Keep the process logs and traces when dropped (a panicking test
+    /// keeps them anyway).
+    pub keep_logs: bool,
 }
 
 impl Env {
@@ -450,6 +455,7 @@ impl Env {
             procs: Vec::new(),
             accepted: BTreeSet::new(),
             effects: BTreeMap::new(),
+            keep_logs: false,
         };
         let out = env.cli(&["migrate"]);
         assert!(
@@ -519,13 +525,20 @@ impl Env {
         self.spawn(&format!("worker-{id}"), c)
     }
 
-    /// Starts the API on a free port with bearer token `token`.
+    /// Starts the API on a free port with bearer token `token` (runs get
+    /// 3 attempts).
     pub fn api(&mut self, token: &str) -> (Proc, String) {
+        self.api_with(token, 3)
+    }
+
+    /// Starts the API on a free port with bearer token `token`; its runs
+    /// get `attempts_max` attempts.
+    pub fn api_with(&mut self, token: &str, attempts_max: u32) -> (Proc, String) {
         let port = free_port();
         let mut c = self.command();
         c.args(["api", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--api-token", token, "--body-limit-bytes", "4096"])
-            .args(["--attempts-max", "3"]);
+            .args(["--attempts-max", &attempts_max.to_string()]);
         let trace = self
             .logs
             .join(format!("{:02}-api.trace.jsonl", self.procs.len()));
@@ -738,18 +751,22 @@ impl Env {
         }
     }
 
-    /// The guarantees on the final state (after [`Env::settle`]): S1 every
-    /// accepted run terminal; S2 a succeeded run has exactly one succeeded
-    /// attempt; S5 each side effect of a succeeded run requested under one
-    /// key only, and applied; S6 the state invariants (attempts within
-    /// bounds, dead runs have dead letters); S9 the PEL empty; S10 each
-    /// entry in `malformed` quarantined on the dead-letter stream.
-    ///
-    /// # Panics
-    /// Listing every guarantee broken.
-    pub fn check(&self, malformed: &[EntryId]) -> Db {
+    /// The guarantees on the final state (after [`Env::settle`]), as a list
+    /// of what is broken (empty when everything holds): S1 every accepted run
+    /// terminal; S2 a succeeded run has exactly one succeeded attempt; S3 no
+    /// stale write left its mark (see [`stale_write_evidence`]); S5 each side
+    /// effect of a succeeded run requested under one key only, and applied;
+    /// S6 the state invariants (attempts within bounds, dead runs have dead
+    /// letters); S9 the PEL empty; S10 each entry in `malformed` quarantined
+    /// on the dead-letter stream; and every process's protocol trace
+    /// conforms to the model ("trace").
+    #[must_use]
+    pub fn audit(&self, malformed: &[EntryId]) -> Vec<Broken> {
         let db = self.db();
         let mut broken = Vec::new();
+        let mut push = |guarantee: &'static str, detail: String| {
+            broken.push(Broken { guarantee, detail });
+        };
         let world = World {
             db: db.clone(),
             accepted: self.accepted.clone(),
@@ -760,22 +777,24 @@ impl Env {
             ..Policy::default()
         };
         for b in invariants::state(&world, &policy) {
-            broken.push(format!("{} {}", b.guarantee, b.detail));
+            push(b.guarantee, b.detail);
         }
         for run in &self.accepted {
             let Some(r) = db.runs.get(run) else {
-                broken.push(format!("S1 {run} has no row"));
+                push("S1", format!("{run} has no row"));
                 continue;
             };
             if !r.status.is_terminal() {
-                broken.push(format!("S1 {run} is {}", r.status));
+                push("S1", format!("{run} is {}", r.status));
             }
             if r.attempts > r.attempts_max {
-                broken.push(format!(
-                    "S6 {run} ran {} of {} attempts",
-                    r.attempts, r.attempts_max
-                ));
+                push(
+                    "S6",
+                    format!("{run} ran {} of {} attempts", r.attempts, r.attempts_max),
+                );
             }
+        }
+        for (run, r) in &db.runs {
             let succeeded = db
                 .read_attempts(*run)
                 .iter()
@@ -783,51 +802,75 @@ impl Env {
                 .count();
             let want = usize::from(r.status == RunStatus::Succeeded);
             if succeeded != want {
-                broken.push(format!(
-                    "S2 {run} is {} with {succeeded} succeeded attempts",
-                    r.status
-                ));
+                push(
+                    "S2",
+                    format!("{run} is {} with {succeeded} succeeded attempts", r.status),
+                );
+            }
+            if let Some(e) = stale_write_evidence(&db, *run) {
+                push("S3", e);
             }
             if r.status == RunStatus::Succeeded {
                 for call in 0..self.effects.get(run).copied().unwrap_or(0) {
-                    let prefix = format!("{run}/{call}");
-                    let keys: Vec<&String> = db
-                        .effects
-                        .keys()
-                        .filter(|k| *k == &prefix || k.starts_with(&format!("{prefix}/")))
-                        .collect();
+                    let keys = effect_keys(&db, *run, call);
                     if keys.len() != 1 {
-                        broken.push(format!(
-                            "S5 effect {prefix} applied under {} keys: {keys:?}",
-                            keys.len()
-                        ));
+                        push(
+                            "S5",
+                            format!(
+                                "effect {run}/{call} applied under {} keys: {keys:?}",
+                                keys.len()
+                            ),
+                        );
                     }
                 }
             }
         }
         let pel = self.pel_len();
         if pel != 0 {
-            broken.push(format!("S9 {pel} deliveries left pending"));
+            push("S9", format!("{pel} deliveries left pending"));
         }
         // A process that had not started yet wrote no trace.
-        for t in self.traces.iter().filter(|t| t.exists()) {
+        let traces: Vec<PathBuf> = self.traces.iter().filter(|t| t.exists()).cloned().collect();
+        for stale in stale_writes_in_traces(&traces) {
+            push("S3", stale);
+        }
+        for t in &traces {
             if let Err(r) = pelican_real::trace::check_file(t) {
-                broken.push(format!("trace {} does not conform: {r}", t.display()));
+                push("trace", format!("{} does not conform: {r}", t.display()));
             }
         }
         let quarantined = self.quarantined();
         for id in malformed {
             if !quarantined.contains(id) {
-                broken.push(format!("S10 malformed entry {id} was not quarantined"));
+                push("S10", format!("malformed entry {id} was not quarantined"));
             }
         }
+        broken
+    }
+
+    /// [`Env::audit`], asserted: the end of every live scenario.
+    ///
+    /// # Panics
+    /// Listing every guarantee broken, with the process logs.
+    pub fn check(&self, malformed: &[EntryId]) -> Db {
+        let broken = self.audit(malformed);
         assert!(
             broken.is_empty(),
             "guarantees broken:\n  {}\nlogs: {:?}",
-            broken.join("\n  "),
+            broken
+                .iter()
+                .map(|b| format!("{} {}", b.guarantee, b.detail))
+                .collect::<Vec<_>>()
+                .join("\n  "),
             self.procs
         );
-        db
+        self.db()
+    }
+
+    /// Where the process logs are.
+    #[must_use]
+    pub fn log_files(&self) -> &[String] {
+        &self.procs
     }
 
     /// The job entries quarantined on the dead-letter stream.
@@ -871,6 +914,138 @@ impl Env {
         out
     }
 
+    /// XADDs raw bytes to the job stream; `None` when Redis does not answer.
+    pub fn xadd_raw(&self, fields: &[(&[u8], Vec<u8>)]) -> Option<EntryId> {
+        let mut c = redis::Client::open(self.redis.url())
+            .and_then(|c| c.get_connection())
+            .ok()?;
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.jobs_key()).arg("*");
+        for (k, v) in fields {
+            cmd.arg(*k).arg(v.as_slice());
+        }
+        let id: String = cmd.query(&mut c).ok()?;
+        id.parse().ok()
+    }
+
+    /// Which of `ids` are still entries of the job stream.
+    #[must_use]
+    pub fn present(&self, ids: &[EntryId]) -> Vec<EntryId> {
+        let mut c = self.redis.conn();
+        ids.iter()
+            .copied()
+            .filter(|id| {
+                let v: redis::Value = redis::cmd("XRANGE")
+                    .arg(self.jobs_key())
+                    .arg(id.to_string())
+                    .arg(id.to_string())
+                    .query(&mut c)
+                    .unwrap_or(redis::Value::Nil);
+                matches!(v, redis::Value::Array(ref es) if !es.is_empty())
+            })
+            .collect()
+    }
+
+    /// Pending entry IDs (up to 1,000), oldest first.
+    fn pending_ids(&self, c: &mut redis::Connection) -> Vec<String> {
+        let v: redis::Value = redis::cmd("XPENDING")
+            .arg(self.jobs_key())
+            .arg("pelican")
+            .arg("-")
+            .arg("+")
+            .arg(1000)
+            .query(c)
+            .unwrap_or(redis::Value::Nil);
+        let redis::Value::Array(rows) = v else {
+            return Vec::new();
+        };
+        rows.iter()
+            .filter_map(|r| match r {
+                redis::Value::Array(p) => match p.first() {
+                    Some(redis::Value::BulkString(b)) => {
+                        Some(String::from_utf8_lossy(b).into_owned())
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Removes entries below pending IDs: XTRIM MINID at the median pending
+    /// ID (everything older goes, pending or not), or, with `xdel`, XDEL of
+    /// the oldest pending entry. Returns how many entries went (0 when
+    /// nothing was pending or Redis did not answer).
+    pub fn trim_below_pending(&self, xdel: bool) -> u64 {
+        let Ok(mut c) = redis::Client::open(self.redis.url()).and_then(|c| c.get_connection())
+        else {
+            return 0;
+        };
+        let pending = self.pending_ids(&mut c);
+        let removed: redis::RedisResult<u64> = if xdel {
+            let Some(id) = pending.first() else { return 0 };
+            redis::cmd("XDEL")
+                .arg(self.jobs_key())
+                .arg(id)
+                .query(&mut c)
+        } else {
+            let Some(id) = pending.get(pending.len() / 2) else {
+                return 0;
+            };
+            redis::cmd("XTRIM")
+                .arg(self.jobs_key())
+                .arg("MINID")
+                .arg(id)
+                .query(&mut c)
+        };
+        removed.unwrap_or(0)
+    }
+
+    /// XADDs a copy of one of the newest job entries (a publisher that
+    /// retried after a lost reply); false when there was none or Redis did
+    /// not answer.
+    pub fn publish_again(&self) -> bool {
+        let Ok(mut c) = redis::Client::open(self.redis.url()).and_then(|c| c.get_connection())
+        else {
+            return false;
+        };
+        let v: redis::Value = redis::cmd("XREVRANGE")
+            .arg(self.jobs_key())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(20)
+            .query(&mut c)
+            .unwrap_or(redis::Value::Nil);
+        let redis::Value::Array(entries) = v else {
+            return false;
+        };
+        let job = entries.iter().rev().find_map(|e| {
+            let redis::Value::Array(parts) = e else {
+                return None;
+            };
+            let Some(redis::Value::Array(fields)) = parts.get(1) else {
+                return None;
+            };
+            let kv: Vec<Vec<u8>> = fields
+                .iter()
+                .filter_map(|f| match f {
+                    redis::Value::BulkString(b) => Some(b.clone()),
+                    _ => None,
+                })
+                .collect();
+            let is_job = kv.len() == 4 && kv[0] == b"run_id" && kv[2] == b"dispatch";
+            is_job.then_some(kv)
+        });
+        let Some(kv) = job else { return false };
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.jobs_key()).arg("*");
+        for f in &kv {
+            cmd.arg(f.as_slice());
+        }
+        cmd.query::<String>(&mut c).is_ok()
+    }
+
     /// XADDs raw fields to the job stream (for malformed entries and
     /// duplicate publications).
     pub fn xadd(&self, fields: &[(&str, &str)]) -> EntryId {
@@ -885,11 +1060,151 @@ impl Env {
     }
 }
 
+/// The keys under which `run`'s tool call `call` was requested
+/// (`run/call`, or `run/call/…` for a key with a per-attempt suffix, which
+/// is how a job without idempotency keys would show).
+#[must_use]
+pub fn effect_keys(db: &Db, run: RunId, call: u32) -> Vec<String> {
+    let prefix = format!("{run}/{call}");
+    db.effects
+        .keys()
+        .filter(|k| **k == prefix || k.starts_with(&format!("{prefix}/")))
+        .cloned()
+        .collect()
+}
+
+/// What a stale write accepted by Postgres leaves behind in the final state
+/// of one run, if anything: the attempt rows tell which fence wrote last.
+/// A fenced protocol records an outcome only for the run's active attempt,
+/// and claims a new attempt only while the run is not terminal, so:
+/// a succeeded or terminally failed attempt is the run's last one; a
+/// succeeded run's last attempt succeeded; a failed run's last attempt
+/// failed. (A stale retryable failure written between two
+/// claims leaves no trace in the rows; the worker traces and the simulator
+/// catch that one.)
+#[must_use]
+pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
+    let r = db.runs.get(&run)?;
+    let attempts = db.read_attempts(run);
+    let last = attempts.last().map(|(n, _)| *n);
+    for (n, a) in &attempts {
+        let ends = matches!(
+            a.outcome,
+            Some(AttemptOutcome::Succeeded | AttemptOutcome::Failed(ErrorClass::Terminal))
+        );
+        if ends && Some(*n) != last {
+            return Some(format!(
+                "{run}: attempt {n:?} (fence {:?}) ended the run but a later attempt exists",
+                a.fence
+            ));
+        }
+    }
+    let last_outcome = attempts.last().and_then(|(_, a)| a.outcome);
+    let consistent = match r.status {
+        RunStatus::Succeeded => last_outcome == Some(AttemptOutcome::Succeeded),
+        RunStatus::Failed => matches!(last_outcome, Some(AttemptOutcome::Failed(_))),
+        _ => true,
+    };
+    (!consistent).then(|| {
+        format!(
+            "{run} is {} but its last attempt's outcome is {last_outcome:?}",
+            r.status
+        )
+    })
+}
+
+/// Stale writes Postgres accepted, read off the processes' protocol traces:
+/// a fenced write (any database command carrying a fence) answered with
+/// rows changed, sent by a role whose own claim had fence `f`, after some
+/// role had already received the claim of the same run with a fence above
+/// `f`. Sound on one host: a role sends a command only after the input
+/// received before it, whose time the trace records, so the write left
+/// after the newer claim had committed, and a fenced database must have
+/// refused it. (With one wall clock for all processes; the comparison is
+/// strict, in milliseconds.)
+#[must_use]
+pub fn stale_writes_in_traces(paths: &[PathBuf]) -> Vec<String> {
+    use serde_json::Value;
+    #[derive(Default)]
+    struct Role {
+        last_now: u64,
+        own_fence: Option<u64>,
+        // A fenced write waiting for its answer: (run, fence, sent after).
+        pending_write: Option<(u64, u64, u64, String)>,
+        claiming: Option<u64>,
+    }
+    // run -> [(fence, received at)]
+    let mut claims: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    // (run, own fence, sent after, what)
+    let mut writes: Vec<(u64, u64, u64, String)> = Vec::new();
+    for path in paths {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let mut roles: BTreeMap<String, Role> = BTreeMap::new();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if let Some(sent) = v.get("sent") {
+                let role = roles.entry(sent["role"].to_string()).or_default();
+                let Some(db) = sent["command"].get("Db").and_then(Value::as_object) else {
+                    continue;
+                };
+                for (op, args) in db {
+                    let run = args["run"].as_u64();
+                    if op == "Claim" {
+                        role.claiming = run;
+                    } else if let (Some(run), Some(fence)) = (run, args["fence"].as_u64()) {
+                        let own = role.own_fence.unwrap_or(fence);
+                        role.pending_write =
+                            Some((run, own, role.last_now, format!("{op} {args}")));
+                    }
+                }
+            } else if let Some(recv) = v.get("received") {
+                let role = roles.entry(recv["role"].to_string()).or_default();
+                let now = recv["now"].as_u64().unwrap_or(role.last_now);
+                role.last_now = now;
+                let db = recv["input"].get("Db");
+                if let Some(run) = role.claiming.take()
+                    && let Some(fence) = db
+                        .and_then(|d| d.get("Claimed"))
+                        .and_then(|c| c["claimed"]["fence"].as_u64())
+                {
+                    role.own_fence = Some(fence);
+                    claims.entry(run).or_default().push((fence, now));
+                }
+                if let Some(w) = role.pending_write.take()
+                    && db
+                        .and_then(|d| d.get("Rows"))
+                        .and_then(Value::as_u64)
+                        .is_some_and(|n| n > 0)
+                {
+                    writes.push(w);
+                }
+            }
+        }
+    }
+    writes
+        .into_iter()
+        .filter_map(|(run, fence, sent_after, what)| {
+            let newer = claims
+                .get(&run)?
+                .iter()
+                .find(|(g, at)| *g > fence && *at < sent_after)?;
+            Some(format!(
+                "run {run}: {what} by the holder of fence {fence} was accepted, sent after {sent_after} ms, when fence {} had been claimed at {} ms",
+                newer.0, newer.1
+            ))
+        })
+        .collect()
+}
+
 impl Drop for Env {
     fn drop(&mut self) {
         // Keep the process logs of a failed test; their paths are in the
         // failure message.
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && !self.keep_logs {
             let _ = std::fs::remove_dir_all(&self.logs);
         }
     }
@@ -979,5 +1294,68 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_writes_in_traces;
+
+    fn trace(lines: &[&str]) -> std::path::PathBuf {
+        let path = super::scratch("pelican_trace_test").join("t.jsonl");
+        std::fs::write(&path, lines.join("\n")).expect("writable");
+        path
+    }
+
+    const A: &str = r#"{"Delivery":[1,{"ms":1,"seq":0},0]}"#;
+    const B: &str = r#"{"Delivery":[2,{"ms":1,"seq":0},0]}"#;
+
+    fn claim(role: &str, fence: u64, at: u64) -> [String; 2] {
+        [
+            format!(
+                r#"{{"sent":{{"role":{role},"command":{{"Db":{{"Claim":{{"run":7,"dispatch":1}}}}}}}}}}"#
+            ),
+            format!(
+                r#"{{"received":{{"role":{role},"now":{at},"input":{{"Db":{{"Claimed":{{"claimed":{{"fence":{fence}}}}}}}}}}}}}"#
+            ),
+        ]
+    }
+
+    fn write(role: &str, fence: u64, after: u64, rows: u64) -> [String; 3] {
+        [
+            format!(
+                r#"{{"received":{{"role":{role},"now":{after},"input":{{"Executed":{{}}}}}}}}"#
+            ),
+            format!(
+                r#"{{"sent":{{"role":{role},"command":{{"Db":{{"Complete":{{"run":7,"fence":{fence},"result":"null"}}}}}}}}}}"#
+            ),
+            format!(
+                r#"{{"received":{{"role":{role},"now":{},"input":{{"Db":{{"Rows":{rows}}}}}}}}}"#,
+                after + 1
+            ),
+        ]
+    }
+
+    fn lines(parts: &[&[String]]) -> Vec<String> {
+        parts.iter().flat_map(|p| p.iter().cloned()).collect()
+    }
+
+    #[test]
+    fn a_write_accepted_after_a_newer_claim_is_stale() {
+        // A claims fence 1; B claims fence 2 at 100; A's write (with the
+        // fence it read, as NoFence does) is accepted at 200.
+        let a = lines(&[&claim(A, 1, 10), &write(A, 2, 200, 1)]);
+        let b = lines(&[&claim(B, 2, 100)]);
+        let pa = trace(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let pb = trace(&b.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(stale_writes_in_traces(&[pa.clone(), pb.clone()]).len(), 1);
+        // Refused (0 rows): fine.
+        let a = lines(&[&claim(A, 1, 10), &write(A, 1, 200, 0)]);
+        let pa = trace(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(stale_writes_in_traces(&[pa, pb.clone()]).is_empty());
+        // Accepted before the newer claim: fine.
+        let a = lines(&[&claim(A, 1, 10), &write(A, 1, 50, 1)]);
+        let pa = trace(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(stale_writes_in_traces(&[pa, pb]).is_empty());
     }
 }

@@ -28,6 +28,12 @@ commands:
   conformance [--cases N] [--seed S] [--json]
             the reference models against live Redis and Postgres: N random
             stream and N random database sequences (default 10,000 each)
+  chaos [--jobs N] [--workers W] [--seconds S] [--seed X] [--json]
+        [--mutant NAME] [--short]
+            the chaos soak: a real API and W real workers against throwaway
+            Redis and Postgres, a seeded nemesis (kill -9, SIGSTOP, Redis
+            restarts and a wipe, Postgres restarts, trims, bad input), then
+            S1-S10 and the protocol traces checked (default 20,000 jobs)
   verify    the main job: check standard (complete, every guarantee holds,
             every interesting path reached) and catch all ten mutants; then
             10,000 simulated seeds pass and every mutant fails within 1,000
@@ -47,6 +53,7 @@ fn main() -> ExitCode {
         "sim" => sim(rest),
         "replay" => replay(rest),
         "conformance" => conformance(rest),
+        "chaos" => chaos(rest),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
@@ -207,6 +214,36 @@ fn conformance(args: &[String]) -> Result<(), String> {
     run(&format!("conformance {}", args.join(" ")), c)
 }
 
+/// `pelican-chaos` (debug build of the harness) against `pelican` built
+/// with the crash points, or with the mutants for `--mutant`.
+fn chaos_command(args: &[&str]) -> Result<Command, String> {
+    let owned: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let bin = if wants_mutant(&owned) {
+        live_binary(&["mutants"], "pelican-mutants")?
+    } else {
+        live_binary(&[], "pelican")?
+    };
+    let mut c = cargo();
+    c.env("PELICAN_BIN", bin).args([
+        "run",
+        "--quiet",
+        "--package",
+        "pelican-tests",
+        "--bin",
+        "pelican-chaos",
+    ]);
+    if wants_mutant(&owned) {
+        c.args(["--features", "mutants"]);
+    }
+    c.arg("--").args(args);
+    Ok(c)
+}
+
+fn chaos(args: &[String]) -> Result<(), String> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(&format!("chaos {}", args.join(" ")), chaos_command(&args)?)
+}
+
 fn check(args: &[String]) -> Result<(), String> {
     let mutants = args
         .iter()
@@ -281,6 +318,10 @@ fn test(args: &[String]) -> Result<(), String> {
         "2",
     ]);
     run("every mutant fails a live scenario", live_mutants)?;
+    run(
+        "chaos soak, short: 2,000 jobs under kills, pauses, Redis and Postgres restarts, a wipe, trims and bad input",
+        chaos_command(&["--short", "--quiet"])?,
+    )?;
     let mut conformance = cargo();
     conformance.env("CONFORMANCE_CASES", "1000").args([
         "test",
