@@ -224,15 +224,7 @@ impl BadInput {
     /// An API request: method, path, token, body, and the statuses that are
     /// a right answer (503 where the answer needs Postgres, which the
     /// nemesis may be restarting).
-    fn request(
-        self,
-    ) -> Option<(
-        &'static str,
-        String,
-        Option<&'static str>,
-        String,
-        &'static [u16],
-    )> {
+    fn request(self) -> Option<Request> {
         let ok = Some(TOKEN);
         let post = "POST";
         Some(match self {
@@ -297,6 +289,15 @@ impl BadInput {
     }
 }
 
+/// A bad API request: method, path, token, body, the right answers.
+type Request = (
+    &'static str,
+    String,
+    Option<&'static str>,
+    String,
+    &'static [u16],
+);
+
 /// One fault in the schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -354,7 +355,7 @@ impl fmt::Display for Fault {
 /// fault), sorted by time. A pure function of the plan.
 #[must_use]
 pub fn schedule(plan: &Plan) -> Vec<(u64, Fault)> {
-    let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6e65_6d65_7369_73);
+    let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x006e_656d_6573_6973);
     let n = plan.fault_counts();
     let span = u64::from(plan.seconds) * 1000;
     // Faults land between 3% and 92% of the phase: the last stretch lets

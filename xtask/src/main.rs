@@ -3,6 +3,7 @@
 //! * `check`  — model-check the protocol (`pelican-check`; mutants need the
 //!   `mutants` feature, so mutant runs use that build and the correct run the
 //!   default one).
+//! * `chaos`  — the chaos soak on live services (`pelican-chaos`).
 //! * `verify` — the main job: the standard configuration must hold every
 //!   guarantee, completely explored, and every mutant must be caught.
 //! * `test`   — every test of the workspace, including the release-mode
