@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod bench;
 pub mod chaos;
 pub mod conformance;
 pub mod scenarios;
@@ -419,6 +420,9 @@ pub struct Env {
     /// Keep the process logs and traces when dropped (a panicking test
     /// keeps them anyway).
     pub keep_logs: bool,
+    /// Give every process a `--trace-file` (on by default; the benchmarks
+    /// measure without).
+    pub trace: bool,
 }
 
 impl Env {
@@ -456,6 +460,7 @@ impl Env {
             accepted: BTreeSet::new(),
             effects: BTreeMap::new(),
             keep_logs: false,
+            trace: true,
         };
         let out = env.cli(&["migrate"]);
         assert!(
@@ -513,12 +518,14 @@ impl Env {
             }
         }
         c.args(flags);
-        let trace = self
-            .logs
-            .join(format!("{:02}-worker-{id}.trace.jsonl", self.procs.len()));
-        c.arg("--trace-file").arg(&trace);
-        self.traces.push(trace.clone());
-        TRACES.with(|t| t.borrow_mut().push(trace));
+        if self.trace {
+            let trace = self
+                .logs
+                .join(format!("{:02}-worker-{id}.trace.jsonl", self.procs.len()));
+            c.arg("--trace-file").arg(&trace);
+            self.traces.push(trace.clone());
+            TRACES.with(|t| t.borrow_mut().push(trace));
+        }
         if let Some(fp) = failpoint {
             c.env("FAILPOINTS", format!("{fp}=return"));
         }
@@ -1216,7 +1223,7 @@ impl Default for Env {
     }
 }
 
-struct Fixed;
+pub(crate) struct Fixed;
 impl Entropy for Fixed {
     fn next_u64(&self) -> u64 {
         4

@@ -35,6 +35,12 @@ commands:
             Redis and Postgres, a seeded nemesis (kill -9, SIGSTOP, Redis
             restarts and a wipe, Postgres restarts, trims, bad input), then
             S1-S10 and the protocol traces checked (default 20,000 jobs)
+  bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
+            the benchmarks: the standard model check, simulated seeds/s, and
+            live drain, latency and recovery (pelican-bench); a table, a JSON
+            report in target/bench/report.json, and with --json the summary
+            as the last stdout line; --quick skips the model check and runs
+            smaller live figures
   verify    the main job: check standard (complete, every guarantee holds,
             every interesting path reached) and catch all ten mutants; then
             10,000 simulated seeds pass and every mutant fails within 1,000
@@ -55,6 +61,7 @@ fn main() -> ExitCode {
         "replay" => replay(rest),
         "conformance" => conformance(rest),
         "chaos" => chaos(rest),
+        "bench" => bench(rest),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
@@ -243,6 +250,110 @@ fn chaos_command(args: &[&str]) -> Result<Command, String> {
 fn chaos(args: &[String]) -> Result<(), String> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run(&format!("chaos {}", args.join(" ")), chaos_command(&args)?)
+}
+
+/// Runs `c` with stderr shown, and returns its stdout's last line.
+fn last_line(what: &str, mut c: Command) -> Result<String, String> {
+    eprintln!("xtask: {what}");
+    let started = Instant::now();
+    let out = c
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "xtask: {what}: {} in {:.1} s",
+        if out.status.success() { "ok" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    if !out.status.success() {
+        eprint!("{text}");
+        return Err(format!("{what} failed ({})", out.status));
+    }
+    Ok(text.lines().last().unwrap_or_default().to_owned())
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    let mut json = false;
+    let mut quick = false;
+    let mut rest: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--quick" => quick = true,
+            "--" => rest.extend(it.by_ref().cloned()),
+            other => return Err(format!("bench: unknown option {other:?}")),
+        }
+    }
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "--package",
+        "pelican-real",
+        "--bin",
+        "pelican",
+    ]);
+    run("build pelican (release)", build)?;
+    let bin = root().join("target").join("release").join("pelican");
+    let model = if quick {
+        None
+    } else {
+        Some(last_line(
+            "model: check standard",
+            checker(
+                false,
+                &["--config".into(), "standard".into(), "--json".into()],
+            ),
+        )?)
+    };
+    let seeds = if quick { "0..1000" } else { "0..5000" };
+    let sim = last_line(
+        "sim: standard seeds, all cores",
+        simulator(
+            false,
+            &[
+                "sweep",
+                "--seeds",
+                seeds,
+                "--scenario",
+                "standard",
+                "--json",
+            ],
+        ),
+    )?;
+    let dir = root().join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let report = dir.join("report.json");
+    let mut live = cargo();
+    live.env("PELICAN_BIN", &bin).args([
+        "run",
+        "--quiet",
+        "--release",
+        "--package",
+        "pelican-tests",
+        "--bin",
+        "pelican-bench",
+        "--",
+        "--json",
+        "--sim-json",
+        &sim,
+        "--report",
+    ]);
+    live.arg(&report);
+    if let Some(m) = &model {
+        live.args(["--model-json", m]);
+    }
+    if quick {
+        live.args(["--jobs", "20000", "--kills", "5", "--latency-seconds", "5"]);
+    }
+    live.args(&rest);
+    let summary = last_line("live: drain, latency, recovery", live)?;
+    if json {
+        println!("{summary}");
+    }
+    Ok(())
 }
 
 fn check(args: &[String]) -> Result<(), String> {

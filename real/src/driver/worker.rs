@@ -111,6 +111,12 @@ fn spawn_delivery<S, D, P, X>(
 }
 
 /// XREADGROUP as many entries as there are free slots, forever.
+///
+/// The reader holds no slot while XREADGROUP blocks: it waits for one slot
+/// to be free, reads up to the number free, and only then takes a slot per
+/// entry it got (waiting, if the reclaimer took some meanwhile). A reader
+/// that held its slots through a blocking read would leave the reclaimer no
+/// room on an idle worker, exactly when reclaiming is its only work.
 async fn read_loop<S, D, P, X>(
     io: &Arc<Io<S, D, P>>,
     executor: &Arc<X>,
@@ -127,19 +133,13 @@ async fn read_loop<S, D, P, X>(
     let by = Issuer::worker(worker);
     let idle = Duration::from_millis(io.config.idle_poll_ms);
     loop {
-        let Ok(first) = slots.clone().acquire_owned().await else {
-            return;
+        let room = match slots.acquire().await {
+            Ok(_one) => 1 + slots.available_permits(),
+            Err(_) => return,
         };
-        let mut permits = vec![first];
-        while permits.len() < io.config.read_count_max {
-            match slots.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
         let read = Command::Stream(StreamOp::Read {
             consumer: worker.consumer(),
-            count: permits.len(),
+            count: room.min(io.config.read_count_max),
             now: now(),
         });
         match io.run(&role, read, by).await {
@@ -149,10 +149,11 @@ async fn read_loop<S, D, P, X>(
                     crate::crash_point!("after_receive");
                 }
                 for (id, job) in got {
-                    let permit = permits.pop().expect("read at most one entry per slot");
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
                     spawn_delivery(io, executor, worker, id, job, permit, count);
                 }
-                drop(permits);
                 if empty {
                     tokio::time::sleep(idle).await;
                 }
@@ -160,15 +161,11 @@ async fn read_loop<S, D, P, X>(
             Input::Stream(Err(StreamError::NoGroup)) => {
                 // Redis lost the stream or the group: recreate it; the
                 // sweeper re-publishes from Postgres.
-                drop(permits);
                 let _ = io
                     .run(&role, Command::Stream(StreamOp::EnsureGroup), by)
                     .await;
             }
-            _ => {
-                drop(permits);
-                tokio::time::sleep(idle).await;
-            }
+            _ => tokio::time::sleep(idle).await,
         }
     }
 }

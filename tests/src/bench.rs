@@ -1,0 +1,493 @@
+//! The live benchmarks of `cargo xtask bench`: drain throughput, latency at a
+//! fixed offered load, and recovery after kill -9 — real `pelican worker`
+//! processes (a release build, named by `PELICAN_BIN`) against a throwaway
+//! Redis (AOF everysec) and a throwaway Postgres cluster (fsync and
+//! `synchronous_commit` on).
+//!
+//! * **Drain**: `drain_jobs` no-op runs are submitted first through the
+//!   submit path the API uses (insert, XADD, mark published; many at once),
+//!   then the workers start; the clock runs from their start until every
+//!   run has its durable outcome and the PEL is empty.
+//! * **Latency**: with the workers idle, runs are submitted at a fixed rate
+//!   below saturation; each run's latency is from the start of its
+//!   submission until a poll of Postgres (every 2 ms) sees it succeeded.
+//! * **Recovery**: sleep runs are started; once they are running, the
+//!   worker holding some is killed with kill -9; each of its runs' recovery
+//!   time is from the kill until the poll sees it succeeded (another
+//!   worker reclaims and re-runs it). Lease 2 s, heartbeat 400 ms.
+//!
+//! Figures are what this machine did in this run: nothing here asserts a
+//! target; `cargo xtask bench` prints them against the targets.
+
+use crate::{Cluster, Database, Env, Proc};
+use pelican_model::ids::RunId;
+use pelican_model::protocol::{DbOp, DbReply, SubmitterEnd};
+use pelican_model::status::RunStatus;
+use pelican_real::live::{PgDb, RedisStream, StreamNames};
+use pelican_real::{Config, Io, NoProbe, submit};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchPlan {
+    /// No-op runs drained.
+    pub drain_jobs: u32,
+    /// Worker processes.
+    pub workers: u32,
+    /// Each worker's `--in-flight-max`.
+    pub in_flight: u32,
+    /// Offered load of the latency run, runs per second.
+    pub latency_rate: u32,
+    /// Length of the latency run, seconds.
+    pub latency_seconds: u32,
+    /// Workers killed in the recovery run.
+    pub kills: u32,
+    /// Submissions in flight during the bulk submit.
+    pub submit_concurrency: usize,
+    /// The workers' `--reclaim-min-idle-ms`.
+    pub reclaim_min_idle_ms: u64,
+}
+
+impl Default for BenchPlan {
+    fn default() -> BenchPlan {
+        BenchPlan {
+            drain_jobs: 100_000,
+            workers: 2,
+            in_flight: 256,
+            latency_rate: 500,
+            latency_seconds: 10,
+            kills: 20,
+            submit_concurrency: 64,
+            reclaim_min_idle_ms: 500,
+        }
+    }
+}
+
+/// The live figures.
+#[derive(Clone, Debug, Default)]
+pub struct LiveFigures {
+    /// Runs submitted for the drain.
+    pub drain_jobs: u64,
+    /// Bulk submission: seconds, and runs per second.
+    pub submit_seconds: f64,
+    /// Runs submitted per second.
+    pub submit_per_s: f64,
+    /// From the workers' start to every run's outcome and an empty PEL.
+    pub drain_seconds: f64,
+    /// `drain_jobs / drain_seconds`.
+    pub jobs_per_s: f64,
+    /// Runs measured in the latency run.
+    pub latency_jobs: u64,
+    /// Submit to durable outcome, at `latency_rate`.
+    pub p50_ms: f64,
+    /// 99th percentile of the same.
+    pub p99_ms: f64,
+    /// Runs the kills interrupted.
+    pub recovery_runs: u64,
+    /// Kill to outcome of each interrupted run.
+    pub recovery_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub recovery_p99_ms: f64,
+    /// The slowest recovery.
+    pub recovery_max_ms: f64,
+}
+
+impl LiveFigures {
+    /// As JSON.
+    #[must_use]
+    pub fn json(&self) -> Value {
+        json!({
+            "drain_jobs": self.drain_jobs,
+            "submit_seconds": round(self.submit_seconds, 2),
+            "submit_per_s": round(self.submit_per_s, 0),
+            "drain_seconds": round(self.drain_seconds, 2),
+            "live_jobs_per_s": round(self.jobs_per_s, 0),
+            "latency_jobs": self.latency_jobs,
+            "live_p50_ms": round(self.p50_ms, 1),
+            "live_p99_ms": round(self.p99_ms, 1),
+            "recovery_runs": self.recovery_runs,
+            "recovery_p50_ms": round(self.recovery_p50_ms, 0),
+            "recovery_p99_ms": round(self.recovery_p99_ms, 0),
+            "recovery_max_ms": round(self.recovery_max_ms, 0),
+        })
+    }
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// The `q` quantile (0..=1) of `xs`, nearest rank.
+#[must_use]
+pub fn quantile(xs: &mut [f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    xs[rank - 1]
+}
+
+type Clients = Io<RedisStream, PgDb, NoProbe>;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts")
+}
+
+async fn clients(env: &Env, pool: u32) -> Clients {
+    let stream = RedisStream::connect(
+        &env.redis.url(),
+        StreamNames::new(&env.stream, "pelican"),
+        100,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the bench's Redis answers");
+    let db = PgDb::connect(&env.database_url, pool, Duration::from_secs(10))
+        .await
+        .expect("the bench's Postgres answers");
+    Io {
+        stream,
+        db,
+        probe: NoProbe,
+        entropy: Arc::new(crate::Fixed),
+        config: Config::default(),
+    }
+}
+
+/// Submits one run of `kind`/`input` through the protocol's submit path.
+async fn submit_one(io: &Clients, kind: &str, input: &str) -> RunId {
+    let run = match io.db.execute(&DbOp::NextRunId).await {
+        Ok(DbReply::NewRun(r)) => r,
+        other => panic!("next run id: {other:?}"),
+    };
+    let end = submit(io, run, kind, input).await;
+    assert!(
+        matches!(end, SubmitterEnd::Accepted { .. }),
+        "submission of {run}: {end:?}"
+    );
+    run
+}
+
+/// Submits `n` runs, `concurrency` at a time.
+async fn submit_many(io: &Arc<Clients>, n: u32, concurrency: usize, kind: &str, input: &str) {
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut next = 0;
+    while next < n || !tasks.is_empty() {
+        while next < n && tasks.len() < concurrency {
+            let (io, kind, input) = (Arc::clone(io), kind.to_owned(), input.to_owned());
+            tasks.spawn(async move { submit_one(&io, &kind, &input).await });
+            next += 1;
+        }
+        if let Some(r) = tasks.join_next().await {
+            r.expect("a submission does not panic");
+        }
+    }
+}
+
+async fn statuses(db: &PgDb, runs: &[i64]) -> BTreeMap<i64, String> {
+    // An observation query of the bench, not a protocol statement.
+    sqlx::query_as::<_, (i64, String)>("SELECT run_id, status FROM runs WHERE run_id = ANY($1)")
+        .bind(runs)
+        .fetch_all(db.pool())
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+async fn open_runs(db: &PgDb) -> u64 {
+    match db.execute(&DbOp::CountRuns).await {
+        Ok(DbReply::Counts(counts)) => counts
+            .iter()
+            .filter(|(s, _)| !s.is_terminal())
+            .map(|(_, n)| n)
+            .sum(),
+        _ => u64::MAX,
+    }
+}
+
+const WORKER_FLAGS: [&str; 4] = ["--reclaim-every-ms", "200", "--read-block-ms", "500"];
+
+fn start_workers(env: &mut Env, plan: &BenchPlan) -> Vec<Proc> {
+    (1..=plan.workers)
+        .map(|w| start_worker(env, plan, w))
+        .collect()
+}
+
+fn start_worker(env: &mut Env, plan: &BenchPlan, w: u32) -> Proc {
+    let in_flight = plan.in_flight.to_string();
+    let min_idle = plan.reclaim_min_idle_ms.to_string();
+    let mut flags: Vec<&str> = WORKER_FLAGS.to_vec();
+    flags.extend(["--in-flight-max", &in_flight]);
+    flags.extend(["--reclaim-min-idle-ms", &min_idle]);
+    env.worker(w, None, &flags)
+}
+
+/// Measures the drain, the latency and the recovery; progress on stderr.
+///
+/// # Panics
+/// When a service cannot be started, or a run does not finish within a
+/// few minutes (the figures would be meaningless).
+pub fn run(plan: &BenchPlan) -> LiveFigures {
+    let rt = runtime();
+    let cluster = Cluster::start();
+    let mut figures = LiveFigures::default();
+
+    // Drain.
+    {
+        let db = Database::create_on(&cluster.admin_url());
+        let url = db.url().to_owned();
+        let mut env = Env::with_database(url, Some(db), None);
+        env.trace = false;
+        let io = Arc::new(rt.block_on(clients(&env, 16)));
+        eprintln!(
+            "bench: submitting {} no-op runs ({} at a time)",
+            plan.drain_jobs, plan.submit_concurrency
+        );
+        let t = Instant::now();
+        rt.block_on(submit_many(
+            &io,
+            plan.drain_jobs,
+            plan.submit_concurrency,
+            "noop",
+            "{}",
+        ));
+        figures.drain_jobs = u64::from(plan.drain_jobs);
+        figures.submit_seconds = t.elapsed().as_secs_f64();
+        figures.submit_per_s = f64::from(plan.drain_jobs) / figures.submit_seconds;
+        eprintln!(
+            "bench: submitted in {:.1} s ({:.0}/s); draining with {} workers",
+            figures.submit_seconds, figures.submit_per_s, plan.workers
+        );
+        let t = Instant::now();
+        let workers = start_workers(&mut env, plan);
+        loop {
+            let open = rt.block_on(open_runs(&io.db));
+            if open == 0 && env.pel_len() == 0 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(900),
+                "the drain did not finish in 15 minutes ({open} runs open)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        figures.drain_seconds = t.elapsed().as_secs_f64();
+        figures.jobs_per_s = f64::from(plan.drain_jobs) / figures.drain_seconds;
+        eprintln!(
+            "bench: drained in {:.2} s: {:.0} jobs/s",
+            figures.drain_seconds, figures.jobs_per_s
+        );
+        drop(workers);
+    }
+
+    // Latency at a fixed offered load.
+    {
+        let db = Database::create_on(&cluster.admin_url());
+        let url = db.url().to_owned();
+        let mut env = Env::with_database(url, Some(db), None);
+        env.trace = false;
+        let _workers = start_workers(&mut env, plan);
+        let io = Arc::new(rt.block_on(clients(&env, 8)));
+        let n = plan.latency_rate * plan.latency_seconds;
+        eprintln!(
+            "bench: latency at {} runs/s for {} s",
+            plan.latency_rate, plan.latency_seconds
+        );
+        // Warm up the workers' connections.
+        rt.block_on(submit_many(&io, 20, 4, "noop", "{}"));
+        std::thread::sleep(Duration::from_millis(500));
+        let mut lat = rt.block_on(latency(&io, n, plan.latency_rate));
+        figures.latency_jobs = lat.len() as u64;
+        figures.p50_ms = quantile(&mut lat, 0.50);
+        figures.p99_ms = quantile(&mut lat, 0.99);
+        eprintln!(
+            "bench: latency p50 {:.1} ms, p99 {:.1} ms over {} runs",
+            figures.p50_ms, figures.p99_ms, figures.latency_jobs
+        );
+    }
+
+    // Recovery after kill -9.
+    {
+        let db = Database::create_on(&cluster.admin_url());
+        let url = db.url().to_owned();
+        let mut env = Env::with_database(url, Some(db), None);
+        // PELICAN_BENCH_TRACE=1 keeps the recovery run's traces and logs.
+        env.trace = std::env::var_os("PELICAN_BENCH_TRACE").is_some();
+        env.keep_logs = env.trace;
+        if env.trace {
+            eprintln!("bench: recovery logs and traces in {}", env.logs.display());
+        }
+        let mut workers = start_workers(&mut env, plan);
+        let io = Arc::new(rt.block_on(clients(&env, 8)));
+        let mut samples = Vec::new();
+        for k in 0..plan.kills {
+            let (victim, got) = rt.block_on(recovery(&io, &mut workers, 8));
+            samples.extend(got);
+            workers[victim] = start_worker(&mut env, plan, victim as u32 + 1);
+            // The restarted worker joins the group before the next round.
+            std::thread::sleep(Duration::from_millis(300));
+            eprintln!(
+                "bench: kill {}/{}: {} runs recovered so far",
+                k + 1,
+                plan.kills,
+                samples.len()
+            );
+        }
+        samples.sort_by(f64::total_cmp);
+        let shown: Vec<String> = samples.iter().map(|s| format!("{s:.0}")).collect();
+        eprintln!("bench: recovery times (ms): {}", shown.join(" "));
+        figures.recovery_runs = samples.len() as u64;
+        figures.recovery_p50_ms = quantile(&mut samples, 0.50);
+        figures.recovery_p99_ms = quantile(&mut samples, 0.99);
+        figures.recovery_max_ms = quantile(&mut samples, 1.0);
+    }
+    drop(cluster);
+    figures
+}
+
+/// Submits `n` no-op runs at `rate` per second while a poller watches
+/// Postgres; returns each run's latency in milliseconds.
+async fn latency(io: &Arc<Clients>, n: u32, rate: u32) -> Vec<f64> {
+    type Started = Arc<std::sync::Mutex<BTreeMap<i64, Instant>>>;
+    let started: Started = Arc::default();
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(f64::from(n) / f64::from(rate) + 60.0);
+    let poller = {
+        let (io, started) = (Arc::clone(io), Arc::clone(&started));
+        tokio::spawn(async move {
+            let mut done: BTreeMap<i64, f64> = BTreeMap::new();
+            while done.len() < n as usize && Instant::now() < deadline {
+                let pending: Vec<(i64, Instant)> = {
+                    let s = started.lock().expect("not poisoned");
+                    s.iter()
+                        .filter(|(r, _)| !done.contains_key(r))
+                        .map(|(r, at)| (*r, *at))
+                        .collect()
+                };
+                if !pending.is_empty() {
+                    let ids: Vec<i64> = pending.iter().map(|(r, _)| *r).collect();
+                    let seen = statuses(&io.db, &ids).await;
+                    let now = Instant::now();
+                    for (run, at) in pending {
+                        if seen.get(&run).map(String::as_str) == Some(RunStatus::Succeeded.as_str())
+                        {
+                            done.insert(run, now.duration_since(at).as_secs_f64() * 1000.0);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            done
+        })
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let due = t0 + Duration::from_secs_f64(f64::from(i) / f64::from(rate));
+        tokio::time::sleep_until(due.into()).await;
+        let (io, started) = (Arc::clone(io), Arc::clone(&started));
+        tasks.spawn(async move {
+            let at = Instant::now();
+            let run = match io.db.execute(&DbOp::NextRunId).await {
+                Ok(DbReply::NewRun(r)) => r,
+                other => panic!("next run id: {other:?}"),
+            };
+            let id = i64::try_from(run.0).expect("run ids fit in bigint");
+            started.lock().expect("not poisoned").insert(id, at);
+            let end = submit(&io, run, "noop", "{}").await;
+            assert!(matches!(end, SubmitterEnd::Accepted { .. }), "{end:?}");
+        });
+        while let Some(r) = tasks.try_join_next() {
+            r.expect("a submission does not panic");
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("a submission does not panic");
+    }
+    let done = poller.await.expect("the poller does not panic");
+    assert_eq!(
+        done.len(),
+        n as usize,
+        "every latency run finishes within a minute"
+    );
+    done.into_values().collect()
+}
+
+/// One recovery round: starts `runs` sleep runs, waits until all are
+/// running, kills -9 the worker holding the most, and returns the index of
+/// the killed worker and, for each run it held, the milliseconds from the
+/// kill until the run succeeded.
+async fn recovery(io: &Arc<Clients>, workers: &mut [Proc], runs: u32) -> (usize, Vec<f64>) {
+    let mut ids = Vec::new();
+    for _ in 0..runs {
+        let run = submit_one(io, "sleep", r#"{"ms":300}"#).await;
+        ids.push(i64::try_from(run.0).expect("run ids fit in bigint"));
+    }
+    let t = Instant::now();
+    loop {
+        let s = statuses(&io.db, &ids).await;
+        if s.len() == ids.len() && s.values().all(|st| st == "running") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the recovery runs did not all start: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // An observation query of the bench, not a protocol statement.
+    let holders: Vec<(i64, String)> =
+        sqlx::query_as("SELECT run_id, worker FROM attempts WHERE run_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(io.db.pool())
+            .await
+            .expect("the attempts are readable");
+    let mut by_worker: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (run, w) in holders {
+        by_worker.entry(w).or_default().push(run);
+    }
+    let (name, held) = by_worker
+        .into_iter()
+        .max_by_key(|(_, r)| r.len())
+        .expect("someone holds the runs");
+    let victim = name
+        .trim_start_matches('w')
+        .parse::<usize>()
+        .expect("worker names are w<N>")
+        - 1;
+    workers[victim].kill9();
+    let killed = Instant::now();
+    let mut done: BTreeMap<i64, f64> = BTreeMap::new();
+    while done.len() < held.len() {
+        let now = Instant::now();
+        for (run, st) in statuses(&io.db, &held).await {
+            if st == RunStatus::Succeeded.as_str() {
+                done.entry(run)
+                    .or_insert_with(|| now.duration_since(killed).as_secs_f64() * 1000.0);
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "runs of a killed worker not recovered within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Let the other runs finish so that the next round starts idle.
+    loop {
+        let s = statuses(&io.db, &ids).await;
+        if s.values().all(|st| st == "succeeded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (victim, done.into_values().collect())
+}

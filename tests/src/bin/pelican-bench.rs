@@ -1,0 +1,171 @@
+//! `pelican-bench`: the live part of `cargo xtask bench` (drain, latency,
+//! recovery; see `pelican_tests::bench`), and the report that joins it with
+//! the model checker's and the simulator's figures.
+
+use clap::Parser;
+use pelican_tests::bench::{BenchPlan, run};
+use serde_json::{Value, json};
+use std::process::ExitCode;
+
+/// Live benchmarks of Pelican against throwaway Redis and Postgres.
+#[derive(Debug, Parser)]
+#[command(name = "pelican-bench")]
+struct Args {
+    /// No-op runs in the drain.
+    #[arg(long, default_value_t = BenchPlan::default().drain_jobs, value_parser = clap::value_parser!(u32).range(1..))]
+    jobs: u32,
+    /// Worker processes.
+    #[arg(long, default_value_t = BenchPlan::default().workers, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+    /// Each worker's --in-flight-max.
+    #[arg(long, default_value_t = BenchPlan::default().in_flight, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    in_flight: u32,
+    /// Offered load of the latency run, runs per second.
+    #[arg(long, default_value_t = BenchPlan::default().latency_rate, value_parser = clap::value_parser!(u32).range(1..))]
+    latency_rate: u32,
+    /// Seconds of the latency run.
+    #[arg(long, default_value_t = BenchPlan::default().latency_seconds, value_parser = clap::value_parser!(u32).range(1..))]
+    latency_seconds: u32,
+    /// Workers killed in the recovery run.
+    #[arg(long, default_value_t = BenchPlan::default().kills, value_parser = clap::value_parser!(u32).range(1..))]
+    kills: u32,
+    /// The workers' --reclaim-min-idle-ms (how soon a reclaim pass looks at
+    /// a silent delivery; the lease still decides whether it is taken).
+    #[arg(long, default_value_t = BenchPlan::default().reclaim_min_idle_ms)]
+    reclaim_min_idle_ms: u64,
+    /// The model checker's JSON line, to join into the report.
+    #[arg(long)]
+    model_json: Option<String>,
+    /// The simulator's JSON line, to join into the report.
+    #[arg(long)]
+    sim_json: Option<String>,
+    /// Write the full report here (JSON).
+    #[arg(long)]
+    report: Option<std::path::PathBuf>,
+    /// Print the summary as JSON on the last stdout line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse(what: &str, text: Option<&str>) -> Result<Value, String> {
+    match text {
+        None => Ok(Value::Null),
+        Some(t) => serde_json::from_str(t).map_err(|e| format!("--{what}-json is not JSON: {e}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let (model, sim) = match (
+        parse("model", a.model_json.as_deref()),
+        parse("sim", a.sim_json.as_deref()),
+    ) {
+        (Ok(m), Ok(s)) => (m, s),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("pelican-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let plan = BenchPlan {
+        drain_jobs: a.jobs,
+        workers: a.workers,
+        in_flight: a.in_flight,
+        latency_rate: a.latency_rate,
+        latency_seconds: a.latency_seconds,
+        kills: a.kills,
+        reclaim_min_idle_ms: a.reclaim_min_idle_ms,
+        ..BenchPlan::default()
+    };
+    let live = run(&plan).json();
+    let summary = json!({
+        "model_seconds": model["seconds"],
+        "model_unique_states": model["unique_states"],
+        "model_states_per_s": model["states_per_s"].as_f64().map(f64::round),
+        "sim_seeds_per_s": sim["seeds_per_s"].as_f64().map(f64::round),
+        "live_jobs_per_s": live["live_jobs_per_s"],
+        "live_p50_ms": live["live_p50_ms"],
+        "live_p99_ms": live["live_p99_ms"],
+        "recovery_p50_ms": live["recovery_p50_ms"],
+        "recovery_p99_ms": live["recovery_p99_ms"],
+    });
+    let target = |key: &str, ok: bool, goal: &str| {
+        let v = &summary[key];
+        let mark = if v.is_null() {
+            "not measured"
+        } else if ok {
+            "met"
+        } else {
+            "NOT met"
+        };
+        eprintln!(
+            "  {key:<22} {:>14}   target {goal:<14} {mark}",
+            v.to_string()
+        );
+    };
+    let num = |key: &str| summary[key].as_f64();
+    eprintln!(
+        "\nbench: {} no-op runs drained by {} workers ({} in flight each); latency at {} runs/s; {} kills",
+        plan.drain_jobs, plan.workers, plan.in_flight, plan.latency_rate, plan.kills
+    );
+    target(
+        "model_seconds",
+        num("model_seconds").is_some_and(|s| s <= 60.0),
+        "<= 60",
+    );
+    eprintln!(
+        "  {:<22} {:>14}",
+        "model_unique_states",
+        summary["model_unique_states"].to_string()
+    );
+    eprintln!(
+        "  {:<22} {:>14}",
+        "model_states_per_s",
+        summary["model_states_per_s"].to_string()
+    );
+    target(
+        "sim_seeds_per_s",
+        num("sim_seeds_per_s").is_some_and(|s| s >= 500.0),
+        ">= 500",
+    );
+    target(
+        "live_jobs_per_s",
+        num("live_jobs_per_s").is_some_and(|s| s >= 50_000.0),
+        ">= 50,000",
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (bulk submit: {} runs/s)",
+        "live_p50_ms",
+        summary["live_p50_ms"].to_string(),
+        live["submit_per_s"]
+    );
+    eprintln!(
+        "  {:<22} {:>14}",
+        "live_p99_ms",
+        summary["live_p99_ms"].to_string()
+    );
+    eprintln!(
+        "  {:<22} {:>14}   ({} runs, slowest {} ms)",
+        "recovery_p50_ms",
+        summary["recovery_p50_ms"].to_string(),
+        live["recovery_runs"],
+        live["recovery_max_ms"]
+    );
+    target(
+        "recovery_p99_ms",
+        num("recovery_p99_ms").is_some_and(|s| s <= 3000.0),
+        "<= 3000",
+    );
+    if let Some(path) = &a.report {
+        let full = json!({ "summary": summary, "model": model, "sim": sim, "live": live });
+        let text = serde_json::to_string_pretty(&full).expect("JSON prints");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("pelican-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("bench: report written to {}", path.display());
+    }
+    if a.json {
+        println!("{summary}");
+    }
+    ExitCode::SUCCESS
+}
