@@ -56,6 +56,6 @@ pub mod live;
 pub mod trace;
 
 pub use driver::{
-    Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, Start, StreamClient, StreamResult,
-    Tools, Worker, cancel, maintain, now, submit,
+    Batching, Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, Start, StreamClient,
+    StreamResult, Tools, Worker, cancel, maintain, now, submit,
 };

@@ -445,7 +445,8 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 7] = [
+    const INTERESTING: [&str; 8] = [
+        "batches",
         "reclaims",
         "late_writes_rejected",
         "retries",

@@ -34,6 +34,8 @@ pub const TOOLS: &str = "10.0.0.3:8080";
 pub enum Request {
     /// To Postgres.
     Db(DbOp, Issuer),
+    /// To Postgres: a batch, run as one transaction.
+    DbBatch(Vec<(DbOp, Issuer)>),
     /// To Redis.
     Stream(StreamOp),
     /// To the tool service.
@@ -52,6 +54,8 @@ pub enum Request {
 pub enum Reply {
     /// From Postgres.
     Db(DbReply),
+    /// From Postgres, for a batch.
+    DbBatch(Vec<DbReply>),
     /// From Redis.
     Stream(StreamResult),
     /// From the tool service: applied now?
@@ -87,6 +91,14 @@ pub async fn serve(oracle: Shared, listen: &'static str, name: &'static str) {
             let node = format!("{name}<{client}");
             let reply = match request {
                 Request::Db(op, by) => Reply::Db(o.db(&node, &op, by)),
+                Request::DbBatch(ops) => {
+                    o.count("batches");
+                    Reply::DbBatch(
+                        ops.into_iter()
+                            .map(|(op, by)| o.db(&node, &op, by))
+                            .collect(),
+                    )
+                }
                 Request::Stream(op) => Reply::Stream(o.stream(&node, &op)),
                 Request::Effect { run, call, key } => {
                     Reply::Effect(o.effect(&node, run, call, &key))
@@ -160,6 +172,13 @@ impl DbClient for Client {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         match Client::call(self, POSTGRES, Request::Db(op, by)).await? {
             Reply::Db(r) => Ok(r),
+            _ => Err(Unavailable),
+        }
+    }
+
+    async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
+        match Client::call(self, POSTGRES, Request::DbBatch(ops)).await? {
+            Reply::DbBatch(r) => Ok(r),
             _ => Err(Unavailable),
         }
     }

@@ -14,7 +14,7 @@ use pelican_model::protocol::{Command, DeliveryEnd, Execution, Input, JobEntry, 
 use pelican_model::stream::Trim;
 use pelican_model::world::Redis;
 use pelican_real::jobs::{Registry, effects_of};
-use pelican_real::{Entropy, Io, Probe, RoleId, Worker, cancel, submit};
+use pelican_real::{Batching, Entropy, Io, Probe, RoleId, Worker, cancel, submit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -122,7 +122,7 @@ impl Probe for SimProbe {
     }
 }
 
-type SimIo = Io<Client, Client, SimProbe>;
+type SimIo = Io<Client, Batching<Client>, SimProbe>;
 
 async fn io_for(
     oracle: &Shared,
@@ -133,9 +133,14 @@ async fn io_for(
     let client = Client::bind(node).await;
     let mut config = scenario.driver.clone();
     config.policy.mutant = mutant;
+    let batch_max = config.in_flight_max;
     let io = Io {
         stream: client.clone(),
-        db: client.clone(),
+        db: Batching::new(
+            client.clone(),
+            batch_max,
+            std::time::Duration::from_millis(config.call_timeout_ms),
+        ),
         probe: SimProbe {
             oracle: oracle.clone(),
             node: node.to_owned(),

@@ -808,9 +808,54 @@ fn dbop() -> impl Strategy<Value = DbOp> {
     ]
 }
 
+/// One step of a database sequence: a statement, or a batch the batching
+/// driver sends as one statement (claims, or completions, on distinct
+/// runs: `CLAIM_MANY`, `COMPLETE_MANY`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DbStep {
+    /// One statement.
+    One(DbOp),
+    /// A batch.
+    Batch(Vec<DbOp>),
+}
+
+fn batch() -> impl Strategy<Value = DbStep> {
+    let runs = prop::sample::subsequence(vec![1u64, 2, 3, 4], 2..=4);
+    let claim = (1u32..=3, 1u64..=6, 0u8..3, 0u8..=12);
+    let claims = (runs.clone(), prop::collection::vec(claim, 4)).prop_map(|(runs, args)| {
+        let ops = runs
+            .into_iter()
+            .zip(args)
+            .map(|(run, (dispatch, entry, w, t))| DbOp::Claim {
+                run: RunId(run),
+                dispatch: Dispatch(dispatch),
+                entry: EntryId::new(entry, 0),
+                worker: format!("w{w}"),
+                now: now(t),
+                lease_ms: 2_000,
+            })
+            .collect();
+        DbStep::Batch(ops)
+    });
+    let completions = (runs, prop::collection::vec(0u64..=4, 4)).prop_map(|(runs, fences)| {
+        let ops = runs
+            .into_iter()
+            .zip(fences)
+            .map(|(run, fence)| DbOp::Complete {
+                run: RunId(run),
+                fence: Fence(fence),
+                result: format!("\"r{fence}\""),
+            })
+            .collect();
+        DbStep::Batch(ops)
+    });
+    prop_oneof![claims, completions]
+}
+
 /// A random database sequence.
-pub fn db_sequence() -> impl Strategy<Value = Vec<DbOp>> {
-    prop::collection::vec(dbop(), 1..30)
+pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
+    let step = prop_oneof![9 => dbop().prop_map(DbStep::One), 2 => batch()];
+    prop::collection::vec(step, 1..30)
 }
 
 /// Empties every table and restarts the run id sequence.
@@ -829,18 +874,22 @@ async fn reset(db: &PgDb) -> Result<(), String> {
 ///
 /// # Errors
 /// The first statement whose answer differs, or the final rows.
-pub async fn db_case(db: &PgDb, ops: &[DbOp]) -> Result<(), String> {
+pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     reset(db).await?;
     let mut model = Db::new();
-    for (i, op) in ops.iter().enumerate() {
-        let want = model.execute(op);
-        let got = db
-            .execute(op)
-            .await
-            .map_err(|e| format!("statement {} {op:?} failed on Postgres: {e}", i + 1))?;
+    for (i, step) in steps.iter().enumerate() {
+        let (want, got) = match step {
+            DbStep::One(op) => (
+                vec![model.execute(op)],
+                db.execute(op).await.map(|r| vec![r]),
+            ),
+            DbStep::Batch(ops) => (model.execute_batch(ops), db.execute_batch(ops).await),
+        };
+        let got =
+            got.map_err(|e| format!("statement {} {step:?} failed on Postgres: {e}", i + 1))?;
         if want != got {
             return Err(format!(
-                "statement {} {op:?}: model {want:?}, Postgres {got:?}",
+                "statement {} {step:?}: model {want:?}, Postgres {got:?}",
                 i + 1
             ));
         }

@@ -73,6 +73,39 @@ pub const CLAIM: &str = "WITH claimed AS ( \
        SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
      SELECT active_fence, attempts, attempts_max, kind, input FROM claimed";
 
+/// [`super::Db::execute_batch`] of [`CLAIM`]s on distinct runs, in one
+/// statement: `$1` runs, `$2` dispatches, `$3` entries, `$4` workers,
+/// `$5` nows, `$6` lease lengths (arrays, one element per claim). Answers one
+/// row per claim that took, with its `run_id`.
+pub const CLAIM_MANY: &str = "WITH input AS ( \
+       SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
+         AS i(run_id, dispatch, entry_id, worker, now, lease_ms)), \
+     claimed AS ( \
+       UPDATE runs r SET status = 'running', active_fence = r.active_fence + 1, attempts = r.attempts + 1, \
+              lease_until = i.now + i.lease_ms, retry_at = NULL, entry_id = i.entry_id \
+         FROM input i \
+        WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
+          AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= i.now)) \
+       RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.dispatch, r.kind, r.input, \
+                 i.entry_id, i.worker), \
+     recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+       SELECT run_id, attempts, active_fence, worker, entry_id, dispatch FROM claimed) \
+     SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed";
+
+/// [`super::Db::execute_batch`] of [`COMPLETE`]s on distinct runs, in one
+/// statement: `$1` runs, `$2` fences, `$3` results (arrays). Answers the
+/// `run_id` of each completion that took.
+pub const COMPLETE_MANY: &str = "WITH input AS ( \
+       SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result)), \
+     done AS ( \
+       UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
+         FROM input i \
+        WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
+       RETURNING r.run_id, i.fence), \
+     marked AS (UPDATE attempts a SET outcome = 'succeeded' FROM done d \
+        WHERE a.run_id = d.run_id AND a.fence = d.fence) \
+     SELECT run_id FROM done";
+
 /// [`super::Db::read_run`]: `$1` run.
 pub const READ_RUN: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
      lease_until, retry_at, published_at, entry_id, result, error_class, error_message \

@@ -358,6 +358,19 @@ impl Db {
         }
     }
 
+    /// Executes `ops` in order, as one transaction: the twin of a batch the
+    /// binding sends as one statement ([`sql::CLAIM_MANY`] for claims,
+    /// [`sql::COMPLETE_MANY`] for completions; the batching driver only
+    /// batches commands of one kind on distinct runs, whose order within
+    /// the batch then does not matter) or, for other mixes, as one
+    /// transaction of single statements.
+    ///
+    /// [`sql::CLAIM_MANY`]: crate::db::sql::CLAIM_MANY
+    /// [`sql::COMPLETE_MANY`]: crate::db::sql::COMPLETE_MANY
+    pub fn execute_batch(&mut self, ops: &[DbOp]) -> Vec<DbReply> {
+        ops.iter().map(|op| self.execute(op)).collect()
+    }
+
     /// Executes one command against the reference database.
     ///
     /// # Panics

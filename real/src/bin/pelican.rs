@@ -10,7 +10,7 @@ use pelican_real::jobs::Registry;
 use pelican_real::live::api::{self, ApiState};
 use pelican_real::live::metrics::MetricsProbe;
 use pelican_real::live::{PgDb, PgTools, RedisStream, StreamNames};
-use pelican_real::{Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
+use pelican_real::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -208,6 +208,11 @@ struct WorkerArgs {
     /// Jobs run at once.
     #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
     in_flight_max: usize,
+    /// Claims (and completions) of up to this many deliveries go to
+    /// Postgres as one statement; 1 sends each on its own.
+    #[arg(long, env = "PELICAN_BATCH_MAX", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    batch_max: u32,
     /// How long a claim or heartbeat keeps a job's ownership.
     #[arg(long, env = "PELICAN_LEASE_MS", default_value_t = 30_000)]
     lease_ms: u64,
@@ -422,7 +427,17 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     let registry = Registry::with_builtins(tools, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
-    let io = Arc::new(io(clients, config, (MetricsProbe::default(), trace)));
+    let io = Arc::new(Io {
+        stream: clients.stream,
+        db: Batching::new(
+            clients.db,
+            a.batch_max as usize,
+            Duration::from_millis(config.call_timeout_ms),
+        ),
+        probe: (MetricsProbe::default(), trace),
+        entropy: Arc::new(OsEntropy),
+        config,
+    });
     tracing::info!(worker = %id.consumer(), in_flight_max = a.in_flight_max, "worker started");
     let left = Worker::new(io, Arc::new(registry), id, !a.no_maintenance)
         .run(shutdown_signal())

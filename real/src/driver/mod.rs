@@ -16,10 +16,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod batch;
 mod delivery;
 mod maintenance;
 mod worker;
 
+pub use batch::Batching;
 pub use maintenance::{cancel, maintain, submit};
 pub use worker::Worker;
 
@@ -48,6 +50,23 @@ pub trait DbClient: Send + Sync + 'static {
         op: DbOp,
         by: Issuer,
     ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
+
+    /// Runs `ops` in order (see [`Batching`]): all answers, or
+    /// `Err(Unavailable)` when there is no answer, and then each command's
+    /// sender knows as little as after a lost reply. The default runs them
+    /// one by one; the bindings override it with one transaction.
+    fn call_batch(
+        &self,
+        ops: Vec<(DbOp, Issuer)>,
+    ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> + Send {
+        async move {
+            let mut replies = Vec::with_capacity(ops.len());
+            for (op, by) in ops {
+                replies.push(self.call(op, by).await?);
+            }
+            Ok(replies)
+        }
+    }
 }
 
 /// The external tool service that job handlers send side effects to. It

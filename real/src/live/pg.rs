@@ -544,10 +544,130 @@ impl PgDb {
     }
 }
 
+impl PgDb {
+    /// Runs `ops` in order, the twin of
+    /// [`pelican_model::Db::execute_batch`]: claims on distinct runs as one
+    /// [`sql::CLAIM_MANY`], completions on distinct runs as one
+    /// [`sql::COMPLETE_MANY`] (one statement, one transaction), anything
+    /// else statement by statement.
+    ///
+    /// # Errors
+    /// When Postgres fails or answers something unexpected; for one
+    /// statement nothing took effect, or (a lost commit answer) everything
+    /// did.
+    pub async fn execute_batch(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
+        let distinct = {
+            let mut runs = std::collections::BTreeSet::new();
+            ops.iter().all(|op| match op {
+                DbOp::Claim { run, .. } | DbOp::Complete { run, .. } => runs.insert(*run),
+                _ => false,
+            })
+        };
+        if distinct && ops.iter().all(|op| matches!(op, DbOp::Claim { .. })) {
+            return self.claim_many(ops).await;
+        }
+        if distinct && ops.iter().all(|op| matches!(op, DbOp::Complete { .. })) {
+            return self.complete_many(ops).await;
+        }
+        // Other mixes (the batching driver sends none) run one by one: an
+        // error then leaves each command as uncertain as a lost reply.
+        let mut replies = Vec::with_capacity(ops.len());
+        for op in ops {
+            replies.push(self.execute(op).await?);
+        }
+        Ok(replies)
+    }
+
+    async fn claim_many(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
+        let (mut runs, mut dispatches, mut entries, mut workers, mut nows, mut leases) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for op in ops {
+            if let DbOp::Claim {
+                run,
+                dispatch,
+                entry,
+                worker,
+                now,
+                lease_ms,
+            } = op
+            {
+                runs.push(big(run.0));
+                dispatches.push(small(dispatch.0));
+                entries.push(entry.to_string());
+                workers.push(worker.clone());
+                nows.push(ms(*now));
+                leases.push(big(*lease_ms));
+            }
+        }
+        let rows = sqlx::query(sql::CLAIM_MANY)
+            .bind(&runs)
+            .bind(&dispatches)
+            .bind(&entries)
+            .bind(&workers)
+            .bind(&nows)
+            .bind(&leases)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut took = std::collections::BTreeMap::new();
+        for r in rows {
+            let run: i64 = r.try_get("run_id")?;
+            took.insert(
+                run,
+                ClaimedJob {
+                    claimed: Claimed {
+                        fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
+                        attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
+                        attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
+                    },
+                    kind: r.try_get("kind")?,
+                    input: r.try_get("input")?,
+                },
+            );
+        }
+        Ok(runs
+            .iter()
+            .map(|run| DbReply::Claimed(took.remove(run)))
+            .collect())
+    }
+
+    async fn complete_many(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
+        let (mut runs, mut fences, mut results) = (vec![], vec![], vec![]);
+        for op in ops {
+            if let DbOp::Complete { run, fence, result } = op {
+                runs.push(big(run.0));
+                fences.push(big(fence.0));
+                results.push(result.clone());
+            }
+        }
+        let rows = sqlx::query(sql::COMPLETE_MANY)
+            .bind(&runs)
+            .bind(&fences)
+            .bind(&results)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut took = std::collections::BTreeSet::new();
+        for r in rows {
+            took.insert(r.try_get::<i64, _>("run_id")?);
+        }
+        Ok(runs
+            .iter()
+            .map(|run| DbReply::Rows(u64::from(took.contains(run))))
+            .collect())
+    }
+}
+
 impl DbClient for PgDb {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         self.execute(&op).await.map_err(|e| {
             tracing::warn!(error = %e, op = ?op, worker = ?by.worker, "statement failed");
+            Unavailable
+        })
+    }
+
+    async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
+        let ops: Vec<DbOp> = ops.into_iter().map(|(op, _)| op).collect();
+        self.execute_batch(&ops).await.map_err(|e| {
+            tracing::warn!(error = %e, commands = ops.len(), "batch failed");
             Unavailable
         })
     }
