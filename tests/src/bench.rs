@@ -49,6 +49,11 @@ pub struct BenchPlan {
     pub submit_concurrency: usize,
     /// The workers' `--reclaim-min-idle-ms`.
     pub reclaim_min_idle_ms: u64,
+    /// The workers' `--batch-max`.
+    pub batch_max: u32,
+    /// Also drain with `--batch-max 1` (every claim and completion on its
+    /// own), to show what batching buys.
+    pub compare_unbatched: bool,
 }
 
 impl Default for BenchPlan {
@@ -62,6 +67,8 @@ impl Default for BenchPlan {
             kills: 20,
             submit_concurrency: 64,
             reclaim_min_idle_ms: 500,
+            batch_max: 512,
+            compare_unbatched: true,
         }
     }
 }
@@ -79,6 +86,8 @@ pub struct LiveFigures {
     pub drain_seconds: f64,
     /// `drain_jobs / drain_seconds`.
     pub jobs_per_s: f64,
+    /// The same drain with `--batch-max 1`.
+    pub unbatched_jobs_per_s: Option<f64>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
     /// Submit to durable outcome, at `latency_rate`.
@@ -105,6 +114,7 @@ impl LiveFigures {
             "submit_per_s": round(self.submit_per_s, 0),
             "drain_seconds": round(self.drain_seconds, 2),
             "live_jobs_per_s": round(self.jobs_per_s, 0),
+            "live_jobs_per_s_unbatched": self.unbatched_jobs_per_s.map(|x| round(x, 0)),
             "latency_jobs": self.latency_jobs,
             "live_p50_ms": round(self.p50_ms, 1),
             "live_p99_ms": round(self.p99_ms, 1),
@@ -239,9 +249,11 @@ fn start_workers(env: &mut Env, plan: &BenchPlan) -> Vec<Proc> {
 fn start_worker(env: &mut Env, plan: &BenchPlan, w: u32) -> Proc {
     let in_flight = plan.in_flight.to_string();
     let min_idle = plan.reclaim_min_idle_ms.to_string();
+    let batch_max = plan.batch_max.to_string();
     let mut flags: Vec<&str> = WORKER_FLAGS.to_vec();
     flags.extend(["--in-flight-max", &in_flight]);
     flags.extend(["--reclaim-min-idle-ms", &min_idle]);
+    flags.extend(["--batch-max", &batch_max]);
     env.worker(w, None, &flags)
 }
 
@@ -255,53 +267,16 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     let cluster = Cluster::start();
     let mut figures = LiveFigures::default();
 
-    // Drain.
-    {
-        let db = Database::create_on(&cluster.admin_url());
-        let url = db.url().to_owned();
-        let mut env = Env::with_database(url, Some(db), None);
-        env.trace = false;
-        let io = Arc::new(rt.block_on(clients(&env, 16)));
-        eprintln!(
-            "bench: submitting {} no-op runs ({} at a time)",
-            plan.drain_jobs, plan.submit_concurrency
-        );
-        let t = Instant::now();
-        rt.block_on(submit_many(
-            &io,
-            plan.drain_jobs,
-            plan.submit_concurrency,
-            "noop",
-            "{}",
-        ));
-        figures.drain_jobs = u64::from(plan.drain_jobs);
-        figures.submit_seconds = t.elapsed().as_secs_f64();
-        figures.submit_per_s = f64::from(plan.drain_jobs) / figures.submit_seconds;
-        eprintln!(
-            "bench: submitted in {:.1} s ({:.0}/s); draining with {} workers",
-            figures.submit_seconds, figures.submit_per_s, plan.workers
-        );
-        let t = Instant::now();
-        let workers = start_workers(&mut env, plan);
-        loop {
-            let open = rt.block_on(open_runs(&io.db));
-            if open == 0 && env.pel_len() == 0 {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(900),
-                "the drain did not finish in 15 minutes ({open} runs open)"
-            );
-            // Counting runs scans the table: not too often.
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        figures.drain_seconds = t.elapsed().as_secs_f64();
-        figures.jobs_per_s = f64::from(plan.drain_jobs) / figures.drain_seconds;
-        eprintln!(
-            "bench: drained in {:.2} s: {:.0} jobs/s",
-            figures.drain_seconds, figures.jobs_per_s
-        );
-        drop(workers);
+    // Drain, batched as shipped, then each claim and completion on its own.
+    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max);
+    figures.drain_jobs = u64::from(plan.drain_jobs);
+    figures.submit_seconds = submit_s;
+    figures.submit_per_s = f64::from(plan.drain_jobs) / submit_s;
+    figures.drain_seconds = drain_s;
+    figures.jobs_per_s = f64::from(plan.drain_jobs) / drain_s;
+    if plan.compare_unbatched {
+        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1);
+        figures.unbatched_jobs_per_s = Some(f64::from(plan.drain_jobs) / unbatched_s);
     }
 
     // Latency at a fixed offered load.
@@ -367,6 +342,75 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     drop(cluster);
     figures
+}
+
+/// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
+/// `--batch-max batch_max`) and waits until every run has its outcome and
+/// the PEL is empty. Returns the seconds of the submission and of the drain.
+fn drain(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &BenchPlan,
+    batch_max: u32,
+) -> (f64, f64) {
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), None);
+    env.trace = false;
+    let io = Arc::new(rt.block_on(clients(&env, 16)));
+    eprintln!(
+        "bench: submitting {} no-op runs ({} at a time)",
+        plan.drain_jobs, plan.submit_concurrency
+    );
+    let t = Instant::now();
+    rt.block_on(submit_many(
+        &io,
+        plan.drain_jobs,
+        plan.submit_concurrency,
+        "noop",
+        "{}",
+    ));
+    let submit = t.elapsed().as_secs_f64();
+    eprintln!(
+        "bench: submitted in {submit:.1} s ({:.0}/s); draining with {} workers, batches of at most {batch_max}",
+        f64::from(plan.drain_jobs) / submit,
+        plan.workers
+    );
+    let t = Instant::now();
+    let workers: Vec<Proc> = (1..=plan.workers)
+        .map(|w| {
+            start_worker(
+                &mut env,
+                &BenchPlan {
+                    batch_max,
+                    ..plan.clone()
+                },
+                w,
+            )
+        })
+        .collect();
+    loop {
+        // Redis first (cheap); count the runs (a table scan) only once the
+        // stream is drained.
+        if env.pel_len() == 0 && !env.undelivered() {
+            let open = rt.block_on(open_runs(&io.db));
+            if open == 0 {
+                break;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(900),
+            "the drain did not finish in 15 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let drain = t.elapsed().as_secs_f64();
+    eprintln!(
+        "bench: drained in {drain:.2} s: {:.0} jobs/s",
+        f64::from(plan.drain_jobs) / drain
+    );
+    drop(workers);
+    (submit, drain)
 }
 
 /// Submits `n` no-op runs at `rate` per second while a poller watches
