@@ -30,8 +30,11 @@
 //!
 //! What the driver adds to the core, and only this: bounded in-flight jobs
 //! (a semaphore of `in_flight_max` slots shared by the reader and the
-//! reclaimer), periodic ticks for the reclaimer and the maintenance tasks, a
-//! timeout on every call, and graceful shutdown.
+//! reclaimer; the reader takes slots only for entries it got, never while
+//! XREADGROUP blocks), periodic ticks for the reclaimer and the maintenance
+//! tasks, a timeout on every call, batching of concurrent claims and
+//! completions into one statement ([`Batching`]: each role still sends its
+//! own command and gets its own answer), and graceful shutdown.
 
 #![warn(missing_docs)]
 

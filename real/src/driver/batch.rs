@@ -36,6 +36,7 @@ type Queued = (DbOp, Issuer, Answer);
 /// docs). Other commands go straight through.
 pub struct Batching<D> {
     inner: Arc<D>,
+    max: usize,
     claims: mpsc::UnboundedSender<Queued>,
     completions: mpsc::UnboundedSender<Queued>,
 }
@@ -55,6 +56,7 @@ impl<D: DbClient> Batching<D> {
         tokio::spawn(batcher(Arc::clone(&inner), rx, max.max(1), timeout));
         Batching {
             inner,
+            max: max.max(1),
             claims,
             completions,
         }
@@ -70,6 +72,8 @@ impl<D: DbClient> Batching<D> {
 impl<D: DbClient> DbClient for Batching<D> {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         let queue = match op {
+            // Batches of one: every command on its own, concurrently.
+            _ if self.max == 1 => return self.inner.call(op, by).await,
             DbOp::Claim { .. } => &self.claims,
             DbOp::Complete { .. } => &self.completions,
             _ => return self.inner.call(op, by).await,
