@@ -496,7 +496,8 @@ impl Env {
 
     /// Starts a worker with the test timings (lease 2 s, heartbeat 400 ms,
     /// reclaim after 2.5 s idle, sweep grace 3 s), plus `flags`, with the
-    /// crash point `failpoint` armed if given.
+    /// crash point `failpoint` armed if given (or, for `name=action`, that
+    /// failpoint with that action, e.g. `before_write=sleep(6000)`).
     pub fn worker(&mut self, id: u32, failpoint: Option<&str>, flags: &[&str]) -> Proc {
         let mut c = self.command();
         c.args(["worker", "--id", &id.to_string()]);
@@ -527,7 +528,13 @@ impl Env {
             TRACES.with(|t| t.borrow_mut().push(trace));
         }
         if let Some(fp) = failpoint {
-            c.env("FAILPOINTS", format!("{fp}=return"));
+            // A bare name is a crash point; `name=action` is passed as is.
+            let spec = if fp.contains('=') {
+                fp.to_owned()
+            } else {
+                format!("{fp}=return")
+            };
+            c.env("FAILPOINTS", spec);
         }
         self.spawn(&format!("worker-{id}"), c)
     }

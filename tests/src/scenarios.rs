@@ -203,21 +203,24 @@ pub fn premature_reclaim_of_a_live_long_job(mutant: Option<&str>) {
     );
 }
 
-/// A late worker (paused past its lease) must not acknowledge the entry
+/// A late worker (stalled past its lease) must not acknowledge the entry
 /// that another worker reclaimed and then died holding: the entry stays
 /// pending and a third worker finishes the run.
 pub fn late_worker_does_not_ack_a_reclaimed_entry(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":2500}"#, 5);
-    let w1 = env.worker(1, None, NO_SWEEP);
+    // w1 runs the job, then stalls 6 s right before writing its outcome
+    // (a SIGSTOP could let a heartbeat go first on resume, and a rejected
+    // heartbeat is not the path under test).
+    let _w1 = env.worker(1, Some("before_write=sleep(6000)"), NO_SWEEP);
     wait_for("w1 runs the job", || {
         env.db().runs[&run].status == RunStatus::Running
     });
-    w1.stop();
     let mut w2 = env.worker(2, None, NO_SWEEP);
     wait_for("w2 reclaims the run", || env.db().runs[&run].attempts >= 2);
     w2.kill9();
-    w1.cont();
+    // w1's write now goes out, and is rejected: w1 must leave the entry.
+    sleep_ms(5000);
     let _w3 = env.worker(3, None, NO_SWEEP);
     env.settle();
     let db = env.check(&[]);

@@ -4,6 +4,7 @@
 //!   `mutants` feature, so mutant runs use that build and the correct run the
 //!   default one).
 //! * `chaos`  — the chaos soak on live services (`pelican-chaos`).
+//! * `bench`  — the model, simulator and live benchmarks (`pelican-bench`).
 //! * `verify` — the main job: the standard configuration must hold every
 //!   guarantee, completely explored, and every mutant must be caught.
 //! * `test`   — every test of the workspace, including the release-mode

@@ -4,7 +4,7 @@ use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe, now, sleep_until};
 use crate::jobs::Executor;
 use futures_util::FutureExt;
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{Command, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
+use pelican_model::protocol::{Command, DbOp, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::world::Issuer;
 use std::panic::AssertUnwindSafe;
@@ -53,6 +53,17 @@ where
                     debug_assert!(call.is_none(), "a role has one call outstanding");
                     if matches!(command, Command::Stream(StreamOp::Ack { .. })) {
                         crate::crash_point!("before_ack");
+                    }
+                    if let Command::Db(op) = &command
+                        && op.fenced_write().is_some()
+                        && !matches!(op, DbOp::Heartbeat { .. })
+                    {
+                        // A stall right before an outcome write (armed as
+                        // `before_write=sleep(MS)`: the delivery's thread
+                        // blocks, its lease runs out, another worker takes
+                        // the run, then the late write goes out).
+                        #[cfg(feature = "failpoints")]
+                        fail::fail_point!("before_write");
                     }
                     let by = Issuer {
                         worker: Some(worker),

@@ -529,18 +529,10 @@ impl PgDb {
             .bind(big(lease_ms))
             .fetch_optional(&self.pool)
             .await?;
-        let Some(r) = row else {
-            return Ok(DbReply::Claimed(None));
-        };
-        Ok(DbReply::Claimed(Some(ClaimedJob {
-            claimed: Claimed {
-                fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
-                attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
-                attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
-            },
-            kind: r.try_get("kind")?,
-            input: r.try_get("input")?,
-        })))
+        row.as_ref()
+            .map(claimed_job)
+            .transpose()
+            .map(DbReply::Claimed)
     }
 }
 
@@ -611,18 +603,7 @@ impl PgDb {
         let mut took = std::collections::BTreeMap::new();
         for r in rows {
             let run: i64 = r.try_get("run_id")?;
-            took.insert(
-                run,
-                ClaimedJob {
-                    claimed: Claimed {
-                        fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
-                        attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
-                        attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
-                    },
-                    kind: r.try_get("kind")?,
-                    input: r.try_get("input")?,
-                },
-            );
+            took.insert(run, claimed_job(&r)?);
         }
         Ok(runs
             .iter()
@@ -654,6 +635,19 @@ impl PgDb {
             .map(|run| DbReply::Rows(u64::from(took.contains(run))))
             .collect())
     }
+}
+
+/// A claim's answer row: the new fence, the attempt, and what to run.
+fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
+    Ok(ClaimedJob {
+        claimed: Claimed {
+            fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
+            attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
+            attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
+        },
+        kind: r.try_get("kind")?,
+        input: r.try_get("input")?,
+    })
 }
 
 impl DbClient for PgDb {
