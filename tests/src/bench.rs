@@ -19,12 +19,11 @@
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
 
-use crate::{Cluster, Database, Env, Proc};
-use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply, SubmitterEnd};
+use crate::{Cluster, Database, Env, Proc, round, submit_new};
+use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
 use pelican_real::live::{PgDb, RedisStream, StreamNames};
-use pelican_real::{Config, Io, NoProbe, submit};
+use pelican_real::{Config, Io, NoProbe};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -126,11 +125,6 @@ impl LiveFigures {
     }
 }
 
-fn round(x: f64, digits: i32) -> f64 {
-    let f = 10f64.powi(digits);
-    (x * f).round() / f
-}
-
 /// The `q` quantile (0..=1) of `xs`, nearest rank.
 #[must_use]
 pub fn quantile(xs: &mut [f64], q: f64) -> f64 {
@@ -173,20 +167,6 @@ async fn clients(env: &Env, pool: u32) -> Clients {
     }
 }
 
-/// Submits one run of `kind`/`input` through the protocol's submit path.
-async fn submit_one(io: &Clients, kind: &str, input: &str) -> RunId {
-    let run = match io.db.execute(&DbOp::NextRunId).await {
-        Ok(DbReply::NewRun(r)) => r,
-        other => panic!("next run id: {other:?}"),
-    };
-    let end = submit(io, run, kind, input).await;
-    assert!(
-        matches!(end, SubmitterEnd::Accepted { .. }),
-        "submission of {run}: {end:?}"
-    );
-    run
-}
-
 /// Submits `n` runs, `concurrency` at a time.
 async fn submit_many(io: &Arc<Clients>, n: u32, concurrency: usize, kind: &str, input: &str) {
     let mut tasks = tokio::task::JoinSet::new();
@@ -194,7 +174,7 @@ async fn submit_many(io: &Arc<Clients>, n: u32, concurrency: usize, kind: &str, 
     while next < n || !tasks.is_empty() {
         while next < n && tasks.len() < concurrency {
             let (io, kind, input) = (Arc::clone(io), kind.to_owned(), input.to_owned());
-            tasks.spawn(async move { submit_one(&io, &kind, &input).await });
+            tasks.spawn(async move { submit_new(&io, &kind, &input).await });
             next += 1;
         }
         if let Some(r) = tasks.join_next().await {
@@ -454,15 +434,13 @@ async fn latency(io: &Arc<Clients>, n: u32, rate: u32) -> Vec<f64> {
         tokio::time::sleep_until(due.into()).await;
         let (io, started) = (Arc::clone(io), Arc::clone(&started));
         tasks.spawn(async move {
+            // The clock starts before the submission; the poller looks for
+            // the run once it is known (a run already finished by then is
+            // seen at its next poll).
             let at = Instant::now();
-            let run = match io.db.execute(&DbOp::NextRunId).await {
-                Ok(DbReply::NewRun(r)) => r,
-                other => panic!("next run id: {other:?}"),
-            };
+            let run = submit_new(&io, "noop", "{}").await;
             let id = i64::try_from(run.0).expect("run ids fit in bigint");
             started.lock().expect("not poisoned").insert(id, at);
-            let end = submit(&io, run, "noop", "{}").await;
-            assert!(matches!(end, SubmitterEnd::Accepted { .. }), "{end:?}");
         });
         while let Some(r) = tasks.try_join_next() {
             r.expect("a submission does not panic");
@@ -487,7 +465,7 @@ async fn latency(io: &Arc<Clients>, n: u32, rate: u32) -> Vec<f64> {
 async fn recovery(io: &Arc<Clients>, workers: &mut [Proc], runs: u32) -> (usize, Vec<f64>) {
     let mut ids = Vec::new();
     for _ in 0..runs {
-        let run = submit_one(io, "sleep", r#"{"ms":300}"#).await;
+        let run = submit_new(io, "sleep", r#"{"ms":300}"#).await;
         ids.push(i64::try_from(run.0).expect("run ids fit in bigint"));
     }
     let t = Instant::now();

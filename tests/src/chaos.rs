@@ -18,7 +18,7 @@
 //! on failure so that the same faults can be thrown again; the exact
 //! interleaving with real processes is, of course, not reproducible.
 
-use crate::{Broken, Cluster, Database, Env, Proc, effect_keys};
+use crate::{Broken, Cluster, Database, Env, Proc, effect_keys, round};
 use pelican_model::ids::RunId;
 use pelican_model::status::{ErrorClass, RunStatus};
 use rand::rngs::StdRng;
@@ -575,8 +575,8 @@ impl Report {
             "traces_checked": self.traces_checked,
             "seed": self.plan.seed,
             "workers": self.plan.workers,
-            "settle_seconds": round1(self.settle_seconds),
-            "seconds": round1(self.seconds),
+            "settle_seconds": round(self.settle_seconds, 1),
+            "seconds": round(self.seconds, 1),
             "passed": self.passed(),
         })
     }
@@ -635,10 +635,6 @@ impl Report {
         }
         out
     }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }
 
 /// The API's bearer token in the soak.

@@ -627,22 +627,7 @@ impl Env {
     /// Submits `kind`/`input` with `attempts_max` attempts (as `POST /runs`).
     pub fn submit(&mut self, kind: &str, input: &str, attempts_max: u32) -> RunId {
         let io = self.io(attempts_max);
-        let (k, i) = (kind.to_owned(), input.to_owned());
-        let run = rt().block_on(async move {
-            let run = match io
-                .db
-                .execute(&pelican_model::protocol::DbOp::NextRunId)
-                .await
-            {
-                Ok(pelican_model::protocol::DbReply::NewRun(r)) => r,
-                other => panic!("next run id: {other:?}"),
-            };
-            // `published: false` when a worker claimed the run before the
-            // publication was marked: the run is in the stream either way.
-            let end = submit(&io, run, &k, &i).await;
-            assert!(matches!(end, SubmitterEnd::Accepted { .. }), "{end:?}");
-            run
-        });
+        let run = rt().block_on(submit_new(&io, kind, input));
         self.accepted.insert(run);
         self.effects
             .insert(run, pelican_real::jobs::effects_of(kind, input));
@@ -1072,6 +1057,37 @@ impl Env {
         let id: String = cmd.query(&mut c).expect("XADD to the test's Redis");
         id.parse().expect("Redis answers an entry ID")
     }
+}
+
+/// Submits a new run of `kind`/`input` through the protocol's submit path
+/// (as `POST /runs`: a fresh run id, the row, the entry, the published mark).
+///
+/// # Panics
+/// When the submission is not accepted. (`published: false` is accepted:
+/// a worker claimed the run before the publication was marked; the run is in
+/// the stream either way.)
+pub async fn submit_new(io: &Io<RedisStream, PgDb, NoProbe>, kind: &str, input: &str) -> RunId {
+    let run = match io
+        .db
+        .execute(&pelican_model::protocol::DbOp::NextRunId)
+        .await
+    {
+        Ok(pelican_model::protocol::DbReply::NewRun(r)) => r,
+        other => panic!("next run id: {other:?}"),
+    };
+    let end = submit(io, run, kind, input).await;
+    assert!(
+        matches!(end, SubmitterEnd::Accepted { .. }),
+        "submission of {run}: {end:?}"
+    );
+    run
+}
+
+/// `x` rounded to `digits` decimals (for reports).
+#[must_use]
+pub fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
 }
 
 /// The keys under which `run`'s tool call `call` was requested

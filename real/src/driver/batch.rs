@@ -61,12 +61,6 @@ impl<D: DbClient> Batching<D> {
             completions,
         }
     }
-
-    /// The wrapped client.
-    #[must_use]
-    pub fn inner(&self) -> &D {
-        &self.inner
-    }
 }
 
 impl<D: DbClient> DbClient for Batching<D> {

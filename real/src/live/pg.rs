@@ -534,9 +534,7 @@ impl PgDb {
             .transpose()
             .map(DbReply::Claimed)
     }
-}
 
-impl PgDb {
     /// Runs `ops` in order, the twin of
     /// [`pelican_model::Db::execute_batch`]: claims on distinct runs as one
     /// [`sql::CLAIM_MANY`], completions on distinct runs as one
