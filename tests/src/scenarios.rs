@@ -211,8 +211,10 @@ pub fn late_worker_does_not_ack_a_reclaimed_entry(mutant: Option<&str>) {
     let run = env.submit("sleep", r#"{"ms":2500}"#, 5);
     // w1 runs the job, then stalls 6 s right before writing its outcome
     // (a SIGSTOP could let a heartbeat go first on resume, and a rejected
-    // heartbeat is not the path under test).
-    let _w1 = env.worker(1, Some("before_write=sleep(6000)"), NO_SWEEP);
+    // heartbeat is not the path under test). Once only: a stall on every
+    // write would make each attempt w1 later reclaims a lost one too, and
+    // the run could spend all five attempts on stalls and be dead-lettered.
+    let _w1 = env.worker(1, Some("before_write=1*sleep(6000)"), NO_SWEEP);
     wait_for("w1 runs the job", || {
         env.db().runs[&run].status == RunStatus::Running
     });
