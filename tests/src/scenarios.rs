@@ -465,6 +465,70 @@ pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
     assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
 }
 
+/// A database an earlier release migrated (schema version 1 only), holding a
+/// run it never published, is brought to the current schema by `pelican
+/// migrate`: the hot-path indexes replace the old ones, the attempts' foreign
+/// key is gone, and the old run is published and runs to its end.
+pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
+    let db = Database::create();
+    let url = db.url().to_owned();
+    // Far above what the run id sequence hands out to this test.
+    let run = RunId(1_000);
+    crate::rt().block_on(async {
+        let pg = pelican_real::live::pg::PgDb::connect(&url, 1, Duration::from_secs(10))
+            .await
+            .expect("Postgres answers");
+        pelican_real::live::pg::migrator()
+            .run_to(1, pg.pool())
+            .await
+            .expect("schema version 1 applies");
+        let insert = DbOp::InsertRun {
+            run,
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+        };
+        assert!(matches!(pg.execute(&insert).await, Ok(DbReply::Rows(1))));
+    });
+    // `Env` runs `pelican migrate`: the upgrade under test.
+    let mut env = Env::with_database(url.clone(), Some(db), mutant);
+    let schema = crate::rt().block_on(async {
+        let pg = pelican_real::live::pg::PgDb::connect(&url, 1, Duration::from_secs(10))
+            .await
+            .expect("Postgres answers");
+        sqlx::query_as::<_, (String,)>(
+            "SELECT indexname::text FROM pg_indexes WHERE tablename = 'runs' \
+             UNION ALL SELECT conname::text FROM pg_constraint \
+              WHERE conrelid = 'attempts'::regclass AND contype = 'f' \
+             UNION ALL SELECT c.relname || ':' || array_to_string(c.reloptions, ',') \
+               FROM pg_class c WHERE c.relname IN ('runs', 'attempts')",
+        )
+        .fetch_all(pg.pool())
+        .await
+        .expect("the catalog answers")
+        .into_iter()
+        .map(|(name,)| name)
+        .collect::<std::collections::BTreeSet<_>>()
+    });
+    assert_eq!(
+        schema.iter().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "attempts:fillfactor=50",
+            "runs:fillfactor=50",
+            "runs_entry",
+            "runs_pkey",
+            "runs_retry_due",
+            "runs_unpublished",
+        ],
+        "the upgraded schema: indexes of runs, attempts' foreign keys, fill factors"
+    );
+    env.accepted.insert(run);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+}
+
 /// Bad API requests get clear 4xx answers with a JSON body, and change nothing.
 pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);

@@ -29,6 +29,7 @@ live! {
     cancelled_before_delivery_never_runs,
     cancel_stops_a_running_job,
     unpublished_run_is_published_by_the_outbox,
+    migrate_upgrades_a_version_1_database,
     bad_api_requests_get_clear_errors,
     bad_flags_and_unreachable_servers_fail_clearly,
     retention_trims_acknowledged_entries,

@@ -4,7 +4,8 @@
 //! text that sits beside its reference twin in `pelican_model::Db`; the rows
 //! come back as the same [`DbReply`] values. Times are bound as `bigint`
 //! milliseconds, so no statement reads the server's clock. The schema is the
-//! model's `SCHEMA`, applied as an embedded sqlx migration.
+//! model's `SCHEMA` and `SCHEMA_HOT_PATH`, applied as embedded sqlx
+//! migrations.
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{AttemptRow, Candidate, Claimed, ClaimedJob, DeadLetter, RunRow, sql};
@@ -43,16 +44,23 @@ pub enum PgError {
     },
 }
 
-/// The embedded migrations: version 1 is the model's schema.
+/// The embedded migrations: version 1 is the model's schema, version 2 its
+/// hot-path indexes (`sql::SCHEMA_HOT_PATH`).
 #[must_use]
 pub fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        "pelican schema".into(),
-        MigrationType::Simple,
-        sql::SCHEMA.into_sql_str(),
-        false,
-    )])
+    let migration = |version, name: &str, sql: &'static str| {
+        Migration::new(
+            version,
+            name.to_owned().into(),
+            MigrationType::Simple,
+            sql.into_sql_str(),
+            false,
+        )
+    };
+    Migrator::with_migrations(vec![
+        migration(1, "pelican schema", sql::SCHEMA),
+        migration(2, "hot-path updates", sql::SCHEMA_HOT_PATH),
+    ])
 }
 
 fn ms(t: Timestamp) -> i64 {
