@@ -232,7 +232,8 @@ struct WorkerArgs {
     #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
     backoff_cap_ms: u64,
     /// How long a published run may wait, or a lease stay expired, before
-    /// the sweeper checks its stream entry.
+    /// the sweeper checks its stream entry (the sweeper runs on the
+    /// maintenance pass closest to every quarter of this).
     #[arg(long, env = "PELICAN_SWEEP_GRACE_MS", default_value_t = 120_000)]
     sweep_grace_ms: u64,
     /// Maintenance period (retries due, outbox, sweeper).

@@ -220,8 +220,8 @@ async fn reclaim_loop<S, D, P, X>(
     }
 }
 
-/// Every `maintenance_every_ms`: promote due retries, publish the outbox,
-/// sweep for orphaned runs.
+/// Every `maintenance_every_ms`: promote due retries, publish the outbox;
+/// and every [`sweep_every_passes`] passes, sweep for orphaned runs.
 async fn maintenance_loop<S, D, P>(
     io: Arc<Io<S, D, P>>,
     worker: WorkerId,
@@ -232,18 +232,17 @@ async fn maintenance_loop<S, D, P>(
     P: Probe,
 {
     let every = Duration::from_millis(io.config.maintenance_every_ms);
-    loop {
+    let sweep_every = sweep_every_passes(&io.config);
+    for pass in 1_u64.. {
         tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }
-        for task in [
-            MaintenanceTask::Retries,
-            MaintenanceTask::Outbox,
-            MaintenanceTask::Sweep,
-        ] {
-            super::maintain(&io, worker, task).await;
+        super::maintain(&io, worker, MaintenanceTask::Retries).await;
+        super::maintain(&io, worker, MaintenanceTask::Outbox).await;
+        if pass % sweep_every == 0 {
+            super::maintain(&io, worker, MaintenanceTask::Sweep).await;
         }
         if io.config.retention_ms > 0 {
             let before = Timestamp(now().0.saturating_sub(io.config.retention_ms));
@@ -252,6 +251,22 @@ async fn maintenance_loop<S, D, P>(
             let _ = io.run(&RoleId::Retention(worker), retain, by).await;
         }
     }
+}
+
+/// How many maintenance passes apart the sweeps run: about a quarter of the
+/// sweep grace, and at least every pass.
+///
+/// The sweeper looks for runs published, or left with an expired lease, more
+/// than `sweep_grace_ms` ago; its query reads every non-terminal run, which no
+/// index can serve without slowing the hot path (see the schema's notes), so
+/// on a large table it is the costliest statement Pelican runs. Running it
+/// every quarter of the grace delays a recovery by at most that quarter, and
+/// the sweeper is the last resort anyway (the reclaimer and the outbox
+/// recover the common cases). The model lets maintenance tasks run in any
+/// order and as often as they like, so sweeping less often is one of the
+/// behaviours it checks.
+fn sweep_every_passes(config: &Config) -> u64 {
+    (config.policy.sweep_grace_ms / 4 / config.maintenance_every_ms.max(1)).max(1)
 }
 
 impl Config {
@@ -283,5 +298,28 @@ impl Config {
             return Err("backoff_base_ms must not exceed backoff_cap_ms".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, sweep_every_passes};
+
+    fn passes(grace_ms: u64, every_ms: u64) -> u64 {
+        let mut c = Config {
+            maintenance_every_ms: every_ms,
+            ..Config::default()
+        };
+        c.policy.sweep_grace_ms = grace_ms;
+        sweep_every_passes(&c)
+    }
+
+    #[test]
+    fn sweeps_about_every_quarter_of_the_grace() {
+        assert_eq!(passes(120_000, 1_000), 30, "the defaults: every 30 s");
+        assert_eq!(passes(4_000, 1_000), 1, "the simulator's: every pass");
+        assert_eq!(passes(3_000, 300), 2, "the live tests': every 600 ms");
+        assert_eq!(passes(100, 1_000), 1, "never less than every pass");
+        assert_eq!(passes(120_000, 0), 30_000, "no division by zero");
     }
 }

@@ -14,7 +14,7 @@ struct Args {
     /// No-op runs in the drain.
     #[arg(long, default_value_t = BenchPlan::default().drain_jobs, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: u32,
-    /// Worker processes.
+    /// Worker processes (the recovery run starts at least two).
     #[arg(long, default_value_t = BenchPlan::default().workers, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
     /// Each worker's --in-flight-max.
@@ -113,8 +113,13 @@ fn main() -> ExitCode {
     };
     let num = |key: &str| summary[key].as_f64();
     eprintln!(
-        "\nbench: {} no-op runs drained by {} workers ({} in flight each); latency at {} runs/s; {} kills",
-        plan.drain_jobs, plan.workers, plan.in_flight, plan.latency_rate, plan.kills
+        "\nbench: {} no-op runs drained by {} worker process{} ({} in flight each); latency at {} runs/s; {} kills",
+        plan.drain_jobs,
+        plan.workers,
+        if plan.workers == 1 { "" } else { "es" },
+        plan.in_flight,
+        plan.latency_rate,
+        plan.kills
     );
     target(
         "model_seconds",
