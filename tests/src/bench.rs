@@ -38,8 +38,9 @@ pub struct BenchPlan {
     /// starts at least two: one to kill, one to take over). One by default:
     /// on two cores shared with Redis and Postgres, one process running both
     /// cores with twice the deliveries in flight drained faster than two
-    /// (26,100–29,900 jobs/s against 17,100–20,200 in four runs each), as
-    /// its batches are twice as large and fewer threads fight for the cores.
+    /// (26,100–29,900 jobs/s in four runs against 17,100–20,200 in five): it
+    /// gathers every delivery's claim into the same batches, and fewer
+    /// threads fight for the cores.
     pub workers: u32,
     /// Each worker's `--in-flight-max`.
     pub in_flight: u32,
@@ -364,8 +365,8 @@ fn drain(
     // a while ago would be: the submit path's dead row versions vacuumed,
     // statistics current, and a checkpoint done, so that neither an
     // autovacuum nor a checkpoint's full-page writes land in the middle of
-    // the measurement by chance (three drains ranged 13,500 to 19,800
-    // jobs/s without this step, 17,100 to 18,600 with it).
+    // the measurement by chance (without this step, drains of one code
+    // ranged 13,500 to 19,800 jobs/s; with it, 17,100 to 18,600).
     rt.block_on(async {
         for sql in ["VACUUM (ANALYZE) runs, attempts", "CHECKPOINT"] {
             pelican_real::live::pg::raw_execute(&io.db, sql)
