@@ -497,7 +497,7 @@ impl Env {
     /// Starts a worker with the test timings (lease 2 s, heartbeat 400 ms,
     /// reclaim after 2.5 s idle, sweep grace 3 s), plus `flags`, with the
     /// crash point `failpoint` armed if given (or, for `name=action`, that
-    /// failpoint with that action, e.g. `before_write=sleep(6000)`).
+    /// failpoint with that action, e.g. `before_write=1*sleep(6000)`).
     pub fn worker(&mut self, id: u32, failpoint: Option<&str>, flags: &[&str]) -> Proc {
         let mut c = self.command();
         c.args(["worker", "--id", &id.to_string()]);

@@ -474,10 +474,14 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
     let url = db.url().to_owned();
     // Far above what the run id sequence hands out to this test.
     let run = RunId(1_000);
+    let pg = crate::rt()
+        .block_on(pelican_real::live::pg::PgDb::connect(
+            &url,
+            1,
+            Duration::from_secs(10),
+        ))
+        .expect("Postgres answers");
     crate::rt().block_on(async {
-        let pg = pelican_real::live::pg::PgDb::connect(&url, 1, Duration::from_secs(10))
-            .await
-            .expect("Postgres answers");
         pelican_real::live::pg::migrator()
             .run_to(1, pg.pool())
             .await
@@ -491,11 +495,8 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         assert!(matches!(pg.execute(&insert).await, Ok(DbReply::Rows(1))));
     });
     // `Env` runs `pelican migrate`: the upgrade under test.
-    let mut env = Env::with_database(url.clone(), Some(db), mutant);
+    let mut env = Env::with_database(url, Some(db), mutant);
     let schema = crate::rt().block_on(async {
-        let pg = pelican_real::live::pg::PgDb::connect(&url, 1, Duration::from_secs(10))
-            .await
-            .expect("Postgres answers");
         sqlx::query_as::<_, (String,)>(
             "SELECT indexname::text FROM pg_indexes WHERE tablename = 'runs' \
              UNION ALL SELECT conname::text FROM pg_constraint \
@@ -510,6 +511,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         .map(|(name,)| name)
         .collect::<std::collections::BTreeSet<_>>()
     });
+    drop(pg);
     assert_eq!(
         schema.iter().map(String::as_str).collect::<Vec<_>>(),
         [
