@@ -59,6 +59,15 @@ pub struct Config {
     pub outcomes: Vec<OutcomeKind>,
     /// Fault budget per path.
     pub faults: Budget,
+    /// Symmetry reduction over workers: states that differ only in which
+    /// worker is which count once (see `State::fingerprint`). Every verdict
+    /// is the same either way; on by default.
+    #[serde(default = "yes")]
+    pub symmetry: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Config {
@@ -93,6 +102,7 @@ impl Config {
                 total: 1,
                 ..Budget::default()
             },
+            symmetry: true,
         }
     }
 
@@ -123,6 +133,7 @@ impl Config {
                 malformed: 1,
                 total: 1,
             },
+            symmetry: true,
         }
     }
 

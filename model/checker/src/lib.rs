@@ -59,15 +59,15 @@ impl PelicanModel {
     }
 
     fn is_final(&self, s: &State) -> bool {
-        s.derived.is_final
+        s.derived(&self.cfg).is_final
     }
 
     fn broken(&self, s: &State, guarantee: &str) -> bool {
-        s.derived.broken & state::guarantee_bit(guarantee) != 0
+        s.derived(&self.cfg).broken & state::guarantee_bit(guarantee) != 0
     }
 
     fn broken_at_rest(&self, s: &State, guarantee: &str) -> bool {
-        s.derived.broken_at_rest & state::guarantee_bit(guarantee) != 0
+        s.derived(&self.cfg).broken_at_rest & state::guarantee_bit(guarantee) != 0
     }
 
     /// The names of the `always` properties, in order.
@@ -85,14 +85,19 @@ impl PelicanModel {
     ];
 }
 
+/// Whether some run has consecutive attempts whose dispatches satisfy
+/// `pred(earlier, later)` (they are neighbours in the key order).
 fn attempts_pair(s: &State, pred: impl Fn(u32, u32) -> bool) -> bool {
-    s.world.db.attempts.iter().any(|((run, n), a)| {
-        n.0 > 1
-            && s.world
-                .db
-                .attempts
-                .get(&(*run, pelican_model::ids::AttemptNo(n.0 - 1)))
-                .is_some_and(|prev| pred(prev.dispatch.0, a.dispatch.0))
+    let mut prev: Option<(
+        &(pelican_model::ids::RunId, pelican_model::ids::AttemptNo),
+        u32,
+    )> = None;
+    s.world.db.attempts.iter().any(|(key, a)| {
+        let pair = prev.is_some_and(|((run, n), dispatch)| {
+            *run == key.0 && n.0 + 1 == key.1.0 && pred(dispatch, a.dispatch.0)
+        });
+        prev = Some((key, a.dispatch.0));
+        pair
     })
 }
 
@@ -105,7 +110,7 @@ impl Model for PelicanModel {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        state.actions(&self.cfg, actions);
+        actions.extend_from_slice(state.enabled(&self.cfg));
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -171,7 +176,7 @@ impl Model for PelicanModel {
             Property::sometimes(
                 "recovery after total Redis loss",
                 |m: &PelicanModel, s: &State| {
-                    s.budget.redis_wipes < m.cfg.faults.redis_wipes
+                    s.seen.redis_wiped
                         && m.is_final(s)
                         && s.world
                             .db

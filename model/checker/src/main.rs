@@ -44,10 +44,10 @@ struct Args {
     /// Search breadth first (shortest counterexamples, more memory).
     #[arg(long)]
     bfs: bool,
-    /// Symmetry reduction over workers (depth first only): half the states,
-    /// but slower per state.
+    /// Check without the symmetry reduction over workers (every verdict is
+    /// the same, with about twice the states).
     #[arg(long)]
-    symmetry: bool,
+    no_symmetry: bool,
 }
 
 #[global_allocator]
@@ -79,6 +79,10 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let mut cfg = Config::named(&args.config)?;
     if let Some(spec) = &args.faults {
         cfg = cfg.with_faults(spec)?;
+    }
+    if args.no_symmetry {
+        cfg.symmetry = false;
+        cfg.name.push_str("[no symmetry]");
     }
     let mutants: Vec<Mutant> = match args.mutant.as_deref() {
         None => Vec::new(),
@@ -114,7 +118,6 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         ..Options::default()
     };
     opts.bfs = args.bfs;
-    opts.symmetry = args.symmetry;
     if let Some(t) = args.threads {
         opts.threads = t;
     }

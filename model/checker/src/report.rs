@@ -22,11 +22,6 @@ pub struct Options {
     pub progress: Option<fn(usize, usize, usize, Duration)>,
     /// Breadth first (shortest counterexamples, more memory) or depth first.
     pub bfs: bool,
-    /// Merge states that differ only in which worker is which (depth first
-    /// only, as stateright applies symmetry there). Off by default: on
-    /// `standard` it halves the states but computing representatives costs
-    /// more than it saves (604 s against 334 s).
-    pub symmetry: bool,
 }
 
 impl Default for Options {
@@ -37,7 +32,6 @@ impl Default for Options {
             stop_at_failure: false,
             progress: None,
             bfs: false,
-            symmetry: false,
         }
     }
 }
@@ -127,9 +121,6 @@ pub fn check(cfg: &Config, opts: &Options) -> Report {
     let started = Instant::now();
     if opts.bfs {
         finish(&model, cfg, opts, started, builder.spawn_bfs())
-    } else if opts.symmetry {
-        let builder = builder.symmetry_fn(crate::state::representative);
-        finish(&model, cfg, opts, started, builder.spawn_dfs())
     } else {
         finish(&model, cfg, opts, started, builder.spawn_dfs())
     }

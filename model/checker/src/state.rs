@@ -14,6 +14,8 @@ use pelican_model::stream::{StreamError, Trim};
 use pelican_model::world::{Issuer, World};
 use serde::Serialize;
 use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
 
 /// Which part of a worker issued a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -102,10 +104,16 @@ pub struct Seen {
     pub cancel_beat_result: bool,
     /// A run was recovered from a trimmed pending entry.
     pub trimmed_recovered: bool,
+    /// Redis lost all its data.
+    pub redis_wiped: bool,
 }
 
 /// The whole state.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+///
+/// Its [`Hash`] is its fingerprint ([`State::fp`]), which stateright's
+/// visited set keys on: with [`Config::symmetry`], one fingerprint for all
+/// the states that differ only in which worker is which.
+#[derive(Clone, Debug, Serialize)]
 pub struct State {
     /// Redis, Postgres, effects, history.
     pub world: World,
@@ -117,10 +125,45 @@ pub struct State {
     pub budget: Budget,
     /// History flags.
     pub seen: Seen,
-    /// What the properties read, computed once per transition (a function
-    /// of the fields above, so it never tells equal states apart).
-    pub derived: Derived,
+    /// What the properties read ([`State::derived`]) and the enabled
+    /// actions: functions of the fields above, computed once, when the
+    /// checker first evaluates a property of the state (most generated
+    /// states are repeats, whose properties are never evaluated).
+    #[serde(skip)]
+    derived: OnceLock<(Derived, Vec<Action>)>,
+    /// The fingerprint: a hash of every field above but `derived` (see
+    /// [`State::fingerprint`]), computed once per transition.
+    #[serde(skip)]
+    pub fp: u64,
 }
+
+impl Hash for State {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.fp);
+    }
+}
+
+/// Equal states: equal in every field but the two computed from the rest.
+impl PartialEq for State {
+    fn eq(&self, other: &State) -> bool {
+        let State {
+            world,
+            workers,
+            api,
+            budget,
+            seen,
+            derived: _,
+            fp: _,
+        } = self;
+        *world == other.world
+            && *workers == other.workers
+            && *api == other.api
+            && *budget == other.budget
+            && *seen == other.seen
+    }
+}
+
+impl Eq for State {}
 
 /// The properties' inputs, derived from the rest of the state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
@@ -136,7 +179,11 @@ pub struct Derived {
 /// Bit `n` for guarantee "S`n`".
 #[must_use]
 pub fn guarantee_bit(g: &str) -> u16 {
-    1 << g[1..].parse::<u16>().expect("guarantees are named S1..S10")
+    match g.as_bytes() {
+        [b'S', d @ b'1'..=b'9'] => 1 << (d - b'0'),
+        b"S10" => 1 << 10,
+        _ => panic!("guarantees are named S1..S10, not {g:?}"),
+    }
 }
 
 /// A step of the model.
@@ -167,8 +214,12 @@ pub enum Action {
     Pause(u8),
     /// Worker `w` continues.
     Resume(u8),
-    /// A long time passes: every lease, retry time and idle time expires.
-    Tick,
+    /// A long time passes: every lease, retry time and idle time expires,
+    /// and every live worker's heartbeat timer fires, in the order of
+    /// permutation `k` of the workers (every order is explored when two or
+    /// more workers heartbeat: their heartbeats race for the same PEL entry
+    /// and run row).
+    Tick(u8),
     /// Fault: Redis restarts without persistence.
     RedisWipe,
     /// Fault: Redis restarts having lost its newest write.
@@ -211,14 +262,40 @@ impl State {
             api: vec![ApiRun::NotYet; usize::from(cfg.runs)],
             budget: cfg.faults,
             seen: Seen::default(),
-            derived: Derived::default(),
+            derived: OnceLock::new(),
+            fp: 0,
         }
-        .derive(cfg)
+        .derived_from(cfg)
     }
 
-    fn derive(mut self, cfg: &Config) -> State {
-        self.derived = self.compute_derived(cfg);
+    fn derived_from(mut self, cfg: &Config) -> State {
+        self.derive(cfg);
         self
+    }
+
+    /// Computes the fields that are functions of the rest: the fingerprint
+    /// now, [`State::derived`] on first use.
+    fn derive(&mut self, cfg: &Config) {
+        self.derived = OnceLock::new();
+        self.fp = self.fingerprint(cfg.symmetry);
+    }
+
+    /// What the properties read about this state (computed on first use).
+    pub fn derived(&self, cfg: &Config) -> Derived {
+        self.derived.get_or_init(|| self.compute(cfg)).0
+    }
+
+    /// The enabled actions (see [`State::actions`]), computed once with
+    /// [`State::derived`]: the checker asks for both of every state it
+    /// explores.
+    pub fn enabled(&self, cfg: &Config) -> &[Action] {
+        &self.derived.get_or_init(|| self.compute(cfg)).1
+    }
+
+    fn compute(&self, cfg: &Config) -> (Derived, Vec<Action>) {
+        let mut actions = Vec::new();
+        self.actions(cfg, &mut actions);
+        (self.derived_with(cfg, &actions), actions)
     }
 
     /// What the properties read about this state, computed afresh.
@@ -226,6 +303,10 @@ impl State {
     pub fn compute_derived(&self, cfg: &Config) -> Derived {
         let mut actions = Vec::new();
         self.actions(cfg, &mut actions);
+        self.derived_with(cfg, &actions)
+    }
+
+    fn derived_with(&self, cfg: &Config, actions: &[Action]) -> Derived {
         let bits = |bs: Vec<pelican_model::invariants::Broken>| {
             bs.iter().fold(0, |acc, b| acc | guarantee_bit(b.guarantee))
         };
@@ -359,7 +440,15 @@ impl State {
             )
         });
         if waiting && self.ageable() {
-            out.push(Action::Tick);
+            let beating = (0..self.workers.len())
+                .filter(|w| self.would_heartbeat(*w))
+                .count();
+            let orders = if beating > 1 {
+                permutations(self.workers.len()).len()
+            } else {
+                1
+            };
+            out.extend((0..orders).map(|k| Action::Tick(k as u8)));
         }
         if b.redis_wipes > 0 && jobs.exists {
             out.push(Action::RedisWipe);
@@ -414,18 +503,7 @@ impl State {
     pub fn step(&mut self, cfg: &Config, action: Action) {
         self.apply(cfg, action);
         self.normalize();
-        *self = std::mem::replace(self, State::placeholder()).derive(cfg);
-    }
-
-    fn placeholder() -> State {
-        State {
-            world: World::default(),
-            workers: Vec::new(),
-            api: Vec::new(),
-            budget: Budget::default(),
-            seen: Seen::default(),
-            derived: Derived::default(),
-        }
+        self.derive(cfg);
     }
 
     /// Clamps counters that no protocol decision reads, so that states which
@@ -440,6 +518,9 @@ impl State {
         }
         for n in self.world.db.effects.values_mut() {
             *n = (*n).min(2);
+        }
+        if self.budget.total == 0 {
+            self.budget = Budget::default();
         }
     }
 
@@ -552,13 +633,13 @@ impl State {
                 self.workers[usize::from(w)].paused = true;
             }
             Action::Resume(w) => self.workers[usize::from(w)].paused = false,
-            Action::Tick => {
+            Action::Tick(k) => {
                 self.world.redis.jobs.age_all();
                 self.world.db.age_all();
                 // Time passed while jobs ran: a live worker's heartbeat timer
                 // fired meanwhile (a late heartbeat is the pause fault).
-                for w in 0..self.workers.len() {
-                    self.heartbeat(cfg, w as u8);
+                for w in &permutations(self.workers.len())[usize::from(k)] {
+                    self.heartbeat(cfg, *w as u8);
                 }
             }
             // The checker's clock is frozen, but a real restart happens
@@ -567,6 +648,7 @@ impl State {
             Action::RedisWipe => {
                 self.budget.redis_wipes -= 1;
                 self.budget.total -= 1;
+                self.seen.redis_wiped = true;
                 let last = self.world.redis.jobs.last_id;
                 self.world.redis_wiped();
                 self.world.redis.jobs.last_id = last;
@@ -708,15 +790,22 @@ impl State {
 
     /// Fires worker `w`'s heartbeat timer if its job runs, and runs the
     /// renewal it sends in the same step.
-    fn heartbeat(&mut self, cfg: &Config, w: u8) {
-        let wp = &mut self.workers[usize::from(w)];
+    /// Whether worker `w`'s heartbeat timer would fire now: it is running
+    /// a job and waits for nothing else.
+    fn would_heartbeat(&self, w: usize) -> bool {
+        let wp = &self.workers[w];
         let busy = wp.outstanding.iter().any(|(s, _)| *s == Source::Delivery);
-        let Some(d) = wp.delivery.as_mut() else {
-            return;
-        };
-        if wp.paused || busy || !d.is_executing() {
+        !wp.paused && !busy && wp.delivery.as_ref().is_some_and(Delivery::is_executing)
+    }
+
+    fn heartbeat(&mut self, cfg: &Config, w: u8) {
+        if !self.would_heartbeat(usize::from(w)) {
             return;
         }
+        let d = self.workers[usize::from(w)]
+            .delivery
+            .as_mut()
+            .expect("would heartbeat");
         d.handle(NOW, Input::Timer);
         self.drain_delivery(cfg, w);
         if self.workers[usize::from(w)]
@@ -822,32 +911,68 @@ impl State {
     }
 }
 
+impl WorkerProc {
+    /// Worker `from`'s process as worker `perm[from]`'s (see
+    /// [`State::permuted`]): every consumer name it holds renamed.
+    fn relabel(&mut self, from: usize, perm: &[u32]) {
+        let to = WorkerId(perm[from]);
+        if let Some(d) = self.delivery.as_mut() {
+            d.relabel(to);
+        }
+        self.reclaimer.relabel(to);
+        for (_, c) in &mut self.outstanding {
+            c.rename_consumer(&|name| rename(name, perm));
+        }
+    }
+}
+
+/// Worker `i`'s consumer name, for worker `perm[i]`; other names unchanged.
+fn rename(name: &str, perm: &[u32]) -> String {
+    match worker_number(name, perm) {
+        Some(j) => WorkerId(j).consumer(),
+        None => name.to_owned(),
+    }
+}
+
+/// `perm[i]` if `name` is worker `i`'s consumer name.
+fn worker_number(name: &str, perm: &[u32]) -> Option<u32> {
+    let i = match name.as_bytes() {
+        // The checker's workers are w0..w9: the fast path.
+        [b'w', d] if d.is_ascii_digit() => usize::from(d - b'0'),
+        _ => name.strip_prefix('w')?.parse::<usize>().ok()?,
+    };
+    perm.get(i).copied()
+}
+
+/// Hashes a consumer name as worker `perm[i]`'s if it is worker `i`'s.
+fn hash_consumer<H: Hasher>(name: &str, perm: &[u32], h: &mut H) {
+    match worker_number(name, perm) {
+        Some(j) => (0u8, j).hash(h),
+        None => (1u8, name).hash(h),
+    }
+}
+
 /// Symmetry: workers are interchangeable, so states that differ only in
-/// which worker is which are one. [`representative`] picks, among every
-/// relabeling of the workers, the one with the smallest fingerprint.
+/// which worker is which are one. [`State::fingerprint`] gives all of them
+/// one fingerprint — the smallest over every relabeling of the workers — so
+/// the checker keeps one of them. A relabeling is a symmetry of the model
+/// (the test `worker_relabeling_is_a_symmetry` checks it along random
+/// walks): it maps enabled actions to enabled actions, successors to
+/// successors, and no property tells relabeled states apart. Hence every
+/// verdict is unchanged, and a path found in the reduced space is a path of
+/// the model (the checker continues from the state it reached, never from a
+/// relabeled one).
 impl State {
-    /// The same state with worker `i` renamed `perm[i]`.
+    /// The same state with worker `i` renamed `perm[i]` (fingerprinted with
+    /// or without `symmetry`).
     #[must_use]
-    pub fn permuted(&self, perm: &[u32]) -> State {
-        let rename = |name: &str| -> String {
-            name.strip_prefix('w')
-                .and_then(|n| n.parse::<usize>().ok())
-                .and_then(|i| perm.get(i))
-                .map_or_else(|| name.to_owned(), |j| WorkerId(*j).consumer())
-        };
+    pub fn permuted(&self, perm: &[u32], symmetry: bool) -> State {
         let mut next = self.clone();
         let mut workers: Vec<Option<WorkerProc>> = vec![None; self.workers.len()];
         for (i, w) in self.workers.iter().enumerate() {
-            let to = perm[i];
             let mut w = w.clone();
-            if let Some(d) = w.delivery.as_mut() {
-                d.relabel(WorkerId(to));
-            }
-            w.reclaimer.relabel(WorkerId(to));
-            for (_, c) in &mut w.outstanding {
-                c.rename_consumer(&rename);
-            }
-            workers[to as usize] = Some(w);
+            w.relabel(i, perm);
+            workers[perm[i] as usize] = Some(w);
         }
         next.workers = workers
             .into_iter()
@@ -855,12 +980,12 @@ impl State {
             .collect();
         if let Some(g) = next.world.redis.jobs.group.as_mut() {
             for p in g.pel.values_mut() {
-                p.consumer = rename(&p.consumer);
+                p.consumer = rename(&p.consumer, perm);
             }
-            g.consumers = g.consumers.iter().map(|c| rename(c)).collect();
+            g.consumers = g.consumers.iter().map(|c| rename(c, perm)).collect();
         }
         for a in next.world.db.attempts.values_mut() {
-            a.worker = rename(&a.worker);
+            a.worker = rename(&a.worker, perm);
         }
         next.world.trimmed_owed = self
             .world
@@ -868,38 +993,227 @@ impl State {
             .iter()
             .map(|(w, ids)| (WorkerId(perm[w.0 as usize]), ids.clone()))
             .collect();
+        next.fp = next.fingerprint(symmetry);
         next
+    }
+
+    /// The fingerprint: with `symmetry`, the smallest of
+    /// [`State::fingerprint_as`] over every relabeling of the workers (one
+    /// value for the whole symmetry class); without, the identity's.
+    #[must_use]
+    pub fn fingerprint(&self, symmetry: bool) -> u64 {
+        let mut common = fp_hasher();
+        self.hash_unlabeled(&mut common);
+        let procs = self.process_fingerprints();
+        let perms = permutations(self.workers.len());
+        let mut best = self.hash_labeled(&perms[0], &procs, common.clone());
+        if symmetry {
+            for perm in &perms[1..] {
+                best = best.min(self.hash_labeled(perm, &procs, common.clone()));
+            }
+        }
+        best
+    }
+
+    /// The fingerprint `self.permuted(perm)` has without symmetry, computed
+    /// without building it.
+    #[must_use]
+    pub fn fingerprint_as(&self, perm: &[u32]) -> u64 {
+        let mut common = fp_hasher();
+        self.hash_unlabeled(&mut common);
+        self.hash_labeled(perm, &self.process_fingerprints(), common)
+    }
+
+    /// Each worker process's hash as if it were worker 0. A process names
+    /// no worker but itself, and its place in [`State::workers`] says which
+    /// it is, so this loses nothing; and a relabeling of the workers only
+    /// reorders these hashes.
+    fn process_fingerprints(&self) -> Vec<u64> {
+        let n = self.workers.len();
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let mut h = fp_hasher();
+                if i == 0 {
+                    w.hash(&mut h);
+                } else {
+                    let mut w = w.clone();
+                    w.relabel(i, &permutations(n)[swap_index(n, i)]);
+                    w.hash(&mut h);
+                }
+                h.finish()
+            })
+            .collect()
+    }
+
+    /// Hashes every field that names no worker. The destructuring lists
+    /// every field, so that a new one cannot be forgotten here.
+    fn hash_unlabeled(&self, h: &mut FpHasher) {
+        let State {
+            world,
+            workers: _, // labeled
+            api,
+            budget,
+            seen,
+            derived: _, // a function of the rest
+            fp: _,
+        } = self;
+        let World {
+            redis,
+            db,
+            accepted,
+            entries,
+            quarantined,
+            effects,
+            trimmed_owed: _, // labeled
+            violations,
+        } = world;
+        let pelican_model::stream::Stream {
+            exists,
+            entries: stream_entries,
+            last_id,
+            entries_added,
+            max_deleted,
+            group,
+        } = &redis.jobs;
+        (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
+        match group {
+            None => 0u8.hash(h),
+            Some(pelican_model::stream::Group {
+                name,
+                last_delivered,
+                entries_read,
+                pel,
+                consumers: _, // labeled
+            }) => {
+                (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
+                for (id, p) in pel {
+                    let pelican_model::stream::Pending {
+                        consumer: _, // labeled
+                        delivery_time,
+                        delivery_count,
+                    } = p;
+                    (id, delivery_time, delivery_count).hash(h);
+                }
+            }
+        }
+        redis.dead.hash(h);
+        let pelican_model::db::Db {
+            runs,
+            attempts,
+            effects: db_effects,
+            dead_letters,
+            run_ids,
+        } = db;
+        (runs, db_effects, dead_letters, run_ids, attempts.len()).hash(h);
+        for (key, a) in attempts {
+            let pelican_model::db::AttemptRow {
+                fence,
+                worker: _, // labeled
+                entry_id,
+                dispatch,
+                outcome,
+            } = a;
+            (key, fence, entry_id, dispatch, outcome).hash(h);
+        }
+        (accepted, entries, quarantined, effects, violations).hash(h);
+        (api, budget, seen).hash(h);
+    }
+
+    /// Finishes `h` with every field that names a worker, each as if worker
+    /// `i` were worker `perm[i]` (`procs`: [`State::process_fingerprints`]).
+    fn hash_labeled(&self, perm: &[u32], procs: &[u64], mut h: FpHasher) -> u64 {
+        if let Some(g) = &self.world.redis.jobs.group {
+            for p in g.pel.values() {
+                hash_consumer(&p.consumer, perm, &mut h);
+            }
+            // The set of workers' names as a bit set (independent of the
+            // order the relabeling puts them in), then any other names.
+            let mut known: u128 = 0;
+            let mut others = 0usize;
+            for c in &g.consumers {
+                match worker_number(c, perm) {
+                    Some(j) if j < 128 => known |= 1 << j,
+                    _ => others += 1,
+                }
+            }
+            (known, others).hash(&mut h);
+            for c in &g.consumers {
+                if !matches!(worker_number(c, perm), Some(j) if j < 128) {
+                    c.hash(&mut h);
+                }
+            }
+        }
+        for a in self.world.db.attempts.values() {
+            hash_consumer(&a.worker, perm, &mut h);
+        }
+        let owed = &self.world.trimmed_owed;
+        let mut relabeled: Vec<(u32, &BTreeSet<EntryId>)> = owed
+            .iter()
+            .map(|(w, ids)| (perm.get(w.0 as usize).copied().unwrap_or(w.0), ids))
+            .collect();
+        relabeled.sort_unstable_by_key(|(w, _)| *w);
+        relabeled.hash(&mut h);
+        procs.len().hash(&mut h);
+        for j in 0..procs.len() {
+            let i = perm
+                .iter()
+                .position(|p| *p as usize == j)
+                .expect("a permutation");
+            h.write_u64(procs[i]);
+        }
+        h.finish()
     }
 }
 
-fn permutations(n: u32) -> Vec<Vec<u32>> {
+/// The fingerprints' hash function: foldhash's quality variant with a fixed
+/// seed (64 well-mixed bits, a few times faster than SipHash on the many
+/// small writes of a derived `Hash`; the visited set trusts 64-bit
+/// fingerprints either way, as stateright's own do).
+type FpHasher = foldhash::quality::FoldHasher<'static>;
+
+fn fp_hasher() -> FpHasher {
+    foldhash::quality::FixedState::with_seed(0x7065_6c69_6361_6e21).build_hasher()
+}
+
+/// The index in [`permutations`]`(n)` of the transposition of 0 and `i`.
+fn swap_index(n: usize, i: usize) -> usize {
+    permutations(n)
+        .iter()
+        .position(|p| {
+            p.iter().enumerate().all(|(k, v)| {
+                *v as usize
+                    == match k {
+                        0 => i,
+                        k if k == i => 0,
+                        k => k,
+                    }
+            })
+        })
+        .expect("every transposition is a permutation")
+}
+
+/// Every permutation of `0..n`, the identity first (cached for small `n`).
+fn permutations(n: usize) -> &'static [Vec<u32>] {
+    static CACHE: OnceLock<Vec<Vec<Vec<u32>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| (0..=5).map(all_permutations).collect());
+    cache
+        .get(n)
+        .expect("symmetry reduction over at most five workers")
+}
+
+fn all_permutations(n: usize) -> Vec<Vec<u32>> {
     if n == 0 {
         return vec![Vec::new()];
     }
     let mut out = Vec::new();
-    for p in permutations(n - 1) {
-        for at in 0..=p.len() {
+    for p in all_permutations(n - 1) {
+        for at in (0..=p.len()).rev() {
             let mut q = p.clone();
-            q.insert(at, n - 1);
+            q.insert(at, (n - 1) as u32);
             out.push(q);
         }
     }
     out
-}
-
-/// The representative of `s`'s symmetry class: its worker relabeling with
-/// the smallest fingerprint.
-#[must_use]
-pub fn representative(s: &State) -> State {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let fp = |s: &State| {
-        let mut h = DefaultHasher::new();
-        s.hash(&mut h);
-        h.finish()
-    };
-    permutations(s.workers.len() as u32)
-        .into_iter()
-        .map(|p| s.permuted(&p))
-        .min_by_key(fp)
-        .expect("at least the identity")
 }

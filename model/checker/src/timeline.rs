@@ -133,10 +133,13 @@ pub fn describe(s: &State, action: Action) -> String {
         Action::Crash(w) => format!("⚡ w{w} killed (restarts empty)"),
         Action::Pause(w) => format!("⚡ w{w} paused"),
         Action::Resume(w) => format!("w{w} resumes"),
-        Action::Tick => {
+        Action::Tick(0) => {
             "⏱ a long time passes (leases, retries, idle times expire; live workers heartbeat)"
                 .into()
         }
+        Action::Tick(k) => format!(
+            "⏱ a long time passes (leases, retries, idle times expire; live workers heartbeat, in order {k})"
+        ),
         Action::RedisWipe => "⚡ Redis restarts empty".into(),
         Action::RedisLoseNewest => "⚡ Redis restarts, newest write lost".into(),
         Action::Trim => "⚡ XTRIM below the oldest pending ID".into(),
