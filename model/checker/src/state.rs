@@ -15,7 +15,7 @@ use pelican_model::world::{Issuer, World};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Which part of a worker issued a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -85,6 +85,82 @@ impl WorkerProc {
     }
 }
 
+/// A worker process in a state: shared with the states before and after it
+/// until one of them changes it (copy on write: most steps change one
+/// worker, or none), with its fingerprint cached (see
+/// [`State::fingerprint`]). Reads and writes go through `Deref`/`DerefMut`.
+#[derive(Clone)]
+pub struct Proc(Arc<(WorkerProc, OnceLock<(usize, u64)>)>);
+
+impl Proc {
+    /// Wraps `w`.
+    #[must_use]
+    pub fn new(w: WorkerProc) -> Proc {
+        Proc(Arc::new((w, OnceLock::new())))
+    }
+
+    /// Worker `i`'s process hashed as if it were worker 0 (computed once
+    /// per version of the process, for the place it holds).
+    fn fingerprint(&self, i: usize, n: usize) -> u64 {
+        let compute = || {
+            let mut h = fp_hasher();
+            if i == 0 {
+                self.0.0.hash(&mut h);
+            } else {
+                let mut w = self.0.0.clone();
+                w.relabel(i, &permutations(n)[swap_index(n, i)]);
+                w.hash(&mut h);
+            }
+            h.finish()
+        };
+        match self.0.1.get_or_init(|| (i, compute())) {
+            (at, fp) if *at == i => *fp,
+            _ => compute(),
+        }
+    }
+}
+
+impl std::ops::Deref for Proc {
+    type Target = WorkerProc;
+    fn deref(&self) -> &WorkerProc {
+        &self.0.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut WorkerProc {
+        let inner = Arc::make_mut(&mut self.0);
+        inner.1 = OnceLock::new();
+        &mut inner.0
+    }
+}
+
+impl PartialEq for Proc {
+    fn eq(&self, other: &Proc) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.0 == other.0.0
+    }
+}
+
+impl Eq for Proc {}
+
+impl Hash for Proc {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.0.hash(h);
+    }
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.0.fmt(f)
+    }
+}
+
+impl Serialize for Proc {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.0.serialize(s)
+    }
+}
+
 /// The API's handling of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum ApiRun {
@@ -118,7 +194,7 @@ pub struct State {
     /// Redis, Postgres, effects, history.
     pub world: World,
     /// Worker processes.
-    pub workers: Vec<WorkerProc>,
+    pub workers: Vec<Proc>,
     /// The API, per run.
     pub api: Vec<ApiRun>,
     /// Faults left.
@@ -258,7 +334,9 @@ impl State {
         }
         State {
             world,
-            workers: (0..cfg.workers).map(|w| WorkerProc::new(cfg, w)).collect(),
+            workers: (0..cfg.workers)
+                .map(|w| Proc::new(WorkerProc::new(cfg, w)))
+                .collect(),
             api: vec![ApiRun::NotYet; usize::from(cfg.runs)],
             budget: cfg.faults,
             seen: Seen::default(),
@@ -624,7 +702,7 @@ impl State {
             Action::Crash(w) => {
                 self.budget.crashes -= 1;
                 self.budget.total -= 1;
-                self.workers[usize::from(w)] = WorkerProc::new(cfg, w);
+                self.workers[usize::from(w)] = Proc::new(WorkerProc::new(cfg, w));
                 self.world.worker_crashed(WorkerId(u32::from(w)));
             }
             Action::Pause(w) => {
@@ -968,11 +1046,11 @@ impl State {
     #[must_use]
     pub fn permuted(&self, perm: &[u32], symmetry: bool) -> State {
         let mut next = self.clone();
-        let mut workers: Vec<Option<WorkerProc>> = vec![None; self.workers.len()];
+        let mut workers: Vec<Option<Proc>> = vec![None; self.workers.len()];
         for (i, w) in self.workers.iter().enumerate() {
-            let mut w = w.clone();
+            let mut w = WorkerProc::clone(w);
             w.relabel(i, perm);
-            workers[perm[i] as usize] = Some(w);
+            workers[perm[i] as usize] = Some(Proc::new(w));
         }
         next.workers = workers
             .into_iter()
@@ -1033,17 +1111,7 @@ impl State {
         self.workers
             .iter()
             .enumerate()
-            .map(|(i, w)| {
-                let mut h = fp_hasher();
-                if i == 0 {
-                    w.hash(&mut h);
-                } else {
-                    let mut w = w.clone();
-                    w.relabel(i, &permutations(n)[swap_index(n, i)]);
-                    w.hash(&mut h);
-                }
-                h.finish()
-            })
+            .map(|(i, w)| w.fingerprint(i, n))
             .collect()
     }
 
