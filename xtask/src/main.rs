@@ -110,13 +110,15 @@ fn run(what: &str, mut c: Command) -> Result<(), String> {
     }
 }
 
-/// `pelican-check` from the build with or without mutants.
+/// `pelican-check` from the build with or without mutants, built with the
+/// `checker` profile (release with whole-program optimisation).
 fn checker(mutants: bool, args: &[String]) -> Command {
     let mut c = cargo();
     c.args([
         "run",
         "--quiet",
-        "--release",
+        "--profile",
+        "checker",
         "--package",
         "pelican-checker",
         "--bin",

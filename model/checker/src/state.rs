@@ -518,10 +518,20 @@ impl State {
             )
         });
         if waiting && self.ageable() {
-            let beating = (0..self.workers.len())
+            // Heartbeats of different runs on different entries touch
+            // different rows and PEL entries, so they commute: one order
+            // covers them. Two on the same run or entry race: every order.
+            let beating: Vec<(RunId, EntryId)> = (0..self.workers.len())
                 .filter(|w| self.would_heartbeat(*w))
-                .count();
-            let orders = if beating > 1 {
+                .filter_map(|w| {
+                    let d = self.workers[w].delivery.as_ref()?;
+                    Some((d.run()?.0, d.entry()))
+                })
+                .collect();
+            let race = beating.iter().enumerate().any(|(i, (run, entry))| {
+                beating[i + 1..].iter().any(|(r, e)| r == run || e == entry)
+            });
+            let orders = if race {
                 permutations(self.workers.len()).len()
             } else {
                 1
