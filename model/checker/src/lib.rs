@@ -88,17 +88,12 @@ impl PelicanModel {
 /// Whether some run has consecutive attempts whose dispatches satisfy
 /// `pred(earlier, later)` (they are neighbours in the key order).
 fn attempts_pair(s: &State, pred: impl Fn(u32, u32) -> bool) -> bool {
-    let mut prev: Option<(
-        &(pelican_model::ids::RunId, pelican_model::ids::AttemptNo),
-        u32,
-    )> = None;
-    s.world.db.attempts.iter().any(|(key, a)| {
-        let pair = prev.is_some_and(|((run, n), dispatch)| {
-            *run == key.0 && n.0 + 1 == key.1.0 && pred(dispatch, a.dispatch.0)
-        });
-        prev = Some((key, a.dispatch.0));
-        pair
-    })
+    let attempts = &s.world.db.attempts;
+    attempts.iter().zip(attempts.iter().skip(1)).any(
+        |(((run, n), earlier), ((next_run, m), later))| {
+            run == next_run && n.0 + 1 == m.0 && pred(earlier.dispatch.0, later.dispatch.0)
+        },
+    )
 }
 
 impl Model for PelicanModel {

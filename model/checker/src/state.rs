@@ -332,7 +332,7 @@ impl State {
             };
             let _ = world.stream(&StreamOp::Publish { entry, now: NOW }, Issuer::default());
         }
-        State {
+        let mut s = State {
             world,
             workers: (0..cfg.workers)
                 .map(|w| Proc::new(WorkerProc::new(cfg, w)))
@@ -342,13 +342,9 @@ impl State {
             seen: Seen::default(),
             derived: OnceLock::new(),
             fp: 0,
-        }
-        .derived_from(cfg)
-    }
-
-    fn derived_from(mut self, cfg: &Config) -> State {
-        self.derive(cfg);
-        self
+        };
+        s.derive(cfg);
+        s
     }
 
     /// Computes the fields that are functions of the rest: the fingerprint
@@ -370,26 +366,20 @@ impl State {
         &self.derived.get_or_init(|| self.compute(cfg)).1
     }
 
-    fn compute(&self, cfg: &Config) -> (Derived, Vec<Action>) {
-        let mut actions = Vec::new();
-        self.actions(cfg, &mut actions);
-        (self.derived_with(cfg, &actions), actions)
-    }
-
     /// What the properties read about this state, computed afresh.
     #[must_use]
     pub fn compute_derived(&self, cfg: &Config) -> Derived {
-        let mut actions = Vec::new();
-        self.actions(cfg, &mut actions);
-        self.derived_with(cfg, &actions)
+        self.compute(cfg).0
     }
 
-    fn derived_with(&self, cfg: &Config, actions: &[Action]) -> Derived {
+    fn compute(&self, cfg: &Config) -> (Derived, Vec<Action>) {
+        let mut actions = Vec::new();
+        self.actions(cfg, &mut actions);
         let bits = |bs: Vec<pelican_model::invariants::Broken>| {
             bs.iter().fold(0, |acc, b| acc | guarantee_bit(b.guarantee))
         };
         let is_final = actions.is_empty();
-        Derived {
+        let derived = Derived {
             is_final,
             broken: bits(pelican_model::invariants::state(&self.world, &cfg.policy)),
             broken_at_rest: if is_final {
@@ -397,7 +387,8 @@ impl State {
             } else {
                 0
             },
-        }
+        };
+        (derived, actions)
     }
 
     /// What may happen to an XADD that publishes a run. Worker commands
@@ -1206,22 +1197,17 @@ impl State {
             for p in g.pel.values() {
                 hash_consumer(&p.consumer, perm, &mut h);
             }
-            // The set of workers' names as a bit set (independent of the
-            // order the relabeling puts them in), then any other names.
+            // Other names as they come (relabeling moves none of them), then
+            // the workers' names as a bit set, which does not depend on the
+            // order the relabeling puts them in.
             let mut known: u128 = 0;
-            let mut others = 0usize;
             for c in &g.consumers {
                 match worker_number(c, perm) {
                     Some(j) if j < 128 => known |= 1 << j,
-                    _ => others += 1,
+                    _ => c.hash(&mut h),
                 }
             }
-            (known, others).hash(&mut h);
-            for c in &g.consumers {
-                if !matches!(worker_number(c, perm), Some(j) if j < 128) {
-                    c.hash(&mut h);
-                }
-            }
+            known.hash(&mut h);
         }
         for a in self.world.db.attempts.values() {
             hash_consumer(&a.worker, perm, &mut h);
