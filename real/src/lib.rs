@@ -33,8 +33,9 @@
 //! reclaimer; the reader takes slots only for entries it got, never while
 //! XREADGROUP blocks), periodic ticks for the reclaimer and the maintenance
 //! tasks, a timeout on every call, batching of concurrent claims and
-//! completions into one statement ([`Batching`]: each role still sends its
-//! own command and gets its own answer), and graceful shutdown.
+//! completions into one statement and of acknowledgements into one
+//! pipeline ([`Batching`]: each role still sends its own command and gets
+//! its own answer), and graceful shutdown.
 
 #![warn(missing_docs)]
 

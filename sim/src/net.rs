@@ -38,6 +38,8 @@ pub enum Request {
     DbBatch(Vec<(DbOp, Issuer)>),
     /// To Redis.
     Stream(StreamOp),
+    /// To Redis: a pipeline, each command on its own, back to back.
+    StreamBatch(Vec<StreamOp>),
     /// To the tool service.
     Effect {
         /// The run.
@@ -58,6 +60,8 @@ pub enum Reply {
     DbBatch(Vec<DbReply>),
     /// From Redis.
     Stream(StreamResult),
+    /// From Redis, for a pipeline.
+    StreamBatch(Vec<StreamResult>),
     /// From the tool service: applied now?
     Effect(bool),
 }
@@ -100,6 +104,10 @@ pub async fn serve(oracle: Shared, listen: &'static str, name: &'static str) {
                     )
                 }
                 Request::Stream(op) => Reply::Stream(o.stream(&node, &op)),
+                Request::StreamBatch(ops) => {
+                    o.count("pipelines");
+                    Reply::StreamBatch(ops.iter().map(|op| o.stream(&node, op)).collect())
+                }
                 Request::Effect { run, call, key } => {
                     Reply::Effect(o.effect(&node, run, call, &key))
                 }
@@ -163,6 +171,17 @@ impl StreamClient for Client {
     async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
         match Client::call(self, REDIS, Request::Stream(op)).await? {
             Reply::Stream(r) => Ok(r),
+            _ => Err(Unavailable),
+        }
+    }
+
+    async fn call_batch(
+        &self,
+        ops: Vec<(StreamOp, Issuer)>,
+    ) -> Result<Vec<StreamResult>, Unavailable> {
+        let ops = ops.into_iter().map(|(op, _)| op).collect();
+        match Client::call(self, REDIS, Request::StreamBatch(ops)).await? {
+            Reply::StreamBatch(r) => Ok(r),
             _ => Err(Unavailable),
         }
     }

@@ -122,7 +122,7 @@ impl Probe for SimProbe {
     }
 }
 
-type SimIo = Io<Client, Batching<Client>, SimProbe>;
+type SimIo = Io<Batching<Client>, Batching<Client>, SimProbe>;
 
 async fn io_for(
     oracle: &Shared,
@@ -134,13 +134,10 @@ async fn io_for(
     let mut config = scenario.driver.clone();
     config.policy.mutant = mutant;
     let batch_max = config.in_flight_max;
+    let timeout = std::time::Duration::from_millis(config.call_timeout_ms);
     let io = Io {
-        stream: client.clone(),
-        db: Batching::new(
-            client.clone(),
-            batch_max,
-            std::time::Duration::from_millis(config.call_timeout_ms),
-        ),
+        stream: Batching::stream(client.clone(), batch_max, timeout),
+        db: Batching::db(client.clone(), batch_max, timeout),
         probe: SimProbe {
             oracle: oracle.clone(),
             node: node.to_owned(),

@@ -336,13 +336,16 @@ impl Cluster {
         c
     }
 
+    /// Runs `pg_ctl`; the server gets `PELICAN_PG_OPTS` (extra `-c name=value`
+    /// settings, for experiments) after the fixed ones.
     fn pg_ctl(&self, action: &str) {
         let data = self.dir.join("data").display().to_string();
         let log = self.dir.join("log").display().to_string();
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on {}",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            std::env::var("PELICAN_PG_OPTS").unwrap_or_default()
         );
         let mut args = vec!["-D", &data, "-l", &log, "-w", "-m", "immediate"];
         if action != "stop" {

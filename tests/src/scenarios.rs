@@ -649,3 +649,85 @@ pub fn retention_trims_acknowledged_entries(mutant: Option<&str>) {
         assert_eq!(db.runs[&r].status, RunStatus::Succeeded);
     }
 }
+
+/// The worker pipelines its acknowledgements (`Batching::stream`): one round
+/// trip, each `XACK` its own command with its own answer. Acks of pending,
+/// already acknowledged and unknown IDs each answer as a lone `XACK` would,
+/// in order; with the stream gone, each answers 0 on its own.
+pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
+    use pelican_model::ids::{Dispatch, EntryId, WorkerId};
+    use pelican_model::protocol::{JobEntry, StreamOp, StreamReply};
+    use pelican_model::world::Issuer;
+    use pelican_real::StreamClient;
+
+    let env = Env::mutated(mutant);
+    let io = env.io(3);
+    let by = Issuer::worker(WorkerId(1));
+    let acks = |ids: &[EntryId]| -> Vec<(StreamOp, Issuer)> {
+        ids.iter()
+            .map(|id| (StreamOp::Ack { ids: vec![*id] }, by))
+            .collect()
+    };
+    crate::rt().block_on(async {
+        let call = |op| io.stream.call(op, by);
+        call(StreamOp::EnsureGroup)
+            .await
+            .expect("Redis answers")
+            .expect("group");
+        for run in 1..=3 {
+            let entry = JobEntry::Job {
+                run: RunId(run),
+                dispatch: Dispatch(1),
+            };
+            let now = pelican_real::now();
+            call(StreamOp::Publish { entry, now })
+                .await
+                .expect("Redis answers")
+                .expect("published");
+        }
+        let read = StreamOp::Read {
+            consumer: WorkerId(1).consumer(),
+            count: 3,
+            now: pelican_real::now(),
+        };
+        let Ok(Ok(StreamReply::Entries(got))) = call(read).await else {
+            panic!("the three entries are read");
+        };
+        let [a, b, c] = [got[0].0, got[1].0, got[2].0];
+        let unknown = EntryId::new(1, 0);
+        let replies = io
+            .stream
+            .call_batch(acks(&[a, b, a, unknown, c]))
+            .await
+            .expect("Redis answers the pipeline");
+        let counts: Vec<_> = replies
+            .into_iter()
+            .map(|r| match r {
+                Ok(StreamReply::Acked(n)) => n,
+                other => panic!("an XACK answered {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [1, 1, 0, 0, 1],
+            "each XACK answers for itself, in order"
+        );
+
+        // Without the stream, each XACK of the pipeline answers 0 on its own
+        // (as the model's Ack does).
+        let mut conn = env.redis.conn();
+        let _: () = redis::cmd("DEL")
+            .arg(env.jobs_key())
+            .query(&mut conn)
+            .expect("DEL");
+        let replies = io
+            .stream
+            .call_batch(acks(&[a, b]))
+            .await
+            .expect("Redis answers the pipeline");
+        assert_eq!(
+            replies,
+            [Ok(StreamReply::Acked(0)), Ok(StreamReply::Acked(0))]
+        );
+    });
+}

@@ -33,4 +33,5 @@ live! {
     bad_api_requests_get_clear_errors,
     bad_flags_and_unreachable_servers_fail_clearly,
     retention_trims_acknowledged_entries,
+    pipelined_acks_answer_each_xack,
 }

@@ -312,6 +312,38 @@ impl DbOp {
         )
     }
 
+    /// The statement's name, in snake case (`claim`, `complete`, ...): for
+    /// logs and metrics labels.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            DbOp::InsertRun { .. } => "insert_run",
+            DbOp::MarkPublished { .. } => "mark_published",
+            DbOp::Claim { .. } => "claim",
+            DbOp::ReadRun { .. } => "read_run",
+            DbOp::Heartbeat { .. } => "heartbeat",
+            DbOp::Complete { .. } => "complete",
+            DbOp::Fail { .. } => "fail",
+            DbOp::ScheduleRetry { .. } => "schedule_retry",
+            DbOp::DeadLetter { .. } => "dead_letter",
+            DbOp::DeadLetterExhausted { .. } => "dead_letter_exhausted",
+            DbOp::Cancel { .. } => "cancel",
+            DbOp::PromoteRetries { .. } => "promote_retries",
+            DbOp::Unpublished { .. } => "unpublished",
+            DbOp::OrphanCandidates { .. } => "orphan_candidates",
+            DbOp::RequeueRun { .. } => "requeue_run",
+            DbOp::RequeueEntry { .. } => "requeue_entry",
+            DbOp::ApplyEffect { .. } => "apply_effect",
+            DbOp::NextRunId => "next_run_id",
+            DbOp::ReadAttempts { .. } => "read_attempts",
+            DbOp::ListDeadLetters { .. } => "list_dead_letters",
+            DbOp::CountRuns => "count_runs",
+            DbOp::DlqRequeue { .. } => "dlq_requeue",
+            DbOp::ClaimReviving { .. } => "claim_reviving",
+            DbOp::RecordFailureOnly { .. } => "record_failure_only",
+        }
+    }
+
     /// The run a fenced write targets and the fence it carries.
     #[must_use]
     pub fn fenced_write(&self) -> Option<(RunId, Fence)> {

@@ -209,7 +209,8 @@ struct WorkerArgs {
     #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
     in_flight_max: usize,
     /// Claims (and completions) of up to this many deliveries go to
-    /// Postgres as one statement; 1 sends each on its own.
+    /// Postgres as one statement, and their acknowledgements to Redis as
+    /// one pipeline; 1 sends each on its own.
     #[arg(long, env = "PELICAN_BATCH_MAX", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     batch_max: u32,
@@ -429,8 +430,12 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
     let io = Arc::new(Io {
-        stream: clients.stream,
-        db: Batching::new(
+        stream: Batching::stream(
+            clients.stream,
+            a.batch_max as usize,
+            Duration::from_millis(config.call_timeout_ms),
+        ),
+        db: Batching::db(
             clients.db,
             a.batch_max as usize,
             Duration::from_millis(config.call_timeout_ms),

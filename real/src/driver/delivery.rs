@@ -3,12 +3,12 @@
 use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe, now, sleep_until};
 use crate::jobs::Executor;
 use futures_util::FutureExt;
+use futures_util::future::{Fuse, FusedFuture};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{Command, DbOp, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::world::Issuer;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::time::Duration;
 
 /// Handles `entry` (read or reclaimed by `worker`) to its end: claim, run the
@@ -41,16 +41,18 @@ where
         },
     );
     let mut d = Delivery::new(start, &io.config.policy, worker, entry, job, entropy);
-    type Call<'a> =
-        Pin<Box<dyn Future<Output = (pelican_model::time::Timestamp, Input)> + Send + 'a>>;
-    let mut call: Option<Call<'_>> = None;
+    // The outstanding server call, pinned here once: each call's future is
+    // set into it in place (no allocation per call).
+    let call = Fuse::terminated();
+    tokio::pin!(call);
     let mut running: Option<tokio::task::JoinHandle<JobOutcome>> = None;
+    let mut job_started = None;
     let mut timer = None;
     loop {
         while let Some(command) = d.poll() {
             match command {
                 Command::Db(_) | Command::Stream(_) => {
-                    debug_assert!(call.is_none(), "a role has one call outstanding");
+                    debug_assert!(call.is_terminated(), "a role has one call outstanding");
                     if matches!(command, Command::Stream(StreamOp::Ack { .. })) {
                         crate::crash_point!("before_ack");
                     }
@@ -69,13 +71,14 @@ where
                         worker: Some(worker),
                         own_fence: d.own_fence(),
                     };
-                    call = Some(Box::pin(io.run_at(&role, command, by)));
+                    call.set(io.run_at(&role, command, by).fuse());
                 }
                 Command::Execute(execution) => {
                     io.probe.sent(&role, &Command::Execute(execution.clone()));
                     io.probe.executing(worker, &execution, d.own_fence());
                     let job = executor.execute(execution);
                     let limit = Duration::from_millis(io.config.job_timeout_ms);
+                    job_started = Some(tokio::time::Instant::now());
                     running = Some(tokio::spawn(async move {
                         let guarded = AssertUnwindSafe(job).catch_unwind();
                         match tokio::time::timeout(limit, guarded).await {
@@ -96,6 +99,7 @@ where
                     if let Some(job) = running.take() {
                         job.abort();
                     }
+                    job_started = None;
                 }
                 Command::SetTimer(at) => {
                     io.probe.sent(&role, &Command::SetTimer(at));
@@ -115,8 +119,7 @@ where
         }
         let (at, input) = tokio::select! {
             biased;
-            (at, input) = maybe(call.as_mut()) => {
-                call = None;
+            (at, input) = call.as_mut(), if !call.is_terminated() => {
                 if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
                     crate::crash_point!("after_ack");
                 }
@@ -128,6 +131,9 @@ where
                     class: ErrorClass::Panic,
                     message: format!("job task ended abnormally: {e}"),
                 });
+                if let Some(t) = job_started.take() {
+                    io.probe.job_ended(&role, &outcome, t.elapsed());
+                }
                 let input = Input::Executed(outcome);
                 let at = now();
                 io.probe.received(&role, at, &input);

@@ -6,6 +6,7 @@ use pelican_model::protocol::{
     Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
     Unavailable,
 };
+use pelican_model::status::JobOutcome;
 use pelican_model::stream::StreamError;
 use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
@@ -40,6 +41,23 @@ pub trait StreamClient: Send + Sync + 'static {
         op: StreamOp,
         by: Issuer,
     ) -> impl Future<Output = Result<StreamResult, Unavailable>> + Send;
+
+    /// Runs `ops` in order, each its own command (see [`Batching`]): all
+    /// answers, or `Err(Unavailable)` when there is no answer, and then each
+    /// command's sender knows as little as after a lost reply. The default
+    /// runs them one by one; the bindings override it with one round trip.
+    fn call_batch(
+        &self,
+        ops: Vec<(StreamOp, Issuer)>,
+    ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> + Send {
+        async move {
+            let mut replies = Vec::with_capacity(ops.len());
+            for (op, by) in ops {
+                replies.push(self.call(op, by).await?);
+            }
+            Ok(replies)
+        }
+    }
 }
 
 /// Runs SQL statements (one [`DbOp`] each) on Postgres or its model.
@@ -125,6 +143,16 @@ pub trait Probe: Send + Sync + 'static {
     fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
         let _ = (worker, execution, own_fence);
     }
+    /// A job ran to `outcome` in `took` (from its start to its outcome
+    /// reaching the delivery; a job the delivery aborted reports nothing).
+    fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {
+        let _ = (role, outcome, took);
+    }
+    /// `role`'s statement `statement` (a [`DbOp::name`]) got `input`: a
+    /// reply, or [`Input::Unavailable`].
+    fn db_answered(&self, role: &RoleId, statement: &'static str, input: &Input) {
+        let _ = (role, statement, input);
+    }
     /// A delivery ended.
     fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
         let _ = (worker, entry, end);
@@ -199,6 +227,14 @@ impl<A: Probe, B: Probe> Probe for (A, B) {
         self.0.executing(worker, execution, own_fence);
         self.1.executing(worker, execution, own_fence);
     }
+    fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {
+        self.0.job_ended(role, outcome, took);
+        self.1.job_ended(role, outcome, took);
+    }
+    fn db_answered(&self, role: &RoleId, statement: &'static str, input: &Input) {
+        self.0.db_answered(role, statement, input);
+        self.1.db_answered(role, statement, input);
+    }
     fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
         self.0.delivery_end(worker, entry, end);
         self.1.delivery_end(worker, entry, end);
@@ -229,6 +265,16 @@ impl<P: Probe> Probe for Option<P> {
     fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
         if let Some(p) = self {
             p.executing(worker, execution, own_fence);
+        }
+    }
+    fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {
+        if let Some(p) = self {
+            p.job_ended(role, outcome, took);
+        }
+    }
+    fn db_answered(&self, role: &RoleId, statement: &'static str, input: &Input) {
+        if let Some(p) = self {
+            p.db_answered(role, statement, input);
         }
     }
     fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
@@ -324,10 +370,15 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
         self.probe.sent(role, &command);
         let timeout = Duration::from_millis(self.config.call_timeout_ms);
         let input = match command {
-            Command::Db(op) => match tokio::time::timeout(timeout, self.db.call(op, by)).await {
-                Ok(Ok(reply)) => Input::Db(reply),
-                _ => Input::Unavailable,
-            },
+            Command::Db(op) => {
+                let statement = op.name();
+                let input = match tokio::time::timeout(timeout, self.db.call(op, by)).await {
+                    Ok(Ok(reply)) => Input::Db(reply),
+                    _ => Input::Unavailable,
+                };
+                self.probe.db_answered(role, statement, &input);
+                input
+            }
             Command::Stream(op) => {
                 match tokio::time::timeout(timeout, self.stream.call(op, by)).await {
                     Ok(Ok(reply)) => Input::Stream(reply),

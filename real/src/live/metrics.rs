@@ -16,13 +16,12 @@
 use super::pg::PgDb;
 use super::redis::{RedisStream, field};
 use crate::driver::{Probe, RoleId};
+use metrics::{Counter, Histogram};
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{Command, DbOp, DbReply, DeliveryEnd, Input};
+use pelican_model::protocol::{AckReason, DbOp, DbReply, DeliveryEnd, Input, PendingReason};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use redis::Value;
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::time::Duration;
 
 /// Updates the queue gauges from Redis and Postgres (on scrape).
 pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
@@ -67,85 +66,118 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
     }
 }
 
-/// The worker's metrics, observed through the driver's probe.
-#[derive(Default)]
+/// The worker's metrics, observed through the driver's probe. Each series'
+/// handle is registered once, when the probe is made (after the recorder is
+/// installed), so that an observation on the hot path is an atomic add,
+/// never a registry lookup.
 pub struct MetricsProbe {
-    started: Mutex<HashMap<RoleId, Instant>>,
-    last_write: Mutex<HashMap<RoleId, &'static str>>,
+    /// By outcome: succeeded, retryable, terminal, panic.
+    attempts: [Counter; 4],
+    duration: Histogram,
+    /// By statement: (name, [rejected, accepted]).
+    writes: Vec<(&'static str, [Counter; 2])>,
+    /// By [`DeliveryEnd::name`].
+    deliveries: Vec<(&'static str, Counter)>,
+    unavailable: Counter,
 }
 
-fn statement(op: &DbOp) -> Option<&'static str> {
-    Some(match op {
-        DbOp::Complete { .. } => "complete",
-        DbOp::Fail { .. } => "fail",
-        DbOp::ScheduleRetry { .. } => "schedule_retry",
-        DbOp::DeadLetter { .. } => "dead_letter",
-        DbOp::DeadLetterExhausted { .. } => "dead_letter_exhausted",
-        DbOp::Heartbeat { .. } => "heartbeat",
-        DbOp::RequeueEntry { .. } => "requeue_entry",
-        DbOp::RequeueRun { .. } => "requeue_run",
-        _ => return None,
-    })
+/// The statements `pelican_writes_total` counts: the fenced writes and the
+/// recoveries.
+const WRITES: [&str; 8] = [
+    "complete",
+    "fail",
+    "schedule_retry",
+    "dead_letter",
+    "dead_letter_exhausted",
+    "heartbeat",
+    "requeue_entry",
+    "requeue_run",
+];
+
+impl Default for MetricsProbe {
+    fn default() -> Self {
+        MetricsProbe::new()
+    }
+}
+
+impl MetricsProbe {
+    /// Registers every series with the installed recorder (install it
+    /// first: handles made before that count into nothing).
+    #[must_use]
+    pub fn new() -> MetricsProbe {
+        let attempts = ["succeeded", "retryable", "terminal", "panic"]
+            .map(|outcome| metrics::counter!("pelican_attempts_total", "outcome" => outcome));
+        let writes = WRITES
+            .iter()
+            .map(|&name| {
+                let counter = |accepted: &'static str| {
+                    metrics::counter!("pelican_writes_total", "statement" => name, "accepted" => accepted)
+                };
+                (name, [counter("false"), counter("true")])
+            })
+            .collect();
+        let ends = [
+            DeliveryEnd::Acked(AckReason::Written),
+            DeliveryEnd::Acked(AckReason::Terminal),
+            DeliveryEnd::Acked(AckReason::Stale),
+            DeliveryEnd::Acked(AckReason::Duplicate),
+            DeliveryEnd::Acked(AckReason::Exhausted),
+            DeliveryEnd::Acked(AckReason::Quarantined),
+            DeliveryEnd::Acked(AckReason::Mutant),
+            DeliveryEnd::LeftPending(PendingReason::Unavailable),
+        ];
+        let deliveries = ends
+            .iter()
+            .map(|end| {
+                let name = end.name();
+                (
+                    name,
+                    metrics::counter!("pelican_deliveries_total", "end" => name),
+                )
+            })
+            .collect();
+        MetricsProbe {
+            attempts,
+            duration: metrics::histogram!("pelican_attempt_duration_seconds"),
+            writes,
+            deliveries,
+            unavailable: metrics::counter!("pelican_unavailable_total"),
+        }
+    }
 }
 
 impl Probe for MetricsProbe {
-    fn sent(&self, role: &RoleId, command: &Command) {
-        match command {
-            Command::Execute(_) => {
-                let mut s = self.started.lock().expect("never poisoned");
-                s.insert(role.clone(), Instant::now());
-            }
-            Command::Abort => {
-                self.started.lock().expect("never poisoned").remove(role);
-            }
-            Command::Db(op) => {
-                if let Some(name) = statement(op) {
-                    self.last_write
-                        .lock()
-                        .expect("never poisoned")
-                        .insert(role.clone(), name);
-                }
-            }
-            _ => {}
+    fn received(&self, _role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
+        if matches!(input, Input::Unavailable) {
+            self.unavailable.increment(1);
         }
     }
 
-    fn received(&self, role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
-        match input {
-            Input::Executed(outcome) => {
-                let started = self.started.lock().expect("never poisoned").remove(role);
-                if let Some(t) = started {
-                    metrics::histogram!("pelican_attempt_duration_seconds")
-                        .record(t.elapsed().as_secs_f64());
-                }
-                let label = match outcome {
-                    JobOutcome::Succeeded { .. } => "succeeded",
-                    JobOutcome::Failed { class, .. } => match class {
-                        ErrorClass::Retryable => "retryable",
-                        ErrorClass::Terminal | ErrorClass::Exhausted => "terminal",
-                        ErrorClass::Panic => "panic",
-                    },
-                };
-                metrics::counter!("pelican_attempts_total", "outcome" => label).increment(1);
-            }
-            Input::Db(DbReply::Rows(n)) => {
-                let last = self.last_write.lock().expect("never poisoned").remove(role);
-                if let Some(name) = last {
-                    let accepted = if *n > 0 { "true" } else { "false" };
-                    metrics::counter!("pelican_writes_total", "statement" => name, "accepted" => accepted)
-                        .increment(1);
-                }
-            }
-            Input::Unavailable => {
-                self.last_write.lock().expect("never poisoned").remove(role);
-                metrics::counter!("pelican_unavailable_total").increment(1);
-            }
-            _ => {}
+    fn job_ended(&self, _role: &RoleId, outcome: &JobOutcome, took: Duration) {
+        self.duration.record(took.as_secs_f64());
+        let i = match outcome {
+            JobOutcome::Succeeded { .. } => 0,
+            JobOutcome::Failed { class, .. } => match class {
+                ErrorClass::Retryable => 1,
+                ErrorClass::Terminal | ErrorClass::Exhausted => 2,
+                ErrorClass::Panic => 3,
+            },
+        };
+        self.attempts[i].increment(1);
+    }
+
+    fn db_answered(&self, _role: &RoleId, statement: &'static str, input: &Input) {
+        if let Input::Db(DbReply::Rows(n)) = input
+            && let Some((_, counters)) = self.writes.iter().find(|(s, _)| *s == statement)
+        {
+            counters[usize::from(*n > 0)].increment(1);
         }
     }
 
     fn delivery_end(&self, _worker: WorkerId, _entry: EntryId, end: DeliveryEnd) {
-        let label = end.name();
-        metrics::counter!("pelican_deliveries_total", "end" => label).increment(1);
+        let name = end.name();
+        if let Some((_, counter)) = self.deliveries.iter().find(|(n, _)| *n == name) {
+            counter.increment(1);
+        }
     }
 }

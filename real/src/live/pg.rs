@@ -189,6 +189,11 @@ impl PgDb {
     ) -> Result<PgDb, PgError> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
+            // No ping before each statement: a connection that broke while
+            // idle fails its next statement (an unavailable answer, which
+            // every role handles) and is closed when released, where sqlx
+            // pings anyway.
+            .test_before_acquire(false)
             .acquire_timeout(acquire_timeout)
             .connect(url)
             .await?;

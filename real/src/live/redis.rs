@@ -294,6 +294,41 @@ impl StreamClient for RedisStream {
     async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
         self.execute(op).await
     }
+
+    /// Acknowledgements go out as one pipeline (one round trip; each `XACK`
+    /// its own command with its own answer); any other mix one by one.
+    async fn call_batch(
+        &self,
+        ops: Vec<(StreamOp, Issuer)>,
+    ) -> Result<Vec<StreamResult>, Unavailable> {
+        if !ops.iter().all(|(op, _)| matches!(op, StreamOp::Ack { .. })) {
+            let mut replies = Vec::with_capacity(ops.len());
+            for (op, _) in ops {
+                replies.push(self.execute(op).await?);
+            }
+            return Ok(replies);
+        }
+        let n = &self.names;
+        let mut pipe = redis::pipe();
+        for (op, _) in &ops {
+            if let StreamOp::Ack { ids } = op {
+                let cmd = pipe.cmd("XACK").arg(&n.jobs).arg(&n.group);
+                for id in ids {
+                    cmd.arg(id.to_string());
+                }
+            }
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<redis::RedisResult<Value>> = pipe
+            .ignore_errors()
+            .query_async(&mut conn)
+            .await
+            .map_err(|_| Unavailable)?;
+        replies
+            .into_iter()
+            .map(|r| Ok(answer(r)?.map(|v| StreamReply::Acked(int(&v).unwrap_or(0)))))
+            .collect()
+    }
 }
 
 /// Sorts a command's result: an answer, a protocol error, or no answer.
