@@ -48,7 +48,7 @@ pub struct BenchPlan {
     /// worker reads into it the fuller its claim and completion batches
     /// (capped at `batch_max`) and the less each job costs Postgres; drains
     /// on this machine ran 42,200–46,700 jobs/s at 1,024, 49,000–51,400 at
-    /// 2,048, 53,400–57,400 at 3,072 and 49,900–62,900 at 4,096.
+    /// 2,048, 53,400–57,400 at 3,072 and 48,700–62,900 at 4,096.
     pub in_flight: u32,
     /// Offered load of the latency run, runs per second.
     pub latency_rate: u32,
