@@ -45,36 +45,34 @@ use tokio::sync::{mpsc, oneshot};
 /// Commands of the kinds it does not batch go straight through.
 pub struct Batching<C> {
     inner: Arc<C>,
-    /// Claims (database) or acknowledgements (stream).
-    first: Option<Queue<C>>,
-    /// Completions (database).
-    second: Option<Queue<C>>,
+    claims: Option<Queue<DbOp, DbReply>>,
+    completions: Option<Queue<DbOp, DbReply>>,
+    acks: Option<Queue<StreamOp, StreamResult>>,
 }
+
+/// A command waiting in a queue, with where its answer goes.
+type Queued<O, R> = (O, Issuer, oneshot::Sender<Result<R, Unavailable>>);
 
 /// The sending end of one kind's queue; its task ends when this is dropped.
-struct Queue<C> {
-    tx: mpsc::UnboundedSender<Queued>,
-    _client: std::marker::PhantomData<fn() -> C>,
+struct Queue<O, R> {
+    tx: mpsc::UnboundedSender<Queued<O, R>>,
 }
 
-/// A queued command, database or stream, with where its answer goes.
-enum Queued {
-    Db(DbOp, Issuer, oneshot::Sender<Result<DbReply, Unavailable>>),
-    Stream(
-        StreamOp,
-        Issuer,
-        oneshot::Sender<Result<StreamResult, Unavailable>>,
-    ),
-}
+impl<O: Send + 'static, R: Send + 'static> Queue<O, R> {
+    fn spawn(sink: impl Sink<O, R>, max: usize, timeout: Duration) -> Queue<O, R> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(batcher(sink, rx, max.max(1), timeout));
+        Queue { tx }
+    }
 
-impl Queued {
-    /// Commands on the same run never share a database batch (a second
-    /// claim of a run waits for the next one); stream commands may.
-    fn run(&self) -> Option<RunId> {
-        match self {
-            Queued::Db(DbOp::Claim { run, .. } | DbOp::Complete { run, .. }, ..) => Some(*run),
-            Queued::Db(..) | Queued::Stream(..) => None,
+    /// Queues `op` and waits for its answer ("no answer" if the queue's
+    /// task is gone).
+    async fn call(&self, op: O, by: Issuer) -> Result<R, Unavailable> {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send((op, by, tx)).is_err() {
+            return Err(Unavailable);
         }
+        rx.await.unwrap_or(Err(Unavailable))
     }
 }
 
@@ -90,8 +88,9 @@ impl<D: DbClient> Batching<D> {
         let inner = Arc::new(inner);
         let queue = || (max > 1).then(|| Queue::spawn(Db(inner.clone()), max, timeout));
         Batching {
-            first: queue(),
-            second: queue(),
+            claims: queue(),
+            completions: queue(),
+            acks: None,
             inner: inner.clone(),
         }
     }
@@ -106,8 +105,9 @@ impl<S: StreamClient> Batching<S> {
     pub fn stream(inner: S, max: usize, timeout: Duration) -> Batching<S> {
         let inner = Arc::new(inner);
         Batching {
-            first: (max > 1).then(|| Queue::spawn(Stream(inner.clone()), max, timeout)),
-            second: None,
+            claims: None,
+            completions: None,
+            acks: (max > 1).then(|| Queue::spawn(Stream(inner.clone()), max, timeout)),
             inner,
         }
     }
@@ -116,18 +116,14 @@ impl<S: StreamClient> Batching<S> {
 impl<D: DbClient> DbClient for Batching<D> {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         let queue = match op {
-            DbOp::Claim { .. } => self.first.as_ref(),
-            DbOp::Complete { .. } => self.second.as_ref(),
+            DbOp::Claim { .. } => self.claims.as_ref(),
+            DbOp::Complete { .. } => self.completions.as_ref(),
             _ => None,
         };
-        let Some(queue) = queue else {
-            return self.inner.call(op, by).await;
-        };
-        let (tx, rx) = oneshot::channel();
-        if queue.tx.send(Queued::Db(op, by, tx)).is_err() {
-            return Err(Unavailable);
+        match queue {
+            Some(queue) => queue.call(op, by).await,
+            None => self.inner.call(op, by).await,
         }
-        rx.await.unwrap_or(Err(Unavailable))
     }
 
     async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
@@ -137,18 +133,10 @@ impl<D: DbClient> DbClient for Batching<D> {
 
 impl<S: StreamClient> StreamClient for Batching<S> {
     async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
-        let queue = match op {
-            StreamOp::Ack { .. } => self.first.as_ref(),
-            _ => None,
-        };
-        let Some(queue) = queue else {
-            return self.inner.call(op, by).await;
-        };
-        let (tx, rx) = oneshot::channel();
-        if queue.tx.send(Queued::Stream(op, by, tx)).is_err() {
-            return Err(Unavailable);
+        match (&op, &self.acks) {
+            (StreamOp::Ack { .. }, Some(queue)) => queue.call(op, by).await,
+            _ => self.inner.call(op, by).await,
         }
-        rx.await.unwrap_or(Err(Unavailable))
     }
 
     async fn call_batch(
@@ -159,103 +147,67 @@ impl<S: StreamClient> StreamClient for Batching<S> {
     }
 }
 
-/// What a queue's task sends its batches to.
-trait Sink: Send + Sync + 'static {
-    /// Sends `batch` (more than one command) as one request and answers each.
-    fn send(&self, batch: Vec<Queued>, timeout: Duration) -> impl Future<Output = ()> + Send;
-    /// Sends a lone command on its own and answers it.
-    fn send_one(&self, one: Queued, timeout: Duration) -> impl Future<Output = ()> + Send;
+/// Where a queue's task sends its commands: `O`s answered by `R`s.
+trait Sink<O, R>: Send + Sync + 'static {
+    /// The run a command is on: commands on one run never share a batch.
+    fn run(op: &O) -> Option<RunId>;
+    /// Sends a lone command.
+    fn one(&self, op: O, by: Issuer) -> impl Future<Output = Result<R, Unavailable>> + Send;
+    /// Sends a batch as one request.
+    fn many(
+        &self,
+        ops: Vec<(O, Issuer)>,
+    ) -> impl Future<Output = Result<Vec<R>, Unavailable>> + Send;
 }
 
 struct Db<D>(Arc<D>);
 struct Stream<S>(Arc<S>);
 
-/// Answers each of `answers` from `replies`, or all "no answer" when the
-/// request failed, timed out or came back short.
-fn answer_all<R>(
-    answers: Vec<oneshot::Sender<Result<R, Unavailable>>>,
-    replies: Result<Result<Vec<R>, Unavailable>, tokio::time::error::Elapsed>,
-) {
-    match replies {
-        Ok(Ok(replies)) if replies.len() == answers.len() => {
-            for (tx, reply) in answers.into_iter().zip(replies) {
-                let _ = tx.send(Ok(reply));
-            }
+impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
+    fn run(op: &DbOp) -> Option<RunId> {
+        match op {
+            DbOp::Claim { run, .. } | DbOp::Complete { run, .. } => Some(*run),
+            _ => None,
         }
-        _ => {
-            for tx in answers {
-                let _ = tx.send(Err(Unavailable));
-            }
-        }
+    }
+    fn one(&self, op: DbOp, by: Issuer) -> impl Future<Output = Result<DbReply, Unavailable>> {
+        self.0.call(op, by)
+    }
+    fn many(
+        &self,
+        ops: Vec<(DbOp, Issuer)>,
+    ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> {
+        self.0.call_batch(ops)
     }
 }
 
-impl<D: DbClient> Sink for Db<D> {
-    async fn send(&self, batch: Vec<Queued>, timeout: Duration) {
-        let mut ops = Vec::with_capacity(batch.len());
-        let mut answers = Vec::with_capacity(batch.len());
-        for q in batch {
-            if let Queued::Db(op, by, tx) = q {
-                ops.push((op, by));
-                answers.push(tx);
-            }
-        }
-        answer_all(
-            answers,
-            tokio::time::timeout(timeout, self.0.call_batch(ops)).await,
-        );
+impl<S: StreamClient> Sink<StreamOp, StreamResult> for Stream<S> {
+    /// Acks of one entry may share a pipeline: each is its own command.
+    fn run(_: &StreamOp) -> Option<RunId> {
+        None
     }
-
-    async fn send_one(&self, one: Queued, timeout: Duration) {
-        if let Queued::Db(op, by, tx) = one {
-            let answer = tokio::time::timeout(timeout, self.0.call(op, by)).await;
-            let _ = tx.send(answer.unwrap_or(Err(Unavailable)));
-        }
+    fn one(
+        &self,
+        op: StreamOp,
+        by: Issuer,
+    ) -> impl Future<Output = Result<StreamResult, Unavailable>> {
+        self.0.call(op, by)
+    }
+    fn many(
+        &self,
+        ops: Vec<(StreamOp, Issuer)>,
+    ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> {
+        self.0.call_batch(ops)
     }
 }
 
-impl<S: StreamClient> Sink for Stream<S> {
-    async fn send(&self, batch: Vec<Queued>, timeout: Duration) {
-        let mut ops = Vec::with_capacity(batch.len());
-        let mut answers = Vec::with_capacity(batch.len());
-        for q in batch {
-            if let Queued::Stream(op, by, tx) = q {
-                ops.push((op, by));
-                answers.push(tx);
-            }
-        }
-        answer_all(
-            answers,
-            tokio::time::timeout(timeout, self.0.call_batch(ops)).await,
-        );
-    }
-
-    async fn send_one(&self, one: Queued, timeout: Duration) {
-        if let Queued::Stream(op, by, tx) = one {
-            let answer = tokio::time::timeout(timeout, self.0.call(op, by)).await;
-            let _ = tx.send(answer.unwrap_or(Err(Unavailable)));
-        }
-    }
-}
-
-impl<C> Queue<C> {
-    fn spawn(sink: impl Sink, max: usize, timeout: Duration) -> Queue<C> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher(sink, rx, max.max(1), timeout));
-        Queue {
-            tx,
-            _client: std::marker::PhantomData,
-        }
-    }
-}
-
-async fn batcher(
-    sink: impl Sink,
-    mut rx: mpsc::UnboundedReceiver<Queued>,
+async fn batcher<O, R, K: Sink<O, R>>(
+    sink: K,
+    mut rx: mpsc::UnboundedReceiver<Queued<O, R>>,
     max: usize,
     timeout: Duration,
 ) {
-    let mut queued: VecDeque<Queued> = VecDeque::new();
+    let mut queued = VecDeque::new();
     loop {
         if queued.is_empty() {
             match rx.recv().await {
@@ -272,8 +224,7 @@ async fn batcher(
         let mut batch = Vec::new();
         let mut later = VecDeque::new();
         while let Some(q) = queued.pop_front() {
-            let fits = batch.len() < max && q.run().is_none_or(|run| runs.insert(run));
-            if fits {
+            if batch.len() < max && K::run(&q.0).is_none_or(|run| runs.insert(run)) {
                 batch.push(q);
             } else {
                 later.push_back(q);
@@ -281,47 +232,69 @@ async fn batcher(
         }
         queued = later;
         if batch.len() == 1 {
-            let one = batch.pop().expect("one command");
-            sink.send_one(one, timeout).await;
-        } else {
-            sink.send(batch, timeout).await;
+            let (op, by, tx) = batch.pop().expect("one command");
+            let answer = tokio::time::timeout(timeout, sink.one(op, by)).await;
+            let _ = tx.send(answer.unwrap_or(Err(Unavailable)));
+            continue;
+        }
+        let (ops, answers): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|(op, by, tx)| ((op, by), tx)).unzip();
+        match tokio::time::timeout(timeout, sink.many(ops)).await {
+            Ok(Ok(replies)) if replies.len() == answers.len() => {
+                for (tx, reply) in answers.into_iter().zip(replies) {
+                    let _ = tx.send(Ok(reply));
+                }
+            }
+            _ => {
+                for tx in answers {
+                    let _ = tx.send(Err(Unavailable));
+                }
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Queued;
+    use super::{Db, Sink, Stream};
     use pelican_model::ids::{Dispatch, EntryId, RunId, WorkerId};
-    use pelican_model::protocol::{DbOp, StreamOp};
+    use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
     use pelican_model::time::Timestamp;
     use pelican_model::world::Issuer;
-    use tokio::sync::oneshot;
+
+    /// A client that is never called: only the batching rules are tested.
+    struct Never;
+
+    impl crate::DbClient for Never {
+        async fn call(&self, _: DbOp, _: Issuer) -> Result<DbReply, Unavailable> {
+            unreachable!("the rules call no client")
+        }
+    }
+
+    impl crate::StreamClient for Never {
+        async fn call(&self, _: StreamOp, _: Issuer) -> Result<crate::StreamResult, Unavailable> {
+            unreachable!("the rules call no client")
+        }
+    }
 
     #[test]
     fn only_database_commands_on_a_run_exclude_each_other() {
-        let (tx, _rx) = oneshot::channel();
-        let claim = Queued::Db(
-            DbOp::Claim {
-                run: RunId(7),
-                dispatch: Dispatch(1),
-                entry: EntryId::new(1, 0),
-                worker: WorkerId(1).consumer(),
-                now: Timestamp(0),
-                lease_ms: 2_000,
-            },
-            Issuer::worker(WorkerId(1)),
-            tx,
+        let claim = DbOp::Claim {
+            run: RunId(7),
+            dispatch: Dispatch(1),
+            entry: EntryId::new(1, 0),
+            worker: WorkerId(1).consumer(),
+            now: Timestamp(0),
+            lease_ms: 2_000,
+        };
+        assert_eq!(<Db<Never> as Sink<_, _>>::run(&claim), Some(RunId(7)));
+        let ack = StreamOp::Ack {
+            ids: vec![EntryId::new(1, 0)],
+        };
+        assert_eq!(
+            <Stream<Never> as Sink<_, _>>::run(&ack),
+            None,
+            "acks of one entry may share a pipeline"
         );
-        assert_eq!(claim.run(), Some(RunId(7)));
-        let (tx, _rx) = oneshot::channel();
-        let ack = Queued::Stream(
-            StreamOp::Ack {
-                ids: vec![EntryId::new(1, 0)],
-            },
-            Issuer::worker(WorkerId(1)),
-            tx,
-        );
-        assert_eq!(ack.run(), None, "acks of one entry may share a pipeline");
     }
 }

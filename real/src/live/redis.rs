@@ -110,6 +110,17 @@ impl RedisStream {
         self.conn.clone()
     }
 
+    /// `XACK <jobs> <group> <id>...`: the twin of `Stream::xack` (alone, or
+    /// one of a pipeline).
+    fn xack(&self, ids: &[EntryId]) -> Cmd {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&self.names.jobs).arg(&self.names.group);
+        for id in ids {
+            cmd.arg(id.to_string());
+        }
+        cmd
+    }
+
     async fn query(&self, cmd: &Cmd) -> Result<Result<Value, StreamError>, Unavailable> {
         let mut conn = self.conn.clone();
         answer(cmd.query_async::<Value>(&mut conn).await)
@@ -164,16 +175,7 @@ impl RedisStream {
                 let mut reader = self.reader.clone();
                 answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply)
             }
-            StreamOp::Ack { ids } => {
-                let mut cmd = redis::cmd("XACK");
-                cmd.arg(&n.jobs).arg(&n.group);
-                for id in &ids {
-                    cmd.arg(id.to_string());
-                }
-                self.query(&cmd)
-                    .await?
-                    .map(|v| StreamReply::Acked(int(&v).unwrap_or(0)))
-            }
+            StreamOp::Ack { ids } => self.query(&self.xack(&ids)).await?.map(acked),
             StreamOp::AutoClaim {
                 consumer,
                 min_idle_ms,
@@ -308,14 +310,10 @@ impl StreamClient for RedisStream {
             }
             return Ok(replies);
         }
-        let n = &self.names;
         let mut pipe = redis::pipe();
         for (op, _) in &ops {
             if let StreamOp::Ack { ids } = op {
-                let cmd = pipe.cmd("XACK").arg(&n.jobs).arg(&n.group);
-                for id in ids {
-                    cmd.arg(id.to_string());
-                }
+                pipe.add_command(self.xack(ids));
             }
         }
         let mut conn = self.conn.clone();
@@ -326,7 +324,7 @@ impl StreamClient for RedisStream {
             .map_err(|_| Unavailable)?;
         replies
             .into_iter()
-            .map(|r| Ok(answer(r)?.map(|v| StreamReply::Acked(int(&v).unwrap_or(0)))))
+            .map(|r| Ok(answer(r)?.map(acked)))
             .collect()
     }
 }
@@ -358,6 +356,10 @@ fn int(v: &Value) -> Option<u64> {
         Value::Int(i) => u64::try_from(*i).ok(),
         other => text(other)?.parse().ok(),
     }
+}
+
+fn acked(v: Value) -> StreamReply {
+    StreamReply::Acked(int(&v).unwrap_or(0))
 }
 
 fn added(v: Value) -> Result<StreamReply, StreamError> {
