@@ -45,8 +45,8 @@ where
     // set into it in place (no allocation per call).
     let call = Fuse::terminated();
     tokio::pin!(call);
-    let mut running: Option<tokio::task::JoinHandle<JobOutcome>> = None;
-    let mut job_started = None;
+    // The running job's task, and when it started.
+    let mut running: Option<(tokio::task::JoinHandle<JobOutcome>, tokio::time::Instant)> = None;
     let mut timer = None;
     loop {
         while let Some(command) = d.poll() {
@@ -78,8 +78,7 @@ where
                     io.probe.executing(worker, &execution, d.own_fence());
                     let job = executor.execute(execution);
                     let limit = Duration::from_millis(io.config.job_timeout_ms);
-                    job_started = Some(tokio::time::Instant::now());
-                    running = Some(tokio::spawn(async move {
+                    let task = tokio::spawn(async move {
                         let guarded = AssertUnwindSafe(job).catch_unwind();
                         match tokio::time::timeout(limit, guarded).await {
                             Ok(Ok(outcome)) => outcome,
@@ -92,14 +91,14 @@ where
                                 message: format!("job timed out after {} ms", limit.as_millis()),
                             },
                         }
-                    }));
+                    });
+                    running = Some((task, tokio::time::Instant::now()));
                 }
                 Command::Abort => {
                     io.probe.sent(&role, &Command::Abort);
-                    if let Some(job) = running.take() {
+                    if let Some((job, _)) = running.take() {
                         job.abort();
                     }
-                    job_started = None;
                 }
                 Command::SetTimer(at) => {
                     io.probe.sent(&role, &Command::SetTimer(at));
@@ -125,15 +124,13 @@ where
                 }
                 (at, input)
             }
-            outcome = maybe(running.as_mut()) => {
-                running = None;
+            outcome = maybe(running.as_mut().map(|(job, _)| job)) => {
+                let (_, started) = running.take().expect("the branch ran a job");
                 let outcome = outcome.unwrap_or_else(|e| JobOutcome::Failed {
                     class: ErrorClass::Panic,
                     message: format!("job task ended abnormally: {e}"),
                 });
-                if let Some(t) = job_started.take() {
-                    io.probe.job_ended(&role, &outcome, t.elapsed());
-                }
+                io.probe.job_ended(&role, &outcome, started.elapsed());
                 let input = Input::Executed(outcome);
                 let at = now();
                 io.probe.received(&role, at, &input);

@@ -176,8 +176,10 @@ impl Probe for MetricsProbe {
 
     fn delivery_end(&self, _worker: WorkerId, _entry: EntryId, end: DeliveryEnd) {
         let name = end.name();
-        if let Some((_, counter)) = self.deliveries.iter().find(|(n, _)| *n == name) {
-            counter.increment(1);
+        match self.deliveries.iter().find(|(n, _)| *n == name) {
+            Some((_, counter)) => counter.increment(1),
+            // An end the list above does not name yet still counts.
+            None => metrics::counter!("pelican_deliveries_total", "end" => name).increment(1),
         }
     }
 }
