@@ -371,6 +371,37 @@ impl Db {
         1
     }
 
+    /// Baseline twin (`Unguarded`) of [`Db::complete`]: no fence, no
+    /// attempt record; any run not yet terminal succeeds (the first terminal
+    /// write still wins). Never in a release build.
+    #[cfg(feature = "mutants")]
+    pub fn complete_unfenced(&mut self, run: RunId, result: &str) -> u64 {
+        match self.runs.get_mut(&run) {
+            Some(r) if !r.status.is_terminal() => {
+                r.status = RunStatus::Succeeded;
+                r.result = Some(result.to_owned());
+                r.lease_until = None;
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// Baseline twin (`Unguarded`) of [`Db::fail`]: no fence, no attempt
+    /// record; any run not yet terminal fails. Never in a release build.
+    #[cfg(feature = "mutants")]
+    pub fn fail_unfenced(&mut self, run: RunId, class: ErrorClass, message: &str) -> u64 {
+        match self.runs.get_mut(&run) {
+            Some(r) if !r.status.is_terminal() => {
+                r.status = RunStatus::Failed;
+                r.error = Some((class, message.to_owned()));
+                r.lease_until = None;
+                1
+            }
+            _ => 0,
+        }
+    }
+
     fn bury(&mut self, run: RunId, class: ErrorClass, message: &str) {
         let r = self.runs.get_mut(&run).expect("caller checked the row");
         r.status = RunStatus::Dead;

@@ -15,6 +15,14 @@
 //!   worker holding some is killed with kill -9; each of its runs' recovery
 //!   time is from the kill until the poll sees it succeeded (another
 //!   worker reclaims and re-runs it). Lease 2 s, heartbeat 400 ms.
+//! * **The cost of the guarantees**: the same drain (same submission,
+//!   workers, batching and flags) with the least protocol that still
+//!   drains the queue — the `Unguarded` baseline of a `pelican` built with
+//!   the `mutants` feature: read the run, run the job, write the outcome
+//!   unfenced, acknowledge; no fenced claim, attempt record, lease or
+//!   heartbeat. The shipped protocol's drain against it prices fencing,
+//!   attempts and leases. Heartbeats cost a no-op drain nothing either way:
+//!   no job outlives the first heartbeat tick.
 //!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
@@ -26,6 +34,7 @@ use pelican_real::live::{PgDb, RedisStream, StreamNames};
 use pelican_real::{Config, Io, NoProbe};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,6 +74,14 @@ pub struct BenchPlan {
     /// Also drain with `--batch-max 1` (every claim and completion on its
     /// own), to show what batching buys.
     pub compare_unbatched: bool,
+    /// A `pelican` built with the `mutants` feature: when set, the drain
+    /// also runs with the benchmarks' baseline protocol (`--mutant
+    /// Unguarded`), to price the guarantees.
+    pub baseline_bin: Option<PathBuf>,
+    /// Pairs of drains (shipped, then baseline) behind the cost of the
+    /// guarantees; the first pair's shipped drain is the headline drain.
+    /// Their medians are compared.
+    pub cost_rounds: u32,
 }
 
 impl Default for BenchPlan {
@@ -80,6 +97,8 @@ impl Default for BenchPlan {
             reclaim_min_idle_ms: 500,
             batch_max: 512,
             compare_unbatched: true,
+            baseline_bin: None,
+            cost_rounds: 2,
         }
     }
 }
@@ -99,6 +118,11 @@ pub struct LiveFigures {
     pub jobs_per_s: f64,
     /// The same drain with `--batch-max 1`.
     pub unbatched_jobs_per_s: Option<f64>,
+    /// The shipped protocol's drains of the cost comparison, jobs/s (the
+    /// first is the headline drain).
+    pub shipped_drains: Vec<f64>,
+    /// The baseline protocol's drains (`Unguarded`), jobs/s.
+    pub unguarded_drains: Vec<f64>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
     /// Submit to durable outcome, at `latency_rate`.
@@ -116,6 +140,21 @@ pub struct LiveFigures {
 }
 
 impl LiveFigures {
+    /// The baseline protocol's median drain, jobs/s.
+    #[must_use]
+    pub fn unguarded_jobs_per_s(&self) -> Option<f64> {
+        median(&self.unguarded_drains)
+    }
+
+    /// What the guarantees cost a no-op drain: how much lower the shipped
+    /// protocol's median drain is than the baseline's, in percent of the
+    /// baseline (negative: the shipped protocol drained faster).
+    #[must_use]
+    pub fn guarantees_cost_pct(&self) -> Option<f64> {
+        let (shipped, baseline) = (median(&self.shipped_drains)?, self.unguarded_jobs_per_s()?);
+        Some(100.0 * (1.0 - shipped / baseline))
+    }
+
     /// As JSON.
     #[must_use]
     pub fn json(&self) -> Value {
@@ -126,6 +165,10 @@ impl LiveFigures {
             "drain_seconds": round(self.drain_seconds, 2),
             "live_jobs_per_s": round(self.jobs_per_s, 0),
             "live_jobs_per_s_unbatched": self.unbatched_jobs_per_s.map(|x| round(x, 0)),
+            "live_jobs_per_s_unguarded": self.unguarded_jobs_per_s().map(|x| round(x, 0)),
+            "guarantees_cost_pct": self.guarantees_cost_pct().map(|x| round(x, 1)),
+            "cost_drains_shipped": self.shipped_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
+            "cost_drains_unguarded": self.unguarded_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
             "latency_jobs": self.latency_jobs,
             "live_p50_ms": round(self.p50_ms, 1),
             "live_p99_ms": round(self.p99_ms, 1),
@@ -135,6 +178,11 @@ impl LiveFigures {
             "recovery_max_ms": round(self.recovery_max_ms, 0),
         })
     }
+}
+
+fn median(xs: &[f64]) -> Option<f64> {
+    let mut xs = xs.to_vec();
+    (!xs.is_empty()).then(|| quantile(&mut xs, 0.5))
 }
 
 /// The `q` quantile (0..=1) of `xs`, nearest rank.
@@ -259,16 +307,44 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     let cluster = Cluster::start();
     let mut figures = LiveFigures::default();
 
-    // Drain, batched as shipped, then each claim and completion on its own.
-    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max);
+    // Drain, batched as shipped; then the baseline protocol, in pairs with
+    // the shipped one; then each claim and completion on its own.
+    let jobs = f64::from(plan.drain_jobs);
+    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max, None);
     figures.drain_jobs = u64::from(plan.drain_jobs);
     figures.submit_seconds = submit_s;
-    figures.submit_per_s = f64::from(plan.drain_jobs) / submit_s;
+    figures.submit_per_s = jobs / submit_s;
     figures.drain_seconds = drain_s;
-    figures.jobs_per_s = f64::from(plan.drain_jobs) / drain_s;
+    figures.jobs_per_s = jobs / drain_s;
+    if let Some(baseline) = &plan.baseline_bin {
+        for round in 0..plan.cost_rounds.max(1) {
+            if round > 0 {
+                let (_, s) = drain(&rt, &cluster, plan, plan.batch_max, None);
+                figures.shipped_drains.push(jobs / s);
+            } else {
+                figures.shipped_drains.push(figures.jobs_per_s);
+            }
+            let (_, s) = drain(&rt, &cluster, plan, plan.batch_max, Some(baseline));
+            figures.unguarded_drains.push(jobs / s);
+        }
+        eprintln!(
+            "bench: the guarantees cost {:.1}% of the baseline's drain (shipped {:?}, baseline {:?} jobs/s)",
+            figures.guarantees_cost_pct().unwrap_or(f64::NAN),
+            figures
+                .shipped_drains
+                .iter()
+                .map(|x| x.round())
+                .collect::<Vec<_>>(),
+            figures
+                .unguarded_drains
+                .iter()
+                .map(|x| x.round())
+                .collect::<Vec<_>>(),
+        );
+    }
     if plan.compare_unbatched {
-        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1);
-        figures.unbatched_jobs_per_s = Some(f64::from(plan.drain_jobs) / unbatched_s);
+        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1, None);
+        figures.unbatched_jobs_per_s = Some(jobs / unbatched_s);
     }
 
     // Latency at a fixed offered load.
@@ -342,16 +418,21 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
 
 /// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
 /// `--batch-max batch_max`) and waits until every run has its outcome and
-/// the PEL is empty. Returns the seconds of the submission and of the drain.
+/// the PEL is empty. `baseline`: the workers are that binary, running the
+/// baseline protocol (`--mutant Unguarded`). Returns the seconds of the
+/// submission and of the drain.
 fn drain(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
     plan: &BenchPlan,
     batch_max: u32,
+    baseline: Option<&Path>,
 ) -> (f64, f64) {
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
-    let mut env = Env::with_database(url, Some(db), None);
+    let mutant = baseline.map(|_| "Unguarded");
+    let mut env = Env::with_database(url, Some(db), mutant);
+    env.bin = baseline.map(Path::to_path_buf);
     env.trace = false;
     let io = Arc::new(rt.block_on(clients(&env, 16)));
     eprintln!(
@@ -381,9 +462,14 @@ fn drain(
         }
     });
     eprintln!(
-        "bench: submitted in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}",
+        "bench: submitted in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}",
         f64::from(plan.drain_jobs) / submit,
-        plan.workers
+        plan.workers,
+        if baseline.is_some() {
+            "the baseline protocol (Unguarded)"
+        } else {
+            "the shipped protocol"
+        }
     );
     let t = Instant::now();
     let workers: Vec<Proc> = (1..=plan.workers)

@@ -810,7 +810,7 @@ fn dbop() -> impl Strategy<Value = DbOp> {
 
 /// One step of a database sequence: a statement, or a batch the batching
 /// driver sends as one statement (claims, or completions, on distinct
-/// runs: `CLAIM_MANY`, `COMPLETE_MANY`).
+/// runs: `CLAIM_MANY`, `COMPLETE_MANY`; reads: `READ_RUN_MANY`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DbStep {
     /// One statement.
@@ -837,6 +837,15 @@ fn batch() -> impl Strategy<Value = DbStep> {
             .collect();
         DbStep::Batch(ops)
     });
+    let reads = prop::collection::vec(1u64..=5, 1..=4).prop_map(|runs| {
+        // Runs may repeat (reads of one run may share a batch); run 5 is
+        // never inserted.
+        DbStep::Batch(
+            runs.into_iter()
+                .map(|r| DbOp::ReadRun { run: RunId(r) })
+                .collect(),
+        )
+    });
     let completions = (runs, prop::collection::vec(0u64..=4, 4)).prop_map(|(runs, fences)| {
         let ops = runs
             .into_iter()
@@ -849,7 +858,7 @@ fn batch() -> impl Strategy<Value = DbStep> {
             .collect();
         DbStep::Batch(ops)
     });
-    prop_oneof![claims, completions]
+    prop_oneof![claims, completions, reads]
 }
 
 /// A random database sequence.

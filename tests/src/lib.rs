@@ -426,6 +426,9 @@ pub struct Env {
     /// Give every process a `--trace-file` (on by default; the benchmarks
     /// measure without).
     pub trace: bool,
+    /// The `pelican` binary its processes run, when not `PELICAN_BIN` (the
+    /// benchmarks' baseline runs a build with the `mutants` feature).
+    pub bin: Option<PathBuf>,
 }
 
 impl Env {
@@ -464,6 +467,7 @@ impl Env {
             effects: BTreeMap::new(),
             keep_logs: false,
             trace: true,
+            bin: None,
         };
         let out = env.cli(&["migrate"]);
         assert!(
@@ -475,7 +479,7 @@ impl Env {
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(pelican_bin());
+        let mut c = Command::new(self.bin.clone().unwrap_or_else(pelican_bin));
         c.env("REDIS_URL", self.redis.url())
             .env("DATABASE_URL", &self.database_url)
             .env("PELICAN_STREAM", &self.stream)

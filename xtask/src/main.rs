@@ -38,7 +38,9 @@ commands:
             S1-S10 and the protocol traces checked (default 20,000 jobs)
   bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
             the benchmarks: the standard model check, simulated seeds/s, and
-            live drain, latency and recovery (pelican-bench); a table, a JSON
+            live drain, latency and recovery (pelican-bench), and the drain
+            with the least protocol that still drains (the cost of the
+            guarantees: --mutant Unguarded of a build with the mutants); a table, a JSON
             report in target/bench/report.json, and with --json the summary
             as the last stdout line; --quick skips the model check and runs
             smaller live figures
@@ -289,6 +291,30 @@ fn bench(args: &[String]) -> Result<(), String> {
             other => return Err(format!("bench: unknown option {other:?}")),
         }
     }
+    // The baseline protocol of the cost comparison lives in the build with
+    // the mutants; it is built first and set aside, because both builds
+    // write target/release/pelican.
+    let release = root().join("target").join("release").join("pelican");
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "--package",
+        "pelican-real",
+        "--bin",
+        "pelican",
+        "--features",
+        "mutants",
+    ]);
+    run(
+        "build pelican --features mutants (release; the baseline)",
+        build,
+    )?;
+    let dir = root().join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let baseline = dir.join("pelican-baseline");
+    std::fs::copy(&release, &baseline)
+        .map_err(|e| format!("copying the baseline's pelican binary: {e}"))?;
     let mut build = cargo();
     build.args([
         "build",
@@ -299,7 +325,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         "pelican",
     ]);
     run("build pelican (release)", build)?;
-    let bin = root().join("target").join("release").join("pelican");
+    let bin = release;
     let model = if quick {
         None
     } else {
@@ -326,8 +352,6 @@ fn bench(args: &[String]) -> Result<(), String> {
             ],
         ),
     )?;
-    let dir = root().join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let report = dir.join("report.json");
     let mut live = cargo();
     live.env("PELICAN_BIN", &bin).args([
@@ -344,12 +368,24 @@ fn bench(args: &[String]) -> Result<(), String> {
         &sim,
         "--report",
     ]);
-    live.arg(&report);
+    live.arg(&report).arg("--baseline-bin").arg(&baseline);
     if let Some(m) = &model {
         live.args(["--model-json", m]);
     }
     if quick {
-        live.args(["--jobs", "20000", "--kills", "5", "--latency-seconds", "5"]);
+        // Smaller figures, unless the options after `--` say otherwise.
+        for (flag, value) in [
+            ("--jobs", "20000"),
+            ("--kills", "5"),
+            ("--latency-seconds", "5"),
+        ] {
+            if !rest
+                .iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            {
+                live.args([flag, value]);
+            }
+        }
     }
     live.args(&rest);
     let summary = last_line("live: drain, latency, recovery", live)?;

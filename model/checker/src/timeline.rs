@@ -51,6 +51,8 @@ pub fn command(c: &Command) -> String {
                 format!("record failure of {run} with {fence}")
             }
             DbOp::DeadLetter { run, fence, .. } => format!("dead-letter {run} with {fence}"),
+            DbOp::CompleteUnfenced { run, .. } => format!("complete {run}, unfenced"),
+            DbOp::FailUnfenced { run, .. } => format!("fail {run}, unfenced"),
             DbOp::DeadLetterExhausted { run, dispatch, .. } => {
                 format!("dead-letter exhausted {run} {dispatch}")
             }

@@ -264,3 +264,31 @@ pub const RECORD_FAILURE_ONLY: &str = "WITH done AS ( \
        UPDATE runs SET error_class = $3, error_message = $4 \
         WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
      UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2";
+
+/// Baseline twin (`Unguarded`) of [`COMPLETE`]: `$1` run, `$2` result. No
+/// fence and no attempt record: any run not yet terminal succeeds.
+pub const COMPLETE_UNFENCED: &str = "UPDATE runs SET status = 'succeeded', result = $2, lease_until = NULL \
+     WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')";
+
+/// Baseline twin (`Unguarded`) of [`FAIL`]: `$1` run, `$2` class,
+/// `$3` message. No fence and no attempt record.
+pub const FAIL_UNFENCED: &str = "UPDATE runs SET status = 'failed', error_class = $2, error_message = $3, \
+            lease_until = NULL \
+     WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')";
+
+/// [`super::Db::execute_batch`] of [`READ_RUN`]s, in one statement (the
+/// baseline's first step, `Unguarded`): `$1` runs. Answers the row of each
+/// run that exists.
+pub const READ_RUN_MANY: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+     lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+     FROM runs WHERE run_id = ANY($1::bigint[])";
+
+/// [`super::Db::execute_batch`] of [`COMPLETE_UNFENCED`]s on distinct runs,
+/// in one statement (`Unguarded`): `$1` runs, `$2` results (arrays).
+/// Answers the `run_id` of each result that took.
+pub const COMPLETE_UNFENCED_MANY: &str = "WITH input AS ( \
+       SELECT * FROM unnest($1::bigint[], $2::text[]) AS i(run_id, result)) \
+     UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
+       FROM input i \
+      WHERE r.run_id = i.run_id AND r.status IN ('queued', 'running', 'retry_wait') \
+     RETURNING r.run_id";

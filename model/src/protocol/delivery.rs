@@ -107,6 +107,9 @@ enum Phase {
     Quarantining,
     /// Claim outstanding.
     Claiming,
+    /// The benchmarks' baseline (`Unguarded`): ReadRun outstanding in place
+    /// of a claim.
+    Taking,
     /// ReadRun outstanding; `refused_claim` when it follows a refused claim.
     Reading { refused_claim: bool },
     /// The job runs.
@@ -196,6 +199,10 @@ impl Delivery {
         };
         match d.job.clone() {
             JobEntry::Malformed { reason } => d.quarantine(now, reason),
+            JobEntry::Job { run, .. } if d.policy.is(Mutant::Unguarded) => {
+                d.phase = Phase::Taking;
+                d.send(Command::Db(DbOp::ReadRun { run }));
+            }
             JobEntry::Job { run, dispatch } => {
                 let (worker, lease_ms) = (d.worker.consumer(), d.policy.lease_ms);
                 let op = if d.policy.is(Mutant::ReviveCancelled) {
@@ -356,6 +363,7 @@ impl Delivery {
                 self.start(now, job.claimed, job.kind, job.input);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(None))) => self.read(true),
+            (Phase::Taking, Input::Db(DbReply::Run(row))) => self.take(now, row),
             (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
                 self.decide(now, row, refused_claim);
             }
@@ -429,7 +437,30 @@ impl Delivery {
             kind,
             input,
         }));
-        self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
+        if !self.policy.is(Mutant::Unguarded) {
+            self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
+        }
+    }
+
+    /// The baseline (`Unguarded`): run whatever is not finished or stale,
+    /// under the run's current counters, without claiming it.
+    fn take(&mut self, now: Timestamp, row: Option<RunRow>) {
+        let (_, dispatch) = self.run().expect("only well-formed entries are taken");
+        let Some(row) = row else {
+            return self.quarantine(now, "unknown run".to_owned());
+        };
+        if row.status.is_terminal() {
+            return self.ack(AckReason::Terminal);
+        }
+        if row.dispatch > dispatch {
+            return self.ack(AckReason::Stale);
+        }
+        let claimed = Claimed {
+            fence: row.active_fence,
+            attempt: crate::ids::AttemptNo(row.attempts),
+            attempts_max: row.attempts_max,
+        };
+        self.start(now, claimed, row.kind, row.input);
     }
 
     fn decide(&mut self, now: Timestamp, row: Option<RunRow>, refused_claim: bool) {
@@ -549,6 +580,19 @@ impl Delivery {
 
     fn write_outcome(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
         let (run, _) = self.run().expect("executing a well-formed entry");
+        if self.policy.is(Mutant::Unguarded) {
+            // The baseline: the outcome, unfenced; every failure terminal.
+            let op = match outcome {
+                JobOutcome::Succeeded { result } => DbOp::CompleteUnfenced { run, result },
+                JobOutcome::Failed { class, message } => DbOp::FailUnfenced {
+                    run,
+                    class,
+                    message,
+                },
+            };
+            self.phase = Phase::Writing(Write::Result);
+            return self.send(Command::Db(op));
+        }
         let fence = claimed.fence;
         let (op, kind) = match outcome {
             JobOutcome::Succeeded { result } => {

@@ -295,6 +295,18 @@ pub enum DbOp {
         class: ErrorClass,
         message: String,
     },
+    /// The benchmarks' baseline (`Unguarded`): a result without a fence.
+    CompleteUnfenced {
+        run: RunId,
+        result: String,
+    },
+    /// The benchmarks' baseline (`Unguarded`): a terminal failure without a
+    /// fence.
+    FailUnfenced {
+        run: RunId,
+        class: ErrorClass,
+        message: String,
+    },
 }
 
 impl DbOp {
@@ -341,6 +353,8 @@ impl DbOp {
             DbOp::DlqRequeue { .. } => "dlq_requeue",
             DbOp::ClaimReviving { .. } => "claim_reviving",
             DbOp::RecordFailureOnly { .. } => "record_failure_only",
+            DbOp::CompleteUnfenced { .. } => "complete_unfenced",
+            DbOp::FailUnfenced { .. } => "fail_unfenced",
         }
     }
 
@@ -397,8 +411,14 @@ impl Db {
     /// the batch then does not matter) or, for other mixes, as one
     /// transaction of single statements.
     ///
+    /// The baseline's batches (the `Unguarded` mutant) have their own
+    /// statements: reads as one [`sql::READ_RUN_MANY`], unfenced results as
+    /// one [`sql::COMPLETE_UNFENCED_MANY`].
+    ///
     /// [`sql::CLAIM_MANY`]: crate::db::sql::CLAIM_MANY
     /// [`sql::COMPLETE_MANY`]: crate::db::sql::COMPLETE_MANY
+    /// [`sql::READ_RUN_MANY`]: crate::db::sql::READ_RUN_MANY
+    /// [`sql::COMPLETE_UNFENCED_MANY`]: crate::db::sql::COMPLETE_UNFENCED_MANY
     pub fn execute_batch(&mut self, ops: &[DbOp]) -> Vec<DbReply> {
         ops.iter().map(|op| self.execute(op)).collect()
     }
@@ -502,8 +522,19 @@ impl Db {
                 class,
                 message,
             } => Rows(self.record_failure_only(*run, *fence, *class, message)),
+            #[cfg(feature = "mutants")]
+            DbOp::CompleteUnfenced { run, result } => Rows(self.complete_unfenced(*run, result)),
+            #[cfg(feature = "mutants")]
+            DbOp::FailUnfenced {
+                run,
+                class,
+                message,
+            } => Rows(self.fail_unfenced(*run, *class, message)),
             #[cfg(not(feature = "mutants"))]
-            DbOp::ClaimReviving { .. } | DbOp::RecordFailureOnly { .. } => {
+            DbOp::ClaimReviving { .. }
+            | DbOp::RecordFailureOnly { .. }
+            | DbOp::CompleteUnfenced { .. }
+            | DbOp::FailUnfenced { .. } => {
                 panic!("mutant statement {op:?} in a build without the `mutants` feature")
             }
         }

@@ -31,6 +31,19 @@ pub enum Mutant {
     ReviveCancelled,
     /// Runs whose publish was lost are never published.
     NoPublishRecovery,
+    /// Not one of the ten, and not in [`Mutant::ALL`]: the benchmarks'
+    /// baseline, the least protocol that still drains a queue. A delivery
+    /// reads its run (for the job's kind and input), runs the job, writes
+    /// the outcome without a fence ([`DbOp::CompleteUnfenced`],
+    /// [`DbOp::FailUnfenced`]: any run not yet terminal takes it) and
+    /// acknowledges. No claim, attempt record, lease, heartbeat, retry or
+    /// dead letter: it pays for none of S3, S6 and S7's machinery and keeps
+    /// none of those guarantees. `cargo xtask bench` drains with it beside
+    /// the shipped protocol, to price them.
+    ///
+    /// [`DbOp::CompleteUnfenced`]: super::DbOp::CompleteUnfenced
+    /// [`DbOp::FailUnfenced`]: super::DbOp::FailUnfenced
+    Unguarded,
 }
 
 impl Mutant {
@@ -48,6 +61,22 @@ impl Mutant {
         Mutant::NoPublishRecovery,
     ];
 
+    /// The ten and the benchmarks' baseline ([`Mutant::Unguarded`]): every
+    /// name `--mutant` accepts.
+    pub const NAMED: [Mutant; 11] = [
+        Mutant::AckBeforeCommit,
+        Mutant::NoFence,
+        Mutant::NoTerminalCheck,
+        Mutant::NoIdempotencyKey,
+        Mutant::RetryInPel,
+        Mutant::NoDeadLetter,
+        Mutant::StaleAck,
+        Mutant::IgnoreTrimmed,
+        Mutant::ReviveCancelled,
+        Mutant::NoPublishRecovery,
+        Mutant::Unguarded,
+    ];
+
     /// Its name, as on the command line.
     #[must_use]
     pub const fn name(self) -> &'static str {
@@ -62,6 +91,7 @@ impl Mutant {
             Mutant::IgnoreTrimmed => "IgnoreTrimmed",
             Mutant::ReviveCancelled => "ReviveCancelled",
             Mutant::NoPublishRecovery => "NoPublishRecovery",
+            Mutant::Unguarded => "Unguarded",
         }
     }
 }
@@ -75,14 +105,14 @@ impl fmt::Display for Mutant {
 /// An unknown mutant name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutant {0:?}; known: AckBeforeCommit, NoFence, NoTerminalCheck, NoIdempotencyKey, RetryInPel, NoDeadLetter, StaleAck, IgnoreTrimmed, ReviveCancelled, NoPublishRecovery"
+    "unknown mutant {0:?}; known: AckBeforeCommit, NoFence, NoTerminalCheck, NoIdempotencyKey, RetryInPel, NoDeadLetter, StaleAck, IgnoreTrimmed, ReviveCancelled, NoPublishRecovery, and the benchmarks' baseline Unguarded"
 )]
 pub struct UnknownMutant(pub String);
 
 impl FromStr for Mutant {
     type Err = UnknownMutant;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Mutant::ALL
+        Mutant::NAMED
             .into_iter()
             .find(|m| m.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| UnknownMutant(s.to_owned()))

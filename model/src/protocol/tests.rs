@@ -428,3 +428,59 @@ fn idempotency_keys_are_stable_across_attempts() {
         p.idempotency_key(RunId(3), 2, crate::ids::Fence(1))
     );
 }
+
+/// The benchmarks' baseline drains a run with one read, one unfenced write
+/// and one ack — and the world's checks see the job run without a claim.
+#[cfg(feature = "mutants")]
+#[test]
+fn the_unguarded_baseline_drains_without_claims_and_is_caught() {
+    let mut world = World::new();
+    submit(&mut world, 1);
+    let (id, job) = read(&mut world, 0);
+    let baseline = Policy {
+        mutant: Some(Mutant::Unguarded),
+        ..policy()
+    };
+    let mut d = Delivery::new(T0, &baseline, WorkerId(0), id, job, 7);
+    let mut sent = Vec::new();
+    let mut outcome = Some(ok());
+    while d.end().is_none() {
+        let Some(c) = d.poll() else {
+            d.handle(T0, Input::Executed(outcome.take().expect("one job")));
+            continue;
+        };
+        sent.push(match &c {
+            Command::Db(op) => op.name().to_owned(),
+            Command::Stream(StreamOp::Ack { .. }) => "ack".to_owned(),
+            other => format!("{other:?}")
+                .split(['(', ' '])
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+        });
+        match c {
+            Command::Execute(e) => world.check_execution(e.run, d.own_fence()),
+            c @ (Command::Db(_) | Command::Stream(_)) => {
+                let input = exec(&mut world, &c, Issuer::default());
+                d.handle(T0, input);
+            }
+            other => panic!("the baseline sends no {other:?}"),
+        }
+    }
+    assert_eq!(d.end(), Some(DeliveryEnd::Acked(AckReason::Written)));
+    assert_eq!(sent, ["read_run", "Execute", "complete_unfenced", "ack"]);
+    let r = &world.db.runs[&RunId(1)];
+    assert_eq!(
+        (r.status, r.active_fence.0, r.attempts),
+        (RunStatus::Succeeded, 0, 0)
+    );
+    assert!(world.db.attempts.is_empty(), "no attempt was recorded");
+    assert_eq!(world.redis.jobs.pel_len(), 0);
+    assert!(
+        world
+            .violations
+            .contains(&crate::world::Violation::ExecutedWithoutClaim(RunId(1))),
+        "{:?}",
+        world.violations
+    );
+}

@@ -1,5 +1,5 @@
-//! Batching: many deliveries' claims, completions (and acknowledgements)
-//! sent as one request.
+//! Batching: many deliveries' claims, completions, reads (and
+//! acknowledgements) sent as one request.
 //!
 //! [`Batching`] wraps a client. Each delivery still sends its own command
 //! and waits for its own answer — the protocol's state machines do not
@@ -10,8 +10,11 @@
 //! for nothing.
 //!
 //! - [`Batching::db`] wraps a [`DbClient`]: [`DbOp::Claim`]s go out as one
-//!   statement in one transaction, [`DbOp::Complete`]s as another
-//!   ([`DbClient::call_batch`]).
+//!   statement in one transaction, [`DbOp::Complete`]s as another, and
+//!   [`DbOp::ReadRun`]s as a third ([`DbClient::call_batch`]). The
+//!   benchmarks' baseline protocol (the `Unguarded` mutant) starts each
+//!   delivery with a read and ends it with a [`DbOp::CompleteUnfenced`],
+//!   which shares the completions' queue.
 //! - [`Batching::stream`] wraps a [`StreamClient`]: [`StreamOp::Ack`]s go
 //!   out as one pipeline of `XACK`s, one round trip for the lot
 //!   ([`StreamClient::call_batch`]).
@@ -47,6 +50,7 @@ pub struct Batching<C> {
     inner: Arc<C>,
     claims: Option<Queue<DbOp, DbReply>>,
     completions: Option<Queue<DbOp, DbReply>>,
+    reads: Option<Queue<DbOp, DbReply>>,
     acks: Option<Queue<StreamOp, StreamResult>>,
 }
 
@@ -77,11 +81,11 @@ impl<O: Send + 'static, R: Send + 'static> Queue<O, R> {
 }
 
 impl<D: DbClient> Batching<D> {
-    /// Wraps a database client: claims and completions in batches of at
+    /// Wraps a database client: claims, completions and reads in batches of at
     /// most `max`, each given up after `timeout` (as a lost reply: the
     /// batch task must not wait forever for an answer that was lost, or
     /// every later claim would wait behind it). `max == 1` sends every
-    /// command on its own. Spawns the two batching tasks on the current
+    /// command on its own. Spawns the three batching tasks on the current
     /// runtime; they end when this is dropped.
     #[must_use]
     pub fn db(inner: D, max: usize, timeout: Duration) -> Batching<D> {
@@ -90,6 +94,7 @@ impl<D: DbClient> Batching<D> {
         Batching {
             claims: queue(),
             completions: queue(),
+            reads: queue(),
             acks: None,
             inner: inner.clone(),
         }
@@ -107,6 +112,7 @@ impl<S: StreamClient> Batching<S> {
         Batching {
             claims: None,
             completions: None,
+            reads: None,
             acks: (max > 1).then(|| Queue::spawn(Stream(inner.clone()), max, timeout)),
             inner,
         }
@@ -117,7 +123,8 @@ impl<D: DbClient> DbClient for Batching<D> {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         let queue = match op {
             DbOp::Claim { .. } => self.claims.as_ref(),
-            DbOp::Complete { .. } => self.completions.as_ref(),
+            DbOp::Complete { .. } | DbOp::CompleteUnfenced { .. } => self.completions.as_ref(),
+            DbOp::ReadRun { .. } => self.reads.as_ref(),
             _ => None,
         };
         match queue {
@@ -164,9 +171,12 @@ struct Db<D>(Arc<D>);
 struct Stream<S>(Arc<S>);
 
 impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
+    /// Writes on one run never share a batch; reads of one run may.
     fn run(op: &DbOp) -> Option<RunId> {
         match op {
-            DbOp::Claim { run, .. } | DbOp::Complete { run, .. } => Some(*run),
+            DbOp::Claim { run, .. }
+            | DbOp::Complete { run, .. }
+            | DbOp::CompleteUnfenced { run, .. } => Some(*run),
             _ => None,
         }
     }
@@ -278,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn only_database_commands_on_a_run_exclude_each_other() {
+    fn only_database_writes_on_a_run_exclude_each_other() {
         let claim = DbOp::Claim {
             run: RunId(7),
             dispatch: Dispatch(1),
@@ -288,6 +298,12 @@ mod tests {
             lease_ms: 2_000,
         };
         assert_eq!(<Db<Never> as Sink<_, _>>::run(&claim), Some(RunId(7)));
+        let read = DbOp::ReadRun { run: RunId(7) };
+        assert_eq!(
+            <Db<Never> as Sink<_, _>>::run(&read),
+            None,
+            "reads of one run may share a batch"
+        );
         let ack = StreamOp::Ack {
             ids: vec![EntryId::new(1, 0)],
         };

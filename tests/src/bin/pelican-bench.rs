@@ -39,6 +39,14 @@ struct Args {
     /// Skip the second drain with --batch-max 1.
     #[arg(long)]
     no_unbatched: bool,
+    /// A `pelican` built with the `mutants` feature: also drain with the
+    /// baseline protocol (`--mutant Unguarded`), to price the guarantees.
+    #[arg(long, value_name = "PATH")]
+    baseline_bin: Option<std::path::PathBuf>,
+    /// Pairs of drains (shipped, baseline) behind the cost of the
+    /// guarantees; their medians are compared.
+    #[arg(long, default_value_t = BenchPlan::default().cost_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
+    cost_rounds: u32,
     /// The model checker's JSON line, to join into the report.
     #[arg(long)]
     model_json: Option<String>,
@@ -62,6 +70,13 @@ fn parse(what: &str, text: Option<&str>) -> Result<Value, String> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    if let Some(bin) = a.baseline_bin.as_ref().filter(|b| !b.is_file()) {
+        eprintln!(
+            "pelican-bench: --baseline-bin {} is not a file",
+            bin.display()
+        );
+        return ExitCode::from(2);
+    }
     let (model, sim) = match (
         parse("model", a.model_json.as_deref()),
         parse("sim", a.sim_json.as_deref()),
@@ -82,6 +97,8 @@ fn main() -> ExitCode {
         reclaim_min_idle_ms: a.reclaim_min_idle_ms,
         batch_max: a.batch_max,
         compare_unbatched: !a.no_unbatched,
+        baseline_bin: a.baseline_bin.clone(),
+        cost_rounds: a.cost_rounds,
         ..BenchPlan::default()
     };
     let live = run(&plan).json();
@@ -92,6 +109,8 @@ fn main() -> ExitCode {
         "sim_seeds_per_s": sim["seeds_per_s"].as_f64().map(f64::round),
         "live_jobs_per_s": live["live_jobs_per_s"],
         "live_jobs_per_s_unbatched": live["live_jobs_per_s_unbatched"],
+        "live_jobs_per_s_unguarded": live["live_jobs_per_s_unguarded"],
+        "guarantees_cost_pct": live["guarantees_cost_pct"],
         "live_p50_ms": live["live_p50_ms"],
         "live_p99_ms": live["live_p99_ms"],
         "recovery_p50_ms": live["recovery_p50_ms"],
@@ -150,6 +169,18 @@ fn main() -> ExitCode {
         "  {:<22} {:>14}   (each claim and completion on its own: --batch-max 1)",
         "live_jobs_unbatched",
         live["live_jobs_per_s_unbatched"].to_string()
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (the least protocol that still drains: --mutant Unguarded)",
+        "live_jobs_unguarded",
+        live["live_jobs_per_s_unguarded"].to_string()
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (shipped drains {}, baseline drains {} jobs/s)",
+        "guarantees_cost_pct",
+        live["guarantees_cost_pct"].to_string(),
+        live["cost_drains_shipped"],
+        live["cost_drains_unguarded"]
     );
     eprintln!(
         "  {:<22} {:>14}   (bulk submit: {} runs/s)",
