@@ -180,9 +180,16 @@ impl LiveFigures {
     }
 }
 
+/// The median of `xs` (of an even count, the mean of the middle two).
 fn median(xs: &[f64]) -> Option<f64> {
     let mut xs = xs.to_vec();
-    (!xs.is_empty()).then(|| quantile(&mut xs, 0.5))
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(xs[n / 2]),
+        _ => Some(f64::midpoint(xs[n / 2 - 1], xs[n / 2])),
+    }
 }
 
 /// The `q` quantile (0..=1) of `xs`, nearest rank.
@@ -641,4 +648,25 @@ async fn recovery(io: &Arc<Clients>, workers: &mut [Proc], runs: u32) -> (usize,
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (victim, done.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LiveFigures, median};
+
+    #[test]
+    fn the_cost_compares_medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        let f = LiveFigures {
+            shipped_drains: vec![60_000.0, 62_000.0],
+            unguarded_drains: vec![70_000.0, 90_000.0],
+            ..LiveFigures::default()
+        };
+        assert_eq!(f.unguarded_jobs_per_s(), Some(80_000.0));
+        let cost = f.guarantees_cost_pct().expect("both measured");
+        assert!((cost - 22.5).abs() < 1e-9, "{cost}");
+        assert_eq!(LiveFigures::default().guarantees_cost_pct(), None);
+    }
 }

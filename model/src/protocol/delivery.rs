@@ -15,6 +15,11 @@
 //!          └──rejected──▶ read run ──▶ terminal ──▶ XACK, else leave pending (S3)
 //! ```
 //!
+//! The benchmarks' baseline (the `Unguarded` mutant, never in a release
+//! build) replaces the claim with a plain read of the run and the fenced
+//! write with an unfenced one, without heartbeats: `read run ──▶ execute ──▶
+//! unfenced write ──▶ XACK`.
+//!
 //! Any command without a reply ends the delivery with the entry left pending:
 //! that is always safe, because a pending entry is reclaimed and every step
 //! above is idempotent under the run's dispatch and fence.

@@ -2,6 +2,11 @@
 //! teeth. The enum always exists (so configurations, traces and reports can
 //! name a mutant), but [`super::Policy::is`] only answers `true` in a build
 //! with the `mutants` feature.
+//!
+//! One more name lives here that is not a bug hunted by the checks but a
+//! yardstick: [`Mutant::Unguarded`], the least protocol that still drains a
+//! queue, which the benchmarks run to price the guarantees (and which every
+//! level of checks catches all the same).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
