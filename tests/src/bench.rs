@@ -666,7 +666,7 @@ mod tests {
         };
         assert_eq!(f.unguarded_jobs_per_s(), Some(80_000.0));
         let cost = f.guarantees_cost_pct().expect("both measured");
-        assert!((cost - 22.5).abs() < 1e-9, "{cost}");
+        assert!((cost - 23.75).abs() < 1e-9, "{cost}");
         assert_eq!(LiveFigures::default().guarantees_cost_pct(), None);
     }
 }
