@@ -438,6 +438,18 @@ fn test(args: &[String]) -> Result<(), String> {
     let mut unit = cargo();
     unit.args(["test", "--workspace", "--exclude", "pelican-tests"]);
     run("unit, property and small-model tests (debug)", unit)?;
+    let mut core_mutants = cargo();
+    core_mutants.args([
+        "test",
+        "--package",
+        "pelican-model",
+        "--features",
+        "mutants",
+    ]);
+    run(
+        "the core's tests with the mutants compiled in (debug)",
+        core_mutants,
+    )?;
     let correct = live_binary(&[], "pelican")?;
     let mutant = live_binary(&["mutants"], "pelican-mutants")?;
     let mut live = cargo();
