@@ -45,7 +45,7 @@ mod cli {
             /// Seeds to run, `A..B` (B excluded).
             #[arg(long, default_value = "0..1000", value_parser = parse_range)]
             seeds: Range<u64>,
-            /// Scenario: standard, calm, crashy, redis-loss.
+            /// Scenario: standard, calm, crashy, redis-loss, busy.
             #[arg(long, default_value = "standard")]
             scenario: String,
             /// Inject a mutant (NAME, or `all` for each in turn; needs the

@@ -31,7 +31,7 @@ pub struct Scenario {
 
 impl Scenario {
     /// The names [`Scenario::named`] knows.
-    pub const NAMES: [&'static str; 4] = ["standard", "calm", "crashy", "redis-loss"];
+    pub const NAMES: [&'static str; 5] = ["standard", "calm", "crashy", "redis-loss", "busy"];
 
     /// The standard scenario: 3 workers with 2 slots each, 10 runs, 12 s of
     /// faults, short leases so that faults and recoveries interleave.
@@ -86,6 +86,15 @@ impl Scenario {
                 s.workers = 4;
             }
             "redis-loss" => s.redis_loss_weight = 10,
+            "busy" => {
+                // Enough deliveries at once that the batching client's
+                // batches (claims, completions, reads in one statement)
+                // and pipelines (XACKs in one round trip) are common
+                // rather than rare, under the same faults.
+                s.runs = 40;
+                s.driver.in_flight_max = 8;
+                s.driver.read_count_max = 8;
+            }
             other => {
                 return Err(format!(
                     "unknown scenario {other:?}; known: {}",

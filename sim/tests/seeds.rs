@@ -51,6 +51,28 @@ fn redis_loss_seeds_pass() {
     sweep("redis-loss", 0..100);
 }
 
+#[test]
+fn busy_seeds_pass() {
+    sweep("busy", 0..200);
+}
+
+/// The busy scenario exercises what the standard one rarely does: claims,
+/// completions and reads batched into one statement, and acknowledgements
+/// pipelined, under faults (so the checks above cover them).
+#[test]
+fn busy_seeds_batch_and_pipeline() {
+    pelican_sim::quiet_job_panics();
+    let sc = Scenario::named("busy").expect("a known scenario");
+    let (mut batches, mut pipelines) = (0, 0);
+    for seed in 0..20 {
+        let o = run_seed(seed, &sc, None, false);
+        batches += o.counters.get("batches").copied().unwrap_or(0);
+        pipelines += o.counters.get("pipelines").copied().unwrap_or(0);
+    }
+    assert!(batches >= 100, "{batches} batches in 20 busy seeds");
+    assert!(pipelines >= 20, "{pipelines} pipelines in 20 busy seeds");
+}
+
 /// The same seed gives the same events (every event is hashed in order).
 #[test]
 fn seeds_are_deterministic() {
