@@ -208,7 +208,7 @@ struct WorkerArgs {
     /// Jobs run at once.
     #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
     in_flight_max: usize,
-    /// Claims (and completions) of up to this many deliveries go to
+    /// Claims (and completions, and reads) of up to this many deliveries go to
     /// Postgres as one statement, and their acknowledgements to Redis as
     /// one pipeline; 1 sends each on its own.
     #[arg(long, env = "PELICAN_BATCH_MAX", default_value_t = 512,
