@@ -276,9 +276,10 @@ pub const FAIL_UNFENCED: &str = "UPDATE runs SET status = 'failed', error_class 
             lease_until = NULL \
      WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')";
 
-/// [`super::Db::execute_batch`] of [`READ_RUN`]s, in one statement (the
-/// baseline's first step, `Unguarded`): `$1` runs. Answers the row of each
-/// run that exists.
+/// [`super::Db::execute_batch`] of [`READ_RUN`]s, in one statement: `$1`
+/// runs (they may repeat). Answers the row of each run that exists. Reads
+/// follow refused claims and rejected writes, and they are the first step
+/// of every delivery of the benchmarks' baseline (`Unguarded`).
 pub const READ_RUN_MANY: &str = "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
      lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
      FROM runs WHERE run_id = ANY($1::bigint[])";

@@ -411,9 +411,9 @@ impl Db {
     /// the batch then does not matter) or, for other mixes, as one
     /// transaction of single statements.
     ///
-    /// The baseline's batches (the `Unguarded` mutant) have their own
-    /// statements: reads as one [`sql::READ_RUN_MANY`], unfenced results as
-    /// one [`sql::COMPLETE_UNFENCED_MANY`].
+    /// Reads go out as one [`sql::READ_RUN_MANY`] (one snapshot: the reads
+    /// back to back), and the benchmarks' baseline (the `Unguarded` mutant)
+    /// sends its unfenced results as one [`sql::COMPLETE_UNFENCED_MANY`].
     ///
     /// [`sql::CLAIM_MANY`]: crate::db::sql::CLAIM_MANY
     /// [`sql::COMPLETE_MANY`]: crate::db::sql::COMPLETE_MANY
