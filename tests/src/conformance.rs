@@ -862,9 +862,63 @@ fn batch() -> impl Strategy<Value = DbStep> {
 }
 
 /// A random database sequence.
+///
+/// Built with the `mutants` feature, sequences also hold the mutants'
+/// statements and the benchmarks' baseline's (unfenced results, alone and
+/// batched): every statement Pelican can send has its twin checked.
 pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
     let step = prop_oneof![9 => dbop().prop_map(DbStep::One), 2 => batch()];
+    #[cfg(feature = "mutants")]
+    let step = prop_oneof![11 => step, 3 => mutant_step()];
     prop::collection::vec(step, 1..30)
+}
+
+/// The mutants' statements, and the baseline's unfenced results alone and
+/// as one `COMPLETE_UNFENCED_MANY`.
+#[cfg(feature = "mutants")]
+fn mutant_step() -> impl Strategy<Value = DbStep> {
+    let run = (1u64..=4).prop_map(RunId);
+    let fence = (0u64..=4).prop_map(Fence);
+    let one = prop_oneof![
+        (run.clone(), 1u32..=3, 1u64..=6, 0u8..3, 0u8..=12).prop_map(
+            |(run, dispatch, entry, w, t)| DbOp::ClaimReviving {
+                run,
+                dispatch: Dispatch(dispatch),
+                entry: EntryId::new(entry, 0),
+                worker: format!("w{w}"),
+                now: now(t),
+                lease_ms: 2_000,
+            }
+        ),
+        (run.clone(), fence, class()).prop_map(|(run, fence, class)| {
+            DbOp::RecordFailureOnly {
+                run,
+                fence,
+                class,
+                message: "boom".into(),
+            }
+        }),
+        run.clone().prop_map(|run| DbOp::CompleteUnfenced {
+            run,
+            result: format!("\"u{}\"", run.0),
+        }),
+        (run, class()).prop_map(|(run, class)| DbOp::FailUnfenced {
+            run,
+            class,
+            message: "boom".into(),
+        }),
+    ];
+    let unfenced = prop::sample::subsequence(vec![1u64, 2, 3, 4], 2..=4).prop_map(|runs| {
+        DbStep::Batch(
+            runs.into_iter()
+                .map(|r| DbOp::CompleteUnfenced {
+                    run: RunId(r),
+                    result: format!("\"u{r}\""),
+                })
+                .collect(),
+        )
+    });
+    prop_oneof![3 => one.prop_map(DbStep::One), 1 => unfenced]
 }
 
 /// Empties every table and restarts the run id sequence.

@@ -72,3 +72,83 @@ mutants! {
     // unclaimed executions.)
     unguarded_baseline: "Unguarded" => retryable_errors_back_off_then_dead_letter,
 }
+
+/// The mutants' statements and the baseline's answer as their model twins,
+/// alone and batched, among the correct ones: first on every status a run
+/// can be in, then in the random conformance sequences of a build with the
+/// mutants.
+#[test]
+fn mutant_and_baseline_statements_answer_as_the_model() {
+    use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+    use pelican_model::protocol::DbOp;
+    use pelican_model::status::ErrorClass;
+    use pelican_model::time::Timestamp;
+    use pelican_tests::conformance::{DbStep, db_case};
+
+    let db = pelican_tests::Database::create();
+    let run = RunId;
+    let insert = |r| {
+        DbStep::One(DbOp::InsertRun {
+            run: run(r),
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+        })
+    };
+    let claim = |r| {
+        DbStep::One(DbOp::Claim {
+            run: run(r),
+            dispatch: Dispatch(1),
+            entry: EntryId::new(r, 0),
+            worker: "w1".into(),
+            now: Timestamp(1_000),
+            lease_ms: 2_000,
+        })
+    };
+    let retry = |r| {
+        DbStep::One(DbOp::ScheduleRetry {
+            run: run(r),
+            fence: Fence(1),
+            class: ErrorClass::Retryable,
+            message: "later".into(),
+            retry_at: Timestamp(5_000),
+        })
+    };
+    let done = |r| DbOp::CompleteUnfenced {
+        run: run(r),
+        result: format!("\"u{r}\""),
+    };
+    let fail = |r| {
+        DbStep::One(DbOp::FailUnfenced {
+            run: run(r),
+            class: ErrorClass::Terminal,
+            message: "no".into(),
+        })
+    };
+    // Runs 1-4 queued, running, in retry_wait, cancelled; 5-7 the same
+    // for the single statements.
+    let mut steps: Vec<DbStep> = (1..=7).map(insert).collect();
+    steps.extend([claim(2), claim(3), retry(3), claim(6), retry(6)]);
+    steps.push(DbStep::One(DbOp::Cancel { run: run(4) }));
+    steps.push(DbStep::One(DbOp::Cancel { run: run(7) }));
+    steps.push(DbStep::Batch((1..=4).map(done).collect()));
+    steps.extend([fail(1), fail(5), fail(6), fail(7)]);
+    steps.push(DbStep::One(done(5)));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let pg = pelican_real::live::PgDb::connect(db.url(), 2, std::time::Duration::from_secs(10))
+            .await
+            .expect("Postgres answers");
+        pg.migrate().await.expect("migrations apply");
+        if let Err(e) = db_case(&pg, &steps).await {
+            panic!("model::Db and Postgres differ on every status: {e}");
+        }
+    });
+    let outcome = pelican_tests::conformance::run_db(db.url(), 1_000, 2);
+    if let Some(m) = outcome.mismatch {
+        panic!("model::Db and Postgres differ:\n{m}");
+    }
+}
