@@ -296,36 +296,31 @@ fn bench(args: &[String]) -> Result<(), String> {
     // the mutants; it is built first and set aside, because both builds
     // write target/release/pelican.
     let release = root().join("target").join("release").join("pelican");
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "--package",
-        "pelican-real",
-        "--bin",
-        "pelican",
-        "--features",
-        "mutants",
-    ]);
-    run(
+    let build = |features: &[&str], what: &str| {
+        let mut c = cargo();
+        c.args([
+            "build",
+            "--release",
+            "--package",
+            "pelican-real",
+            "--bin",
+            "pelican",
+        ]);
+        if !features.is_empty() {
+            c.args(["--features", &features.join(",")]);
+        }
+        run(what, c)
+    };
+    build(
+        &["mutants"],
         "build pelican --features mutants (release; the baseline)",
-        build,
     )?;
     let dir = root().join("target").join("bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let baseline = dir.join("pelican-baseline");
     std::fs::copy(&release, &baseline)
         .map_err(|e| format!("copying the baseline's pelican binary: {e}"))?;
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "--package",
-        "pelican-real",
-        "--bin",
-        "pelican",
-    ]);
-    run("build pelican (release)", build)?;
+    build(&[], "build pelican (release)")?;
     let bin = release;
     let model = if quick {
         None

@@ -68,19 +68,15 @@ impl Mutant {
 
     /// The ten and the benchmarks' baseline ([`Mutant::Unguarded`]): every
     /// name `--mutant` accepts.
-    pub const NAMED: [Mutant; 11] = [
-        Mutant::AckBeforeCommit,
-        Mutant::NoFence,
-        Mutant::NoTerminalCheck,
-        Mutant::NoIdempotencyKey,
-        Mutant::RetryInPel,
-        Mutant::NoDeadLetter,
-        Mutant::StaleAck,
-        Mutant::IgnoreTrimmed,
-        Mutant::ReviveCancelled,
-        Mutant::NoPublishRecovery,
-        Mutant::Unguarded,
-    ];
+    pub const NAMED: [Mutant; 11] = {
+        let mut named = [Mutant::Unguarded; 11];
+        let mut i = 0;
+        while i < Mutant::ALL.len() {
+            named[i] = Mutant::ALL[i];
+            i += 1;
+        }
+        named
+    };
 
     /// Its name, as on the command line.
     #[must_use]

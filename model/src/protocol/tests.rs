@@ -484,3 +484,14 @@ fn the_unguarded_baseline_drains_without_claims_and_is_caught() {
         world.violations
     );
 }
+
+#[test]
+fn the_baseline_is_named_but_not_among_the_ten() {
+    assert_eq!("unguarded".parse::<Mutant>(), Ok(Mutant::Unguarded));
+    assert!(!Mutant::ALL.contains(&Mutant::Unguarded));
+    assert_eq!(Mutant::NAMED[..10], Mutant::ALL);
+    for m in Mutant::NAMED {
+        assert_eq!(m.name().parse::<Mutant>(), Ok(m));
+    }
+    assert!("Bare".parse::<Mutant>().is_err());
+}
