@@ -11,7 +11,7 @@
 //!   model checks and the mutant tests.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -155,32 +155,46 @@ fn simulator(mutants: bool, args: &[&str]) -> Command {
     c
 }
 
+/// Builds `pelican` (the release profile or the dev one) with `features`,
+/// and answers where cargo put it: `target/<profile>/pelican`, which the
+/// next build of another variant overwrites.
+fn build_pelican(release: bool, features: &[&str]) -> Result<PathBuf, String> {
+    let mut build = cargo();
+    build.args(["build", "--package", "pelican-real", "--bin", "pelican"]);
+    if release {
+        build.arg("--release");
+    }
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
+    let profile = if release { "release" } else { "debug" };
+    let mut what = format!("build pelican ({profile})");
+    if !features.is_empty() {
+        what = format!(
+            "build pelican --features {} ({profile})",
+            features.join(",")
+        );
+    }
+    run(&what, build)?;
+    Ok(root().join("target").join(profile).join("pelican"))
+}
+
+/// Copies a built `pelican` to `dir/name`, so that variants can sit side by
+/// side.
+fn set_aside(bin: &Path, dir: &Path, name: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let to = dir.join(name);
+    std::fs::copy(bin, &to).map_err(|e| format!("copying the pelican binary: {e}"))?;
+    Ok(to)
+}
+
 /// Builds `pelican` with the crash points (and `extra` features) for the
-/// live tests, and copies it to `target/live-bin/<name>` so that the two
-/// variants can sit side by side.
+/// live tests, and copies it to `target/live-bin/<name>`.
 fn live_binary(extra: &[&str], name: &str) -> Result<PathBuf, String> {
     let mut features = vec!["failpoints"];
     features.extend_from_slice(extra);
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--package",
-        "pelican-real",
-        "--bin",
-        "pelican",
-        "--features",
-        &features.join(","),
-    ]);
-    run(
-        &format!("build pelican --features {}", features.join(",")),
-        build,
-    )?;
-    let dir = root().join("target").join("live-bin");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let to = dir.join(name);
-    std::fs::copy(root().join("target").join("debug").join("pelican"), &to)
-        .map_err(|e| format!("copying the pelican binary: {e}"))?;
-    Ok(to)
+    let bin = build_pelican(false, &features)?;
+    set_aside(&bin, &root().join("target").join("live-bin"), name)
 }
 
 fn wants_mutant(args: &[String]) -> bool {
@@ -295,33 +309,10 @@ fn bench(args: &[String]) -> Result<(), String> {
     // The baseline protocol of the cost comparison lives in the build with
     // the mutants; it is built first and set aside, because both builds
     // write target/release/pelican.
-    let release = root().join("target").join("release").join("pelican");
-    let build = |features: &[&str], what: &str| {
-        let mut c = cargo();
-        c.args([
-            "build",
-            "--release",
-            "--package",
-            "pelican-real",
-            "--bin",
-            "pelican",
-        ]);
-        if !features.is_empty() {
-            c.args(["--features", &features.join(",")]);
-        }
-        run(what, c)
-    };
-    build(
-        &["mutants"],
-        "build pelican --features mutants (release; the baseline)",
-    )?;
     let dir = root().join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let baseline = dir.join("pelican-baseline");
-    std::fs::copy(&release, &baseline)
-        .map_err(|e| format!("copying the baseline's pelican binary: {e}"))?;
-    build(&[], "build pelican (release)")?;
-    let bin = release;
+    let built = build_pelican(true, &["mutants"])?;
+    let baseline = set_aside(&built, &dir, "pelican-baseline")?;
+    let bin = build_pelican(true, &[])?;
     let model = if quick {
         None
     } else {

@@ -50,13 +50,7 @@ pub trait StreamClient: Send + Sync + 'static {
         &self,
         ops: Vec<(StreamOp, Issuer)>,
     ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> + Send {
-        async move {
-            let mut replies = Vec::with_capacity(ops.len());
-            for (op, by) in ops {
-                replies.push(self.call(op, by).await?);
-            }
-            Ok(replies)
-        }
+        one_by_one(ops, move |op, by| self.call(op, by))
     }
 }
 
@@ -77,14 +71,26 @@ pub trait DbClient: Send + Sync + 'static {
         &self,
         ops: Vec<(DbOp, Issuer)>,
     ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> + Send {
-        async move {
-            let mut replies = Vec::with_capacity(ops.len());
-            for (op, by) in ops {
-                replies.push(self.call(op, by).await?);
-            }
-            Ok(replies)
-        }
+        one_by_one(ops, move |op, by| self.call(op, by))
     }
+}
+
+/// Sends `ops` through `call` one after another, in order: every answer,
+/// or `Err(Unavailable)` at the first command without one (the batch
+/// fallback of [`StreamClient::call_batch`] and [`DbClient::call_batch`]).
+pub(crate) async fn one_by_one<O, R, F, Fut>(
+    ops: Vec<(O, Issuer)>,
+    call: F,
+) -> Result<Vec<R>, Unavailable>
+where
+    F: Fn(O, Issuer) -> Fut,
+    Fut: Future<Output = Result<R, Unavailable>>,
+{
+    let mut replies = Vec::with_capacity(ops.len());
+    for (op, by) in ops {
+        replies.push(call(op, by).await?);
+    }
+    Ok(replies)
 }
 
 /// The external tool service that job handlers send side effects to. It

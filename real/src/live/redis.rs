@@ -304,11 +304,7 @@ impl StreamClient for RedisStream {
         ops: Vec<(StreamOp, Issuer)>,
     ) -> Result<Vec<StreamResult>, Unavailable> {
         if !ops.iter().all(|(op, _)| matches!(op, StreamOp::Ack { .. })) {
-            let mut replies = Vec::with_capacity(ops.len());
-            for (op, _) in ops {
-                replies.push(self.execute(op).await?);
-            }
-            return Ok(replies);
+            return crate::driver::one_by_one(ops, |op, _| self.execute(op)).await;
         }
         let mut pipe = redis::pipe();
         for (op, _) in &ops {
