@@ -987,6 +987,22 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     Ok(())
 }
 
+/// A connection to the database at `url`, migrated: where [`db_case`]
+/// runs its sequences.
+///
+/// # Panics
+/// When Postgres cannot be reached or a migration fails.
+#[must_use]
+pub fn migrated(url: &str) -> PgDb {
+    crate::rt().block_on(async {
+        let db = PgDb::connect(url, 2, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach Postgres at {url}: {e}"));
+        db.migrate().await.expect("migrations apply");
+        db
+    })
+}
+
 /// Runs `cases` random database sequences against the database at `url`
 /// (migrated first).
 ///
@@ -994,13 +1010,7 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
 /// When Postgres cannot be reached.
 #[must_use]
 pub fn run_db(url: &str, cases: u32, seed: u64) -> Outcome {
-    let db = crate::rt().block_on(async {
-        let db = PgDb::connect(url, 2, Duration::from_secs(10))
-            .await
-            .unwrap_or_else(|e| panic!("cannot reach Postgres at {url}: {e}"));
-        db.migrate().await.expect("migrations apply");
-        db
-    });
+    let db = migrated(url);
     let mut runner = runner(cases, seed);
     let result = runner.run(&db_sequence(), |ops| {
         crate::rt()

@@ -83,7 +83,7 @@ fn mutant_and_baseline_statements_answer_as_the_model() {
     use pelican_model::protocol::DbOp;
     use pelican_model::status::ErrorClass;
     use pelican_model::time::Timestamp;
-    use pelican_tests::conformance::{DbStep, db_case};
+    use pelican_tests::conformance::{DbStep, db_case, migrated};
 
     let db = pelican_tests::Database::create();
     let run = RunId;
@@ -125,28 +125,20 @@ fn mutant_and_baseline_statements_answer_as_the_model() {
             message: "no".into(),
         })
     };
-    // Runs 1-4 queued, running, in retry_wait, cancelled; 5-7 the same
-    // for the single statements.
-    let mut steps: Vec<DbStep> = (1..=7).map(insert).collect();
-    steps.extend([claim(2), claim(3), retry(3), claim(6), retry(6)]);
+    // Runs 1-4 queued, running, in retry_wait and cancelled for the batch;
+    // 5-8 queued, in retry_wait, cancelled and running for the single
+    // statements, and 1 and 5 again once they are finished.
+    let mut steps: Vec<DbStep> = (1..=8).map(insert).collect();
+    steps.extend([claim(2), claim(3), retry(3), claim(6), retry(6), claim(8)]);
     steps.push(DbStep::One(DbOp::Cancel { run: run(4) }));
     steps.push(DbStep::One(DbOp::Cancel { run: run(7) }));
     steps.push(DbStep::Batch((1..=4).map(done).collect()));
-    steps.extend([fail(1), fail(5), fail(6), fail(7)]);
+    steps.extend([fail(1), fail(5), fail(6), fail(7), fail(8)]);
     steps.push(DbStep::One(done(5)));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        let pg = pelican_real::live::PgDb::connect(db.url(), 2, std::time::Duration::from_secs(10))
-            .await
-            .expect("Postgres answers");
-        pg.migrate().await.expect("migrations apply");
-        if let Err(e) = db_case(&pg, &steps).await {
-            panic!("model::Db and Postgres differ on every status: {e}");
-        }
-    });
+    let pg = migrated(db.url());
+    if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
+        panic!("model::Db and Postgres differ on every status: {e}");
+    }
     let outcome = pelican_tests::conformance::run_db(db.url(), 1_000, 2);
     if let Some(m) = outcome.mismatch {
         panic!("model::Db and Postgres differ:\n{m}");
