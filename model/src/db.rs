@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod sql;
+mod statements;
+
+pub use statements::{
+    Access, Column, DbOp, DbReply, Param, Pick, Picks, Shape, Statement, ToParam, columns,
+};
 
 /// One row of `runs`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -156,7 +161,7 @@ impl Db {
             .filter(|r| r.active_fence == fence && r.status == RunStatus::Running)
     }
 
-    /// [`sql::INSERT_RUN`]: a new run, `queued`, dispatch 1, not yet published.
+    /// [`Statement::InsertRun`]: a new run, `queued`, dispatch 1, not yet published.
     /// Idempotent: a second insert of the same id affects no row.
     pub fn insert_run(&mut self, run: RunId, kind: &str, input: &str, attempts_max: u32) -> u64 {
         if self.runs.contains_key(&run) {
@@ -184,7 +189,7 @@ impl Db {
         1
     }
 
-    /// [`sql::MARK_PUBLISHED`]: the XADD of `dispatch` succeeded with `entry`.
+    /// [`Statement::MarkPublished`]: the XADD of `dispatch` succeeded with `entry`.
     pub fn mark_published(
         &mut self,
         run: RunId,
@@ -202,7 +207,7 @@ impl Db {
         }
     }
 
-    /// [`sql::CLAIM`]: start a new attempt of `run` for the delivery of
+    /// [`Statement::Claim`]: start a new attempt of `run` for the delivery of
     /// `entry`, if the entry's dispatch is current, the run is queued (or
     /// running under an expired lease: a reclaim), and attempts remain. The
     /// new fence is one more than every earlier fence of the run.
@@ -282,13 +287,13 @@ impl Db {
         self.claim(run, dispatch, entry, worker, now, lease_ms)
     }
 
-    /// [`sql::READ_RUN`].
+    /// [`Statement::ReadRun`].
     #[must_use]
     pub fn read_run(&self, run: RunId) -> Option<RunRow> {
         self.runs.get(&run).cloned()
     }
 
-    /// [`sql::HEARTBEAT`]: extend the lease of the attempt holding `fence`.
+    /// [`Statement::Heartbeat`]: extend the lease of the attempt holding `fence`.
     pub fn heartbeat(&mut self, run: RunId, fence: Fence, now: Timestamp, lease_ms: u64) -> u64 {
         match self.fenced(run, fence) {
             Some(r) => {
@@ -299,7 +304,7 @@ impl Db {
         }
     }
 
-    /// [`sql::COMPLETE`]: the attempt holding `fence` succeeded.
+    /// [`Statement::Complete`]: the attempt holding `fence` succeeded.
     pub fn complete(&mut self, run: RunId, fence: Fence, result: &str) -> u64 {
         let Some(r) = self.fenced(run, fence) else {
             return 0;
@@ -317,7 +322,7 @@ impl Db {
         }
     }
 
-    /// [`sql::FAIL`]: the attempt holding `fence` failed terminally.
+    /// [`Statement::Fail`]: the attempt holding `fence` failed terminally.
     pub fn fail(&mut self, run: RunId, fence: Fence, class: ErrorClass, message: &str) -> u64 {
         let Some(r) = self.fenced(run, fence) else {
             return 0;
@@ -329,7 +334,7 @@ impl Db {
         1
     }
 
-    /// [`sql::SCHEDULE_RETRY`]: the attempt holding `fence` failed retryably;
+    /// [`Statement::ScheduleRetry`]: the attempt holding `fence` failed retryably;
     /// the run waits until `retry_at` under the next dispatch, so its current
     /// entry becomes stale and can be acknowledged.
     pub fn schedule_retry(
@@ -371,37 +376,6 @@ impl Db {
         1
     }
 
-    /// Baseline twin (`Unguarded`) of [`Db::complete`]: no fence, no
-    /// attempt record; any run not yet terminal succeeds (the first terminal
-    /// write still wins). Never in a release build.
-    #[cfg(feature = "mutants")]
-    pub fn complete_unfenced(&mut self, run: RunId, result: &str) -> u64 {
-        match self.runs.get_mut(&run) {
-            Some(r) if !r.status.is_terminal() => {
-                r.status = RunStatus::Succeeded;
-                r.result = Some(result.to_owned());
-                r.lease_until = None;
-                1
-            }
-            _ => 0,
-        }
-    }
-
-    /// Baseline twin (`Unguarded`) of [`Db::fail`]: no fence, no attempt
-    /// record; any run not yet terminal fails. Never in a release build.
-    #[cfg(feature = "mutants")]
-    pub fn fail_unfenced(&mut self, run: RunId, class: ErrorClass, message: &str) -> u64 {
-        match self.runs.get_mut(&run) {
-            Some(r) if !r.status.is_terminal() => {
-                r.status = RunStatus::Failed;
-                r.error = Some((class, message.to_owned()));
-                r.lease_until = None;
-                1
-            }
-            _ => 0,
-        }
-    }
-
     fn bury(&mut self, run: RunId, class: ErrorClass, message: &str) {
         let r = self.runs.get_mut(&run).expect("caller checked the row");
         r.status = RunStatus::Dead;
@@ -425,7 +399,7 @@ impl Db {
         );
     }
 
-    /// [`sql::DEAD_LETTER`]: the attempt holding `fence` failed and was the
+    /// [`Statement::DeadLetter`]: the attempt holding `fence` failed and was the
     /// last one allowed: the run is dead, with a dead-letter record.
     pub fn dead_letter(
         &mut self,
@@ -442,7 +416,7 @@ impl Db {
         1
     }
 
-    /// [`sql::DEAD_LETTER_EXHAUSTED`]: the run's attempts are used up and its
+    /// [`Statement::DeadLetterExhausted`]: the run's attempts are used up and its
     /// last attempt is gone (its lease expired, or it never ran): dead, with
     /// class `exhausted`.
     pub fn dead_letter_exhausted(&mut self, run: RunId, dispatch: Dispatch, now: Timestamp) -> u64 {
@@ -461,7 +435,7 @@ impl Db {
         1
     }
 
-    /// [`sql::CANCEL`]: the first terminal write wins; cancelling a running
+    /// [`Statement::Cancel`]: the first terminal write wins; cancelling a running
     /// run makes every later write of its attempt fail the status check.
     pub fn cancel(&mut self, run: RunId) -> u64 {
         match self.runs.get_mut(&run) {
@@ -475,7 +449,7 @@ impl Db {
         }
     }
 
-    /// [`sql::PROMOTE_RETRIES`]: due retries become queued (unpublished), at
+    /// [`Statement::PromoteRetries`]: due retries become queued (unpublished), at
     /// most `limit` of them, oldest `retry_at` first.
     pub fn promote_retries(&mut self, now: Timestamp, limit: usize) -> u64 {
         let mut due: Vec<(Timestamp, RunId)> = self
@@ -495,7 +469,7 @@ impl Db {
         due.len() as u64
     }
 
-    /// [`sql::UNPUBLISHED`]: the outbox — queued runs whose current dispatch
+    /// [`Statement::Unpublished`]: the outbox — queued runs whose current dispatch
     /// has no confirmed XADD, lowest run id first.
     #[must_use]
     pub fn unpublished(&self, limit: usize) -> Vec<Candidate> {
@@ -507,7 +481,7 @@ impl Db {
             .collect()
     }
 
-    /// [`sql::ORPHAN_CANDIDATES`]: runs that should have been picked up long
+    /// [`Statement::OrphanCandidates`]: runs that should have been picked up long
     /// ago: queued and published at least `grace_ms` ago, or running with a
     /// lease expired at least `grace_ms` ago. The sweeper checks whether
     /// their entry still exists in the stream or the PEL.
@@ -526,7 +500,7 @@ impl Db {
             .collect()
     }
 
-    /// [`sql::REQUEUE_RUN`]: re-dispatch a run whose entry is gone (trimmed,
+    /// [`Statement::RequeueRun`]: re-dispatch a run whose entry is gone (trimmed,
     /// deleted, or lost with Redis' data), if it is still queued at `dispatch`
     /// or running at `dispatch` under an expired lease.
     pub fn requeue_run(&mut self, run: RunId, dispatch: Dispatch, now: Timestamp) -> u64 {
@@ -539,7 +513,7 @@ impl Db {
         }
     }
 
-    /// [`sql::REQUEUE_ENTRY`]: as [`Db::requeue_run`], for the run whose
+    /// [`Statement::RequeueEntry`]: as [`Db::requeue_run`], for the run whose
     /// current entry is `entry` (XAUTOCLAIM reported it deleted; S8).
     pub fn requeue_entry(&mut self, entry: EntryId, now: Timestamp) -> u64 {
         let mut n = 0;
@@ -552,7 +526,7 @@ impl Db {
         n
     }
 
-    /// [`sql::DLQ_REQUEUE`]: an operator's explicit re-run of a dead run, with
+    /// [`Statement::DlqRequeue`]: an operator's explicit re-run of a dead run, with
     /// `extra_attempts` more attempts.
     pub fn dlq_requeue(&mut self, run: RunId, extra_attempts: u32) -> u64 {
         match (self.runs.get_mut(&run), self.dead_letters.get_mut(&run)) {
@@ -566,13 +540,13 @@ impl Db {
         }
     }
 
-    /// [`sql::NEXT_RUN_ID`]: a run id never handed out before.
+    /// [`Statement::NextRunId`]: a run id never handed out before.
     pub fn next_run_id(&mut self) -> RunId {
         self.run_ids += 1;
         RunId(self.run_ids)
     }
 
-    /// [`sql::READ_ATTEMPTS`]: `run`'s attempts in order.
+    /// [`Statement::ReadAttempts`]: `run`'s attempts in order.
     #[must_use]
     pub fn read_attempts(&self, run: RunId) -> Vec<(AttemptNo, AttemptRow)> {
         self.attempts
@@ -581,7 +555,7 @@ impl Db {
             .collect()
     }
 
-    /// [`sql::LIST_DEAD_LETTERS`]: up to `limit` dead letters by run.
+    /// [`Statement::ListDeadLetters`]: up to `limit` dead letters by run.
     #[must_use]
     pub fn list_dead_letters(&self, limit: usize) -> Vec<(RunId, DeadLetter)> {
         self.dead_letters
@@ -591,7 +565,7 @@ impl Db {
             .collect()
     }
 
-    /// [`sql::COUNT_RUNS`]: how many runs have each status (statuses with
+    /// [`Statement::CountRuns`]: how many runs have each status (statuses with
     /// none are left out).
     #[must_use]
     pub fn count_runs(&self) -> Vec<(RunStatus, u64)> {
@@ -602,7 +576,7 @@ impl Db {
         counts.into_values().collect()
     }
 
-    /// [`sql::APPLY_EFFECT`]: the demo tool service's ledger. Returns 1 when
+    /// [`Statement::ApplyEffect`]: the demo tool service's ledger. Returns 1 when
     /// `key` is new (the effect is applied), 0 for a repeat (deduplicated).
     pub fn apply_effect(&mut self, key: &str) -> u64 {
         let n = self.effects.entry(key.to_owned()).or_insert(0);

@@ -34,7 +34,8 @@ pub const TOOLS: &str = "10.0.0.3:8080";
 pub enum Request {
     /// To Postgres.
     Db(DbOp, Issuer),
-    /// To Postgres: a batch, run as one transaction.
+    /// To Postgres: a batch ([`pelican_model::Db::execute_batch`]), in one
+    /// request.
     DbBatch(Vec<(DbOp, Issuer)>),
     /// To Redis.
     Stream(StreamOp),

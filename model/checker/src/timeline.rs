@@ -3,7 +3,7 @@
 
 use crate::state::{Action, Fate, Source, State};
 use pelican_model::ids::EntryId;
-use pelican_model::protocol::{Command, DbOp, JobEntry, StreamOp};
+use pelican_model::protocol::{Command, JobEntry, StreamOp};
 use std::fmt::Write as _;
 
 fn id(e: EntryId) -> String {
@@ -16,59 +16,7 @@ fn id(e: EntryId) -> String {
 #[must_use]
 pub fn command(c: &Command) -> String {
     match c {
-        Command::Db(op) => match op {
-            DbOp::InsertRun { run, .. } => format!("INSERT {run} (queued)"),
-            DbOp::MarkPublished {
-                run,
-                dispatch,
-                entry,
-                ..
-            } => {
-                format!("mark {run} {dispatch} published as {}", id(*entry))
-            }
-            DbOp::Claim {
-                run,
-                dispatch,
-                entry,
-                ..
-            } => format!("claim {run} {dispatch} from {}", id(*entry)),
-            DbOp::ClaimReviving {
-                run,
-                dispatch,
-                entry,
-                ..
-            } => {
-                format!("claim (reviving) {run} {dispatch} from {}", id(*entry))
-            }
-            DbOp::ReadRun { run } => format!("read {run}"),
-            DbOp::Heartbeat { run, fence, .. } => format!("heartbeat {run} with {fence}"),
-            DbOp::Complete { run, fence, .. } => format!("complete {run} with {fence}"),
-            DbOp::Fail { run, fence, .. } => format!("fail {run} with {fence}"),
-            DbOp::ScheduleRetry { run, fence, .. } => {
-                format!("schedule retry of {run} with {fence}")
-            }
-            DbOp::RecordFailureOnly { run, fence, .. } => {
-                format!("record failure of {run} with {fence}")
-            }
-            DbOp::DeadLetter { run, fence, .. } => format!("dead-letter {run} with {fence}"),
-            DbOp::CompleteUnfenced { run, .. } => format!("complete {run}, unfenced"),
-            DbOp::FailUnfenced { run, .. } => format!("fail {run}, unfenced"),
-            DbOp::DeadLetterExhausted { run, dispatch, .. } => {
-                format!("dead-letter exhausted {run} {dispatch}")
-            }
-            DbOp::Cancel { run } => format!("cancel {run}"),
-            DbOp::PromoteRetries { .. } => "promote due retries".into(),
-            DbOp::Unpublished { .. } => "list the outbox".into(),
-            DbOp::OrphanCandidates { .. } => "list orphan candidates".into(),
-            DbOp::RequeueRun { run, dispatch, .. } => format!("requeue {run} {dispatch}"),
-            DbOp::RequeueEntry { entry, .. } => format!("requeue the run of {}", id(*entry)),
-            DbOp::ApplyEffect { key } => format!("apply effect {key}"),
-            DbOp::NextRunId => "next run id".into(),
-            DbOp::ReadAttempts { run } => format!("read the attempts of {run}"),
-            DbOp::ListDeadLetters { .. } => "list dead letters".into(),
-            DbOp::CountRuns => "count runs by status".into(),
-            DbOp::DlqRequeue { run, .. } => format!("requeue dead {run}"),
-        },
+        Command::Db(op) => op.describe(),
         Command::Stream(op) => match op {
             StreamOp::Publish {
                 entry: JobEntry::Job { run, dispatch },

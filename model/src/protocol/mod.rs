@@ -39,7 +39,7 @@
 //! outstanding, so a lost reply ([`Input::Unavailable`]) is always about the
 //! command the role is waiting for.
 
-use crate::db::{Candidate, ClaimedJob, Db, RunRow};
+pub use crate::db::{DbOp, DbReply};
 use crate::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, JobOutcome};
 use crate::stream::{AutoClaim, StreamError};
@@ -54,7 +54,7 @@ mod submitter;
 
 pub use delivery::{AckReason, Delivery, DeliveryEnd, PendingReason, superseded};
 pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
-pub use mutant::Mutant;
+pub use mutant::{Mutant, none_injected};
 pub use reclaimer::{Reclaimer, ReclaimerEvent};
 pub use submitter::{Submitter, SubmitterEnd};
 
@@ -103,14 +103,6 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// Whether mutant `m` is active. Always false without the `mutants`
-    /// feature, so the correct protocol is all a release build contains.
-    #[must_use]
-    #[inline]
-    pub fn is(&self, m: Mutant) -> bool {
-        cfg!(feature = "mutants") && self.mutant == Some(m)
-    }
-
     /// The delay before retry `attempt + 1`: exponential from
     /// `backoff_base_ms`, capped at `backoff_cap_ms`, with "equal jitter" drawn
     /// from `entropy` (the driver's randomness, passed in).
@@ -128,7 +120,7 @@ impl Policy {
     /// across attempts, so the external service applies it once.
     #[must_use]
     pub fn idempotency_key(&self, run: RunId, tool_call: u32, fence: Fence) -> String {
-        if self.is(Mutant::NoIdempotencyKey) {
+        if crate::injects!(self, NoIdempotencyKey) {
             // The bug: a key that changes with every attempt.
             return format!("{run}/{tool_call}/{}", fence.0);
         }
@@ -174,371 +166,6 @@ pub enum DeadEntry {
         /// Why.
         reason: String,
     },
-}
-
-/// A database command: one SQL statement, executed by [`Db::execute`] in the
-/// model and by the binding's twin on Postgres.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub enum DbOp {
-    InsertRun {
-        run: RunId,
-        kind: String,
-        input: String,
-        attempts_max: u32,
-    },
-    MarkPublished {
-        run: RunId,
-        dispatch: Dispatch,
-        entry: EntryId,
-        now: Timestamp,
-    },
-    Claim {
-        run: RunId,
-        dispatch: Dispatch,
-        entry: EntryId,
-        worker: String,
-        now: Timestamp,
-        lease_ms: u64,
-    },
-    ReadRun {
-        run: RunId,
-    },
-    Heartbeat {
-        run: RunId,
-        fence: Fence,
-        now: Timestamp,
-        lease_ms: u64,
-    },
-    Complete {
-        run: RunId,
-        fence: Fence,
-        result: String,
-    },
-    Fail {
-        run: RunId,
-        fence: Fence,
-        class: ErrorClass,
-        message: String,
-    },
-    ScheduleRetry {
-        run: RunId,
-        fence: Fence,
-        class: ErrorClass,
-        message: String,
-        retry_at: Timestamp,
-    },
-    DeadLetter {
-        run: RunId,
-        fence: Fence,
-        class: ErrorClass,
-        message: String,
-    },
-    DeadLetterExhausted {
-        run: RunId,
-        dispatch: Dispatch,
-        now: Timestamp,
-    },
-    Cancel {
-        run: RunId,
-    },
-    PromoteRetries {
-        now: Timestamp,
-        limit: usize,
-    },
-    Unpublished {
-        limit: usize,
-    },
-    OrphanCandidates {
-        now: Timestamp,
-        grace_ms: u64,
-        limit: usize,
-    },
-    RequeueRun {
-        run: RunId,
-        dispatch: Dispatch,
-        now: Timestamp,
-    },
-    RequeueEntry {
-        entry: EntryId,
-        now: Timestamp,
-    },
-    ApplyEffect {
-        key: String,
-    },
-    /// A fresh run id (`SELECT nextval('run_ids')`).
-    NextRunId,
-    ReadAttempts {
-        run: RunId,
-    },
-    ListDeadLetters {
-        limit: usize,
-    },
-    CountRuns,
-    DlqRequeue {
-        run: RunId,
-        extra_attempts: u32,
-    },
-    /// Mutant statement (`ReviveCancelled`).
-    ClaimReviving {
-        run: RunId,
-        dispatch: Dispatch,
-        entry: EntryId,
-        worker: String,
-        now: Timestamp,
-        lease_ms: u64,
-    },
-    /// Mutant statement (`RetryInPel`).
-    RecordFailureOnly {
-        run: RunId,
-        fence: Fence,
-        class: ErrorClass,
-        message: String,
-    },
-    /// The benchmarks' baseline (`Unguarded`): a result without a fence.
-    CompleteUnfenced {
-        run: RunId,
-        result: String,
-    },
-    /// The benchmarks' baseline (`Unguarded`): a terminal failure without a
-    /// fence.
-    FailUnfenced {
-        run: RunId,
-        class: ErrorClass,
-        message: String,
-    },
-}
-
-impl DbOp {
-    /// Whether this statement writes (the rest only read).
-    #[must_use]
-    pub fn is_write(&self) -> bool {
-        !matches!(
-            self,
-            DbOp::ReadRun { .. }
-                | DbOp::Unpublished { .. }
-                | DbOp::OrphanCandidates { .. }
-                | DbOp::ReadAttempts { .. }
-                | DbOp::ListDeadLetters { .. }
-                | DbOp::CountRuns
-        )
-    }
-
-    /// The statement's name, in snake case (`claim`, `complete`, ...): for
-    /// logs and metrics labels.
-    #[must_use]
-    pub fn name(&self) -> &'static str {
-        match self {
-            DbOp::InsertRun { .. } => "insert_run",
-            DbOp::MarkPublished { .. } => "mark_published",
-            DbOp::Claim { .. } => "claim",
-            DbOp::ReadRun { .. } => "read_run",
-            DbOp::Heartbeat { .. } => "heartbeat",
-            DbOp::Complete { .. } => "complete",
-            DbOp::Fail { .. } => "fail",
-            DbOp::ScheduleRetry { .. } => "schedule_retry",
-            DbOp::DeadLetter { .. } => "dead_letter",
-            DbOp::DeadLetterExhausted { .. } => "dead_letter_exhausted",
-            DbOp::Cancel { .. } => "cancel",
-            DbOp::PromoteRetries { .. } => "promote_retries",
-            DbOp::Unpublished { .. } => "unpublished",
-            DbOp::OrphanCandidates { .. } => "orphan_candidates",
-            DbOp::RequeueRun { .. } => "requeue_run",
-            DbOp::RequeueEntry { .. } => "requeue_entry",
-            DbOp::ApplyEffect { .. } => "apply_effect",
-            DbOp::NextRunId => "next_run_id",
-            DbOp::ReadAttempts { .. } => "read_attempts",
-            DbOp::ListDeadLetters { .. } => "list_dead_letters",
-            DbOp::CountRuns => "count_runs",
-            DbOp::DlqRequeue { .. } => "dlq_requeue",
-            DbOp::ClaimReviving { .. } => "claim_reviving",
-            DbOp::RecordFailureOnly { .. } => "record_failure_only",
-            DbOp::CompleteUnfenced { .. } => "complete_unfenced",
-            DbOp::FailUnfenced { .. } => "fail_unfenced",
-        }
-    }
-
-    /// The run a fenced write targets and the fence it carries.
-    #[must_use]
-    pub fn fenced_write(&self) -> Option<(RunId, Fence)> {
-        match self {
-            DbOp::Heartbeat { run, fence, .. }
-            | DbOp::Complete { run, fence, .. }
-            | DbOp::Fail { run, fence, .. }
-            | DbOp::ScheduleRetry { run, fence, .. }
-            | DbOp::DeadLetter { run, fence, .. }
-            | DbOp::RecordFailureOnly { run, fence, .. } => Some((*run, *fence)),
-            _ => None,
-        }
-    }
-}
-
-/// The answer to a [`DbOp`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum DbReply {
-    /// Rows affected.
-    Rows(u64),
-    /// A claim's result.
-    Claimed(Option<ClaimedJob>),
-    /// A row read.
-    Run(Option<RunRow>),
-    /// Rows selected by the sweeper.
-    Candidates(Vec<Candidate>),
-    /// A fresh run id.
-    NewRun(RunId),
-    /// A run's attempts.
-    Attempts(Vec<(crate::ids::AttemptNo, crate::db::AttemptRow)>),
-    /// Dead letters by run.
-    DeadLetters(Vec<(RunId, crate::db::DeadLetter)>),
-    /// Runs by status.
-    Counts(Vec<(crate::status::RunStatus, u64)>),
-}
-
-impl Db {
-    fn claimed_job(&self, run: RunId, claimed: crate::db::Claimed) -> ClaimedJob {
-        let r = &self.runs[&run];
-        ClaimedJob {
-            claimed,
-            kind: r.kind.clone(),
-            input: r.input.clone(),
-        }
-    }
-
-    /// Executes `ops` in order, as one transaction: the twin of a batch the
-    /// binding sends as one statement ([`sql::CLAIM_MANY`] for claims,
-    /// [`sql::COMPLETE_MANY`] for completions; the batching driver only
-    /// batches commands of one kind on distinct runs, whose order within
-    /// the batch then does not matter) or, for other mixes, as one
-    /// transaction of single statements.
-    ///
-    /// Reads go out as one [`sql::READ_RUN_MANY`] (one snapshot: the reads
-    /// back to back), and the benchmarks' baseline (the `Unguarded` mutant)
-    /// sends its unfenced results as one [`sql::COMPLETE_UNFENCED_MANY`].
-    ///
-    /// [`sql::CLAIM_MANY`]: crate::db::sql::CLAIM_MANY
-    /// [`sql::COMPLETE_MANY`]: crate::db::sql::COMPLETE_MANY
-    /// [`sql::READ_RUN_MANY`]: crate::db::sql::READ_RUN_MANY
-    /// [`sql::COMPLETE_UNFENCED_MANY`]: crate::db::sql::COMPLETE_UNFENCED_MANY
-    pub fn execute_batch(&mut self, ops: &[DbOp]) -> Vec<DbReply> {
-        ops.iter().map(|op| self.execute(op)).collect()
-    }
-
-    /// Executes one command against the reference database.
-    ///
-    /// # Panics
-    /// On a mutant statement in a build without the `mutants` feature: the
-    /// protocol cannot issue one there.
-    pub fn execute(&mut self, op: &DbOp) -> DbReply {
-        use DbReply::{Candidates, Claimed as C, Rows};
-        match op {
-            DbOp::InsertRun {
-                run,
-                kind,
-                input,
-                attempts_max,
-            } => Rows(self.insert_run(*run, kind, input, *attempts_max)),
-            DbOp::MarkPublished {
-                run,
-                dispatch,
-                entry,
-                now,
-            } => Rows(self.mark_published(*run, *dispatch, *entry, *now)),
-            DbOp::Claim {
-                run,
-                dispatch,
-                entry,
-                worker,
-                now,
-                lease_ms,
-            } => C(self
-                .claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
-                .map(|c| self.claimed_job(*run, c))),
-            DbOp::ReadRun { run } => DbReply::Run(self.read_run(*run)),
-            DbOp::Heartbeat {
-                run,
-                fence,
-                now,
-                lease_ms,
-            } => Rows(self.heartbeat(*run, *fence, *now, *lease_ms)),
-            DbOp::Complete { run, fence, result } => Rows(self.complete(*run, *fence, result)),
-            DbOp::Fail {
-                run,
-                fence,
-                class,
-                message,
-            } => Rows(self.fail(*run, *fence, *class, message)),
-            DbOp::ScheduleRetry {
-                run,
-                fence,
-                class,
-                message,
-                retry_at,
-            } => Rows(self.schedule_retry(*run, *fence, *class, message, *retry_at)),
-            DbOp::DeadLetter {
-                run,
-                fence,
-                class,
-                message,
-            } => Rows(self.dead_letter(*run, *fence, *class, message)),
-            DbOp::DeadLetterExhausted { run, dispatch, now } => {
-                Rows(self.dead_letter_exhausted(*run, *dispatch, *now))
-            }
-            DbOp::Cancel { run } => Rows(self.cancel(*run)),
-            DbOp::PromoteRetries { now, limit } => Rows(self.promote_retries(*now, *limit)),
-            DbOp::Unpublished { limit } => Candidates(self.unpublished(*limit)),
-            DbOp::OrphanCandidates {
-                now,
-                grace_ms,
-                limit,
-            } => Candidates(self.orphan_candidates(*now, *grace_ms, *limit)),
-            DbOp::RequeueRun { run, dispatch, now } => {
-                Rows(self.requeue_run(*run, *dispatch, *now))
-            }
-            DbOp::RequeueEntry { entry, now } => Rows(self.requeue_entry(*entry, *now)),
-            DbOp::ApplyEffect { key } => Rows(self.apply_effect(key)),
-            DbOp::NextRunId => DbReply::NewRun(self.next_run_id()),
-            DbOp::ReadAttempts { run } => DbReply::Attempts(self.read_attempts(*run)),
-            DbOp::ListDeadLetters { limit } => DbReply::DeadLetters(self.list_dead_letters(*limit)),
-            DbOp::CountRuns => DbReply::Counts(self.count_runs()),
-            DbOp::DlqRequeue {
-                run,
-                extra_attempts,
-            } => Rows(self.dlq_requeue(*run, *extra_attempts)),
-            #[cfg(feature = "mutants")]
-            DbOp::ClaimReviving {
-                run,
-                dispatch,
-                entry,
-                worker,
-                now,
-                lease_ms,
-            } => C(self
-                .claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)
-                .map(|c| self.claimed_job(*run, c))),
-            #[cfg(feature = "mutants")]
-            DbOp::RecordFailureOnly {
-                run,
-                fence,
-                class,
-                message,
-            } => Rows(self.record_failure_only(*run, *fence, *class, message)),
-            #[cfg(feature = "mutants")]
-            DbOp::CompleteUnfenced { run, result } => Rows(self.complete_unfenced(*run, result)),
-            #[cfg(feature = "mutants")]
-            DbOp::FailUnfenced {
-                run,
-                class,
-                message,
-            } => Rows(self.fail_unfenced(*run, *class, message)),
-            #[cfg(not(feature = "mutants"))]
-            DbOp::ClaimReviving { .. }
-            | DbOp::RecordFailureOnly { .. }
-            | DbOp::CompleteUnfenced { .. }
-            | DbOp::FailUnfenced { .. } => {
-                panic!("mutant statement {op:?} in a build without the `mutants` feature")
-            }
-        }
-    }
 }
 
 /// A stream command, executed by [`crate::world::Redis::execute`] in the model
@@ -647,7 +274,7 @@ impl Command {
     /// may relabel them to reduce symmetric states.
     pub fn rename_consumer(&mut self, rename: &dyn Fn(&str) -> String) {
         match self {
-            Command::Db(DbOp::Claim { worker, .. } | DbOp::ClaimReviving { worker, .. })
+            Command::Db(DbOp::Claim { worker, .. })
             | Command::Stream(
                 StreamOp::Read {
                     consumer: worker, ..
@@ -659,6 +286,8 @@ impl Command {
                     consumer: worker, ..
                 },
             ) => *worker = rename(worker),
+            #[cfg(feature = "mutants")]
+            Command::Db(DbOp::ClaimReviving { worker, .. }) => *worker = rename(worker),
             _ => {}
         }
     }

@@ -9,20 +9,19 @@
 //! next one gathers, so batches grow with the load and a lone command waits
 //! for nothing.
 //!
-//! - [`Batching::db`] wraps a [`DbClient`]: [`DbOp::Claim`]s go out as one
-//!   statement in one transaction, [`DbOp::Complete`]s as another, and
-//!   [`DbOp::ReadRun`]s as a third ([`DbClient::call_batch`]). The
-//!   benchmarks' baseline protocol (the `Unguarded` mutant) starts each
-//!   delivery with a read and ends it with a [`DbOp::CompleteUnfenced`],
-//!   which shares the completions' queue.
+//! - [`Batching::db`] wraps a [`DbClient`]: [`DbOp::Claim`]s, on distinct
+//!   runs, go out as one batch, [`DbOp::Complete`]s as another, and
+//!   [`DbOp::ReadRun`]s as a third ([`DbClient::call_batch`]); the Postgres
+//!   binding sends each as one statement (its batched form).
 //! - [`Batching::stream`] wraps a [`StreamClient`]: [`StreamOp::Ack`]s go
 //!   out as one pipeline of `XACK`s, one round trip for the lot
 //!   ([`StreamClient::call_batch`]).
 //!
-//! Why this keeps S1–S10: a database batch runs as one transaction, i.e.
-//! its commands run back to back with nothing in between — one of the
-//! interleavings the model checker explores for the same commands sent
-//! concurrently. A pipeline of `XACK`s is even less: each is its own command,
+//! Why this keeps S1–S10: a batch is what
+//! [`pelican_model::Db::execute_batch`] defines, independent commands as if
+//! sent concurrently; fused into one statement on distinct runs, they run
+//! back to back with nothing in between — one of the interleavings the
+//! model checker explores for the same commands sent concurrently. A pipeline of `XACK`s is even less: each is its own command,
 //! and other clients' commands may run between them, exactly as if each
 //! delivery had sent its own. Each role has at most one command outstanding,
 //! so no role's own order changes. A batch that fails or whose answer is
@@ -123,7 +122,7 @@ impl<D: DbClient> DbClient for Batching<D> {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         let queue = match op {
             DbOp::Claim { .. } => self.claims.as_ref(),
-            DbOp::Complete { .. } | DbOp::CompleteUnfenced { .. } => self.completions.as_ref(),
+            DbOp::Complete { .. } => self.completions.as_ref(),
             DbOp::ReadRun { .. } => self.reads.as_ref(),
             _ => None,
         };
@@ -174,9 +173,7 @@ impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
     /// Writes on one run never share a batch; reads of one run may.
     fn run(op: &DbOp) -> Option<RunId> {
         match op {
-            DbOp::Claim { run, .. }
-            | DbOp::Complete { run, .. }
-            | DbOp::CompleteUnfenced { run, .. } => Some(*run),
+            DbOp::Claim { run, .. } | DbOp::Complete { run, .. } => Some(*run),
             _ => None,
         }
     }

@@ -63,10 +63,11 @@ pub trait DbClient: Send + Sync + 'static {
         by: Issuer,
     ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
 
-    /// Runs `ops` in order (see [`Batching`]): all answers, or
+    /// Runs `ops` as a batch (what a batch means:
+    /// [`pelican_model::Db::execute_batch`]): all answers, or
     /// `Err(Unavailable)` when there is no answer, and then each command's
     /// sender knows as little as after a lost reply. The default runs them
-    /// one by one; the bindings override it with one transaction.
+    /// one by one; the bindings send one request.
     fn call_batch(
         &self,
         ops: Vec<(DbOp, Issuer)>,

@@ -251,6 +251,10 @@ impl RedisStream {
                 .and_then(text)
                 .and_then(|s| s.parse::<EntryId>().ok()),
             Ok(_) => None,
+            // Nothing is trimmed without the group.
+            Err(StreamError::NoGroup | StreamError::NoKey) => {
+                return Ok(Ok(StreamReply::Trimmed(0)));
+            }
             Err(e) => return Ok(Err(e)),
         };
         let Some(last) = self.last_delivered().await? else {
@@ -332,6 +336,11 @@ fn answer(r: redis::RedisResult<Value>) -> Result<Result<Value, StreamError>, Un
         Err(e) => match e.code() {
             Some("NOGROUP") => Ok(Err(StreamError::NoGroup)),
             Some("BUSYGROUP") => Ok(Err(StreamError::BusyGroup)),
+            // XINFO on a key Redis lost (a wipe, before the group is made
+            // again): an answer, not an outage.
+            Some("ERR") if e.detail().is_some_and(|d| d.contains("no such key")) => {
+                Ok(Err(StreamError::NoKey))
+            }
             _ => Err(Unavailable),
         },
     }

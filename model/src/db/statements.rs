@@ -1,0 +1,845 @@
+//! Every SQL statement Pelican runs, declared once.
+//!
+//! Each entry of the table at the bottom is one statement: its parameters
+//! (the fields of its [`DbOp`] variant, bound as `$1, $2, ...` in that
+//! order), its name, whether it reads, writes, or writes under a fence, the
+//! shape of its answer, its SQL text (and, for a few, the text of the
+//! batched form), the fields a timeline shows, and its reference semantics
+//! (a call of the [`Db`] method that is its twin). Everything else follows
+//! from the table:
+//!
+//! * [`DbOp`], the command a role sends, and [`Statement`], its kind;
+//! * [`Db::execute`], the model's dispatch;
+//! * [`DbOp::params`] and [`Statement::sql`], which the Postgres binding
+//!   binds and sends without knowing any statement by name; it decodes the
+//!   rows by [`Shape`], one decoder per shape;
+//! * [`DbOp::describe`], for timelines and logs;
+//! * [`DbOp::draw`], which builds a random instance of any statement from
+//!   a [`Picks`] source (the conformance tests' generator).
+//!
+//! Adding a statement is one entry here plus its method on [`Db`].
+//!
+//! Statements only a mutant sends carry `#[cfg(feature = "mutants")]`: a
+//! build without the feature has no variant, text, binding or name of them.
+//!
+//! Times are milliseconds (`bigint`) passed by the caller, as in the model,
+//! so that no statement reads the server's clock.
+
+use super::{Candidate, Db, RunRow};
+use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use crate::status::{ErrorClass, RunStatus};
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// A parameter as Postgres receives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// `bigint`.
+    Int8(i64),
+    /// `integer`.
+    Int4(i32),
+    /// `text`.
+    Text(String),
+}
+
+/// A column of a batched statement's parameters: one array per parameter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Column {
+    /// `bigint[]`.
+    Int8(Vec<i64>),
+    /// `integer[]`.
+    Int4(Vec<i32>),
+    /// `text[]`.
+    Text(Vec<String>),
+}
+
+/// How a field of a statement is bound.
+pub trait ToParam {
+    /// The bound value.
+    fn to_param(&self) -> Param;
+}
+
+fn int8(n: u64) -> Param {
+    Param::Int8(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+fn int4(n: u32) -> Param {
+    Param::Int4(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+macro_rules! to_param {
+    ($($ty:ty => |$v:ident| $e:expr;)*) => {$(
+        impl ToParam for $ty {
+            fn to_param(&self) -> Param {
+                let $v = self;
+                $e
+            }
+        }
+    )*};
+}
+
+to_param! {
+    RunId => |v| int8(v.0);
+    Fence => |v| int8(v.0);
+    Dispatch => |v| int4(v.0);
+    Timestamp => |v| int8(v.0);
+    u64 => |v| int8(*v);
+    u32 => |v| int4(*v);
+    usize => |v| int8(u64::try_from(*v).unwrap_or(u64::MAX));
+    String => |v| Param::Text(v.clone());
+    EntryId => |v| Param::Text(v.to_string());
+    ErrorClass => |v| Param::Text(v.as_str().to_owned());
+}
+
+/// Whether a statement reads or writes, and whether its write is fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Reads only.
+    Read,
+    /// Writes, unfenced (submission, claims, maintenance, operators).
+    Write,
+    /// Writes as one attempt, accepted only under the run's current fence
+    /// (S3).
+    FencedWrite,
+}
+
+/// The shape of a statement's answer: the binding has one decoder per
+/// shape, and a batched form answers each command by its run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// Rows affected ([`DbReply::Rows`]).
+    Rows,
+    /// One row with a boolean `applied` ([`DbReply::Rows`], 1 or 0).
+    Applied,
+    /// At most one claim row ([`DbReply::Claimed`]).
+    Claimed,
+    /// At most one `runs` row ([`DbReply::Run`]).
+    Run,
+    /// Sweeper candidates ([`DbReply::Candidates`]).
+    Candidates,
+    /// One new id ([`DbReply::NewRun`]).
+    NewRun,
+    /// Attempt rows ([`DbReply::Attempts`]).
+    Attempts,
+    /// Dead-letter rows ([`DbReply::DeadLetters`]).
+    DeadLetters,
+    /// Counts by status ([`DbReply::Counts`]).
+    Counts,
+}
+
+/// The answer to a [`DbOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DbReply {
+    /// Rows affected.
+    Rows(u64),
+    /// A claim's result.
+    Claimed(Option<super::ClaimedJob>),
+    /// A row read.
+    Run(Option<RunRow>),
+    /// Rows selected by the sweeper.
+    Candidates(Vec<Candidate>),
+    /// A fresh run id.
+    NewRun(RunId),
+    /// A run's attempts.
+    Attempts(Vec<(AttemptNo, super::AttemptRow)>),
+    /// Dead letters by run.
+    DeadLetters(Vec<(RunId, super::DeadLetter)>),
+    /// Runs by status.
+    Counts(Vec<(RunStatus, u64)>),
+}
+
+/// A source of field values for [`DbOp::draw`]: one [`Pick`] per field
+/// type that statements use.
+pub trait Picks:
+    Pick<RunId>
+    + Pick<Fence>
+    + Pick<Dispatch>
+    + Pick<EntryId>
+    + Pick<Timestamp>
+    + Pick<String>
+    + Pick<ErrorClass>
+    + Pick<u64>
+    + Pick<u32>
+    + Pick<usize>
+{
+}
+
+impl<G> Picks for G where
+    G: Pick<RunId>
+        + Pick<Fence>
+        + Pick<Dispatch>
+        + Pick<EntryId>
+        + Pick<Timestamp>
+        + Pick<String>
+        + Pick<ErrorClass>
+        + Pick<u64>
+        + Pick<u32>
+        + Pick<usize>
+{
+}
+
+/// Picks a value of type `T` for the field named `field` of `statement`.
+pub trait Pick<T> {
+    /// The value.
+    fn pick(&mut self, statement: Statement, field: &'static str) -> T;
+}
+
+macro_rules! statements {
+    ($(
+        $(#[cfg($cfg:meta)])?
+        $(#[doc = $doc:literal])*
+        $op:ident $({ $($field:ident : $ty:ty),* $(,)? })? => {
+            name: $name:literal,
+            access: $access:ident $(($frun:ident, $ffence:ident))?,
+            reply: $shape:ident,
+            sql: $sql:expr,
+            $(many: $many:expr,)?
+            show: [$($show:ident),*],
+            model: |$db:ident| $model:expr $(,)?
+        }
+    )*) => {
+        /// A database command: one SQL statement, executed by
+        /// [`Db::execute`] in the model and by the binding on Postgres.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[allow(missing_docs)]
+        pub enum DbOp {
+            $(
+                $(#[cfg($cfg)])?
+                $(#[doc = $doc])*
+                $op $({ $($field: $ty),* })?,
+            )*
+        }
+
+        /// The kind of a [`DbOp`]: which statement, without its parameters.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Statement {
+            $(
+                $(#[cfg($cfg)])?
+                $(#[doc = $doc])*
+                $op,
+            )*
+        }
+
+        impl Statement {
+            /// Every statement of this build.
+            pub const ALL: &'static [Statement] = &[$($(#[cfg($cfg)])? Statement::$op,)*];
+
+            /// Its name, in snake case (`claim`, `complete`, ...): for logs
+            /// and metrics labels.
+            #[must_use]
+            pub const fn name(self) -> &'static str {
+                match self { $($(#[cfg($cfg)])? Statement::$op => $name,)* }
+            }
+
+            /// Whether it reads, writes, or writes under a fence.
+            #[must_use]
+            pub const fn access(self) -> Access {
+                match self { $($(#[cfg($cfg)])? Statement::$op => Access::$access,)* }
+            }
+
+            /// The shape of its answer.
+            #[must_use]
+            pub const fn shape(self) -> Shape {
+                match self { $($(#[cfg($cfg)])? Statement::$op => Shape::$shape,)* }
+            }
+
+            /// Whether only a mutant sends it (it exists only in a build
+            /// with the `mutants` feature).
+            #[must_use]
+            #[allow(unused_variables)]
+            pub const fn mutant_only(self) -> bool {
+                match self {
+                    $($(#[cfg($cfg)])? Statement::$op => {
+                        let only = false;
+                        $(let only = { let _ = stringify!($cfg); true };)?
+                        only
+                    })*
+                }
+            }
+
+            /// Its SQL text.
+            #[must_use]
+            pub const fn sql(self) -> &'static str {
+                match self { $($(#[cfg($cfg)])? Statement::$op => $sql,)* }
+            }
+
+            /// The SQL text of its batched form, if it has one: each
+            /// parameter bound as an array (one element per command), each
+            /// answer row carrying the `run_id` it belongs to.
+            #[must_use]
+            #[allow(unused_variables)]
+            pub const fn many_sql(self) -> Option<&'static str> {
+                match self {
+                    $($(#[cfg($cfg)])? Statement::$op => {
+                        let many: Option<&'static str> = None;
+                        $(let many = Some($many);)?
+                        many
+                    })*
+                }
+            }
+        }
+
+        impl DbOp {
+            /// Which statement this is.
+            #[must_use]
+            pub const fn statement(&self) -> Statement {
+                match self { $($(#[cfg($cfg)])? DbOp::$op { .. } => Statement::$op,)* }
+            }
+
+            /// Its parameters, in binding order (`$1`, `$2`, ...).
+            #[must_use]
+            #[allow(unused_variables)]
+            pub fn params(&self) -> Vec<Param> {
+                match self {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        vec![$($(ToParam::to_param($field)),*)?]
+                    })*
+                }
+            }
+
+            /// The run a fenced write targets and the fence it carries.
+            #[must_use]
+            #[allow(unused_variables)]
+            pub fn fenced_write(&self) -> Option<(RunId, Fence)> {
+                match self {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        let fenced: Option<(RunId, Fence)> = None;
+                        $(let fenced = Some((*$frun, *$ffence));)?
+                        fenced
+                    })*
+                }
+            }
+
+            /// One line: the statement's name and the fields that identify
+            /// what it acts on.
+            #[must_use]
+            #[allow(unused_variables, unused_mut)]
+            pub fn describe(&self) -> String {
+                match self {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        let mut line = String::from($name);
+                        $(
+                            line.push(' ');
+                            line.push_str(&$show.to_string());
+                        )*
+                        line
+                    })*
+                }
+            }
+
+            /// A random instance of `statement`, each field picked by `g`.
+            #[must_use]
+            pub fn draw<G: Picks>(statement: Statement, g: &mut G) -> DbOp {
+                match statement {
+                    $($(#[cfg($cfg)])? Statement::$op => DbOp::$op $({
+                        $($field: <G as Pick<$ty>>::pick(g, statement, stringify!($field))),*
+                    })?,)*
+                }
+            }
+        }
+
+        impl Db {
+            /// Executes one command against the reference database.
+            pub fn execute(&mut self, op: &DbOp) -> DbReply {
+                match op {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        let $db = &mut *self;
+                        $model
+                    })*
+                }
+            }
+        }
+    };
+}
+
+impl DbOp {
+    /// Whether this statement writes (the rest only read).
+    #[must_use]
+    pub fn is_write(&self) -> bool {
+        self.statement().access() != Access::Read
+    }
+
+    /// The statement's name (see [`Statement::name`]).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        self.statement().name()
+    }
+}
+
+impl Db {
+    fn claimed_job(&self, run: RunId, claimed: super::Claimed) -> super::ClaimedJob {
+        let r = &self.runs[&run];
+        super::ClaimedJob {
+            claimed,
+            kind: r.kind.clone(),
+            input: r.input.clone(),
+        }
+    }
+
+    /// Executes `ops` in order, each as its own statement: a batch is a
+    /// list of independent commands, each answering for itself, as if sent
+    /// concurrently in that order. The binding may fuse a batch of one
+    /// statement on distinct runs into its batched form
+    /// ([`Statement::many_sql`]): on distinct rows, one statement's effect
+    /// equals the sequence's. Any other batch it runs statement by
+    /// statement.
+    pub fn execute_batch(&mut self, ops: &[DbOp]) -> Vec<DbReply> {
+        ops.iter().map(|op| self.execute(op)).collect()
+    }
+}
+
+/// The columns of a batch of one statement: parameter `i` of every command,
+/// as one array, for each `i`.
+///
+/// # Panics
+/// If the commands are not all of one statement (their parameters would
+/// not line up).
+#[must_use]
+pub fn columns(ops: &[DbOp]) -> Vec<Column> {
+    let Some(first) = ops.first() else {
+        return Vec::new();
+    };
+    let statement = first.statement();
+    let mut columns: Vec<Column> = first
+        .params()
+        .iter()
+        .map(|p| match p {
+            Param::Int8(_) => Column::Int8(Vec::with_capacity(ops.len())),
+            Param::Int4(_) => Column::Int4(Vec::with_capacity(ops.len())),
+            Param::Text(_) => Column::Text(Vec::with_capacity(ops.len())),
+        })
+        .collect();
+    for op in ops {
+        assert_eq!(
+            op.statement(),
+            statement,
+            "a batched form takes one statement"
+        );
+        for (column, param) in columns.iter_mut().zip(op.params()) {
+            match (column, param) {
+                (Column::Int8(v), Param::Int8(p)) => v.push(p),
+                (Column::Int4(v), Param::Int4(p)) => v.push(p),
+                (Column::Text(v), Param::Text(p)) => v.push(p),
+                _ => unreachable!("one statement binds one type per parameter"),
+            }
+        }
+    }
+    columns
+}
+
+use DbReply::{Candidates, Rows};
+
+statements! {
+    /// A new run, `queued`, dispatch 1, not yet published. Idempotent: a
+    /// second insert of the same id affects no row.
+    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32 } => {
+        name: "insert_run",
+        access: Write,
+        reply: Rows,
+        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
+              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4) ON CONFLICT (run_id) DO NOTHING",
+        show: [run],
+        model: |db| Rows(db.insert_run(*run, kind, input, *attempts_max)),
+    }
+
+    /// The XADD of `dispatch` succeeded with `entry`.
+    MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId, now: Timestamp } => {
+        name: "mark_published",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE runs SET published_at = $4, entry_id = $3 \
+              WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'",
+        show: [run, dispatch, entry],
+        model: |db| Rows(db.mark_published(*run, *dispatch, *entry, *now)),
+    }
+
+    /// Start a new attempt of `run` for the delivery of `entry`: answers the
+    /// new fence, attempt number and attempts_max, and the job to run.
+    Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
+        name: "claim",
+        access: Write,
+        reply: Claimed,
+        sql: "WITH claimed AS ( \
+                UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                 WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
+              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
+                  AS i(run_id, dispatch, entry_id, worker, now, lease_ms)), \
+              claimed AS ( \
+                UPDATE runs r SET status = 'running', active_fence = r.active_fence + 1, attempts = r.attempts + 1, \
+                       lease_until = i.now + i.lease_ms, retry_at = NULL, entry_id = i.entry_id \
+                  FROM input i \
+                 WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
+                   AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= i.now)) \
+                RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.dispatch, r.kind, r.input, \
+                          i.entry_id, i.worker), \
+              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+                SELECT run_id, attempts, active_fence, worker, entry_id, dispatch FROM claimed) \
+              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+        show: [run, dispatch, entry],
+        model: |db| DbReply::Claimed(
+            db.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
+                .map(|c| db.claimed_job(*run, c)),
+        ),
+    }
+
+    /// The run's row.
+    ReadRun { run: RunId } => {
+        name: "read_run",
+        access: Read,
+        reply: Run,
+        sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+              lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+              FROM runs WHERE run_id = $1",
+        many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+               lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+               FROM runs WHERE run_id = ANY($1::bigint[])",
+        show: [run],
+        model: |db| DbReply::Run(db.read_run(*run)),
+    }
+
+    /// Extend the lease of the attempt holding `fence`.
+    Heartbeat { run: RunId, fence: Fence, now: Timestamp, lease_ms: u64 } => {
+        name: "heartbeat",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "UPDATE runs SET lease_until = $3 + $4 \
+              WHERE run_id = $1 AND active_fence = $2 AND status = 'running'",
+        show: [run, fence],
+        model: |db| Rows(db.heartbeat(*run, *fence, *now, *lease_ms)),
+    }
+
+    /// The attempt holding `fence` succeeded with `result`.
+    Complete { run: RunId, fence: Fence, result: String } => {
+        name: "complete",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+              UPDATE attempts SET outcome = 'succeeded' \
+               WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result)), \
+              done AS ( \
+                UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
+                  FROM input i \
+                 WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
+                RETURNING r.run_id, i.fence), \
+              marked AS (UPDATE attempts a SET outcome = 'succeeded' FROM done d \
+                 WHERE a.run_id = d.run_id AND a.fence = d.fence) \
+              SELECT run_id FROM done",
+        show: [run, fence],
+        model: |db| Rows(db.complete(*run, *fence, result)),
+    }
+
+    /// The attempt holding `fence` failed terminally.
+    Fail { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
+        name: "fail",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+        show: [run, fence],
+        model: |db| Rows(db.fail(*run, *fence, *class, message)),
+    }
+
+    /// The attempt holding `fence` failed retryably: the run waits until
+    /// `retry_at` under the next dispatch.
+    ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, retry_at: Timestamp } => {
+        name: "schedule_retry",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET status = 'retry_wait', retry_at = $5, dispatch = dispatch + 1, \
+                       published_at = NULL, lease_until = NULL, error_class = $3, error_message = $4 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+        show: [run, fence],
+        model: |db| Rows(db.schedule_retry(*run, *fence, *class, message, *retry_at)),
+    }
+
+    /// The attempt holding `fence` failed on the last attempt: the run is
+    /// dead, with its dead-letter record.
+    DeadLetter { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
+        name: "dead_letter",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, entry_id), \
+              outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2) \
+              INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
+              SELECT d.run_id, d.entry_id, $3, $4, (SELECT coalesce(jsonb_agg(jsonb_build_array(a.attempt, a.fence, \
+                     CASE WHEN a.fence = $2 THEN $3 ELSE a.outcome END) ORDER BY a.attempt), '[]') \
+                     FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
+              ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
+                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false",
+        show: [run, fence],
+        model: |db| Rows(db.dead_letter(*run, *fence, *class, message)),
+    }
+
+    /// A delivered run with no attempts left is dead (class `exhausted`).
+    DeadLetterExhausted { run: RunId, dispatch: Dispatch, now: Timestamp } => {
+        name: "dead_letter_exhausted",
+        access: Write,
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
+                       lease_until = NULL \
+                 WHERE run_id = $1 AND dispatch = $2 AND attempts >= attempts_max \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $3)) RETURNING run_id, entry_id) \
+              INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
+              SELECT d.run_id, d.entry_id, 'exhausted', 'attempts exhausted', (SELECT coalesce(jsonb_agg( \
+                     jsonb_build_array(a.attempt, a.fence, a.outcome) ORDER BY a.attempt), '[]') \
+                     FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
+              ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
+                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false",
+        show: [run, dispatch],
+        model: |db| Rows(db.dead_letter_exhausted(*run, *dispatch, *now)),
+    }
+
+    /// Cancel a run that is not yet terminal (S7).
+    Cancel { run: RunId } => {
+        name: "cancel",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL \
+              WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')",
+        show: [run],
+        model: |db| Rows(db.cancel(*run)),
+    }
+
+    /// Queue up to `limit` runs whose retry is due.
+    PromoteRetries { now: Timestamp, limit: usize } => {
+        name: "promote_retries",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE runs SET status = 'queued', retry_at = NULL, published_at = NULL \
+              WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= $1 \
+                               ORDER BY retry_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        show: [],
+        model: |db| Rows(db.promote_retries(*now, *limit)),
+    }
+
+    /// The outbox: up to `limit` queued runs not yet published.
+    Unpublished { limit: usize } => {
+        name: "unpublished",
+        access: Read,
+        reply: Candidates,
+        sql: "SELECT run_id, dispatch, entry_id FROM runs \
+              WHERE status = 'queued' AND published_at IS NULL ORDER BY run_id LIMIT $1",
+        show: [],
+        model: |db| Candidates(db.unpublished(*limit)),
+    }
+
+    /// Runs published, or leased, longer than `grace_ms` ago: the sweeper
+    /// checks that their entries still exist.
+    OrphanCandidates { now: Timestamp, grace_ms: u64, limit: usize } => {
+        name: "orphan_candidates",
+        access: Read,
+        reply: Candidates,
+        sql: "SELECT run_id, dispatch, entry_id FROM runs \
+              WHERE (status = 'queued' AND published_at <= GREATEST($1 - $2, 0)) \
+                 OR (status = 'running' AND lease_until <= GREATEST($1 - $2, 0)) \
+              ORDER BY run_id LIMIT $3",
+        show: [],
+        model: |db| Candidates(db.orphan_candidates(*now, *grace_ms, *limit)),
+    }
+
+    /// Re-dispatch a run whose entry is gone.
+    RequeueRun { run: RunId, dispatch: Dispatch, now: Timestamp } => {
+        name: "requeue_run",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
+                     lease_until = NULL, retry_at = NULL \
+              WHERE run_id = $1 AND dispatch = $2 \
+                AND (status = 'queued' OR (status = 'running' AND lease_until <= $3))",
+        show: [run, dispatch],
+        model: |db| Rows(db.requeue_run(*run, *dispatch, *now)),
+    }
+
+    /// Re-dispatch the run whose current entry is `entry` (S8).
+    RequeueEntry { entry: EntryId, now: Timestamp } => {
+        name: "requeue_entry",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
+                     lease_until = NULL, retry_at = NULL \
+              WHERE entry_id = $1 AND (status = 'queued' OR (status = 'running' AND lease_until <= $2))",
+        show: [entry],
+        model: |db| Rows(db.requeue_entry(*entry, *now)),
+    }
+
+    /// The demo tool service's ledger: 1 when `key` is new.
+    ApplyEffect { key: String } => {
+        name: "apply_effect",
+        access: Write,
+        reply: Applied,
+        sql: "INSERT INTO effects (key, requests) VALUES ($1, 1) \
+              ON CONFLICT (key) DO UPDATE SET requests = effects.requests + 1 RETURNING (requests = 1) AS applied",
+        show: [key],
+        model: |db| Rows(db.apply_effect(key)),
+    }
+
+    /// A fresh run id.
+    NextRunId => {
+        name: "next_run_id",
+        access: Write,
+        reply: NewRun,
+        sql: "SELECT nextval('run_ids')",
+        show: [],
+        model: |db| DbReply::NewRun(db.next_run_id()),
+    }
+
+    /// The run's attempts in order.
+    ReadAttempts { run: RunId } => {
+        name: "read_attempts",
+        access: Read,
+        reply: Attempts,
+        sql: "SELECT attempt, fence, worker, entry_id, dispatch, outcome FROM attempts \
+              WHERE run_id = $1 ORDER BY attempt",
+        show: [run],
+        model: |db| DbReply::Attempts(db.read_attempts(*run)),
+    }
+
+    /// Up to `limit` dead letters by run.
+    ListDeadLetters { limit: usize } => {
+        name: "list_dead_letters",
+        access: Read,
+        reply: DeadLetters,
+        sql: "SELECT run_id, source_entry, class, message, attempts, requeued \
+              FROM dead_letters ORDER BY run_id LIMIT $1",
+        show: [],
+        model: |db| DbReply::DeadLetters(db.list_dead_letters(*limit)),
+    }
+
+    /// How many runs have each status.
+    CountRuns => {
+        name: "count_runs",
+        access: Read,
+        reply: Counts,
+        sql: "SELECT status, count(*) AS n FROM runs GROUP BY status ORDER BY status",
+        show: [],
+        model: |db| DbReply::Counts(db.count_runs()),
+    }
+
+    /// An operator's re-run of a dead run, with `extra_attempts` more.
+    DlqRequeue { run: RunId, extra_attempts: u32 } => {
+        name: "dlq_requeue",
+        access: Write,
+        reply: Rows,
+        sql: "WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
+                RETURNING run_id) \
+              UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
+                     published_at = NULL, lease_until = NULL, retry_at = NULL \
+              WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead'",
+        show: [run],
+        model: |db| Rows(db.dlq_requeue(*run, *extra_attempts)),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `Claim` (`ReviveCancelled`): also takes over
+    /// cancelled runs.
+    ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
+        name: "claim_reviving",
+        access: Write,
+        reply: Claimed,
+        sql: "WITH claimed AS ( \
+                UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                 WHERE run_id = $1 AND attempts < attempts_max \
+                   AND (status = 'cancelled' OR (dispatch = $2 \
+                        AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)))) \
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
+              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+        show: [run, dispatch, entry],
+        model: |db| DbReply::Claimed(
+            db.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)
+                .map(|c| db.claimed_job(*run, c)),
+        ),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin (`RetryInPel`): records the failure, leaves the run
+    /// running.
+    RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
+        name: "record_failure_only",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "WITH done AS ( \
+                UPDATE runs SET error_class = $3, error_message = $4 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
+              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+        show: [run, fence],
+        model: |db| Rows(db.record_failure_only(*run, *fence, *class, message)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_snake_case() {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in Statement::ALL {
+            assert!(seen.insert(s.name()), "{} declared twice", s.name());
+            assert!(
+                s.name().chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{}",
+                s.name()
+            );
+        }
+    }
+
+    #[test]
+    fn each_statement_binds_exactly_its_placeholders() {
+        // Every $n from 1 to the parameter count appears, and no higher one.
+        struct Zero;
+        macro_rules! zero {
+            ($($t:ty => $v:expr),*) => {$(impl Pick<$t> for Zero {
+                fn pick(&mut self, _: Statement, _: &'static str) -> $t { $v }
+            })*};
+        }
+        zero!(RunId => RunId(1), Fence => Fence(1), Dispatch => Dispatch(1),
+              EntryId => EntryId::new(1, 0), Timestamp => Timestamp(1),
+              String => String::new(), ErrorClass => ErrorClass::Terminal,
+              u64 => 1, u32 => 1, usize => 1);
+        for &s in Statement::ALL {
+            let n = DbOp::draw(s, &mut Zero).params().len();
+            for text in std::iter::once(s.sql()).chain(s.many_sql()) {
+                for i in 1..=n {
+                    assert!(text.contains(&format!("${i}")), "{}: no ${i}", s.name());
+                }
+                assert!(
+                    !text.contains(&format!("${}", n + 1)),
+                    "{}: ${} unbound",
+                    s.name(),
+                    n + 1
+                );
+            }
+            if s.many_sql().is_some() {
+                assert!(
+                    matches!(
+                        DbOp::draw(s, &mut Zero).params().first(),
+                        Some(Param::Int8(_))
+                    ),
+                    "{}: a batched form is keyed by its first parameter, the run",
+                    s.name()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Rows as the model holds them: one decoder per answer [`Shape`], and the
+//! checks that a stored value is one the model can represent.
+
+use super::PgError;
+use pelican_model::db::{
+    AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape,
+};
+use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
+use pelican_model::time::Timestamp;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+fn corrupt(column: &'static str, value: impl ToString) -> PgError {
+    PgError::Corrupt {
+        column,
+        value: value.to_string(),
+    }
+}
+
+pub(super) fn unsigned(column: &'static str, v: i64) -> Result<u64, PgError> {
+    u64::try_from(v).map_err(|_| corrupt(column, v))
+}
+
+fn unsigned32(column: &'static str, v: i32) -> Result<u32, PgError> {
+    u32::try_from(v).map_err(|_| corrupt(column, v))
+}
+
+fn time(column: &'static str, v: Option<i64>) -> Result<Option<Timestamp>, PgError> {
+    v.map(|v| unsigned(column, v).map(Timestamp)).transpose()
+}
+
+fn entry(column: &'static str, v: Option<String>) -> Result<Option<EntryId>, PgError> {
+    v.map(|s| s.parse::<EntryId>().map_err(|_| corrupt(column, s)))
+        .transpose()
+}
+
+fn class(column: &'static str, s: &str) -> Result<ErrorClass, PgError> {
+    ErrorClass::parse(s).ok_or_else(|| corrupt(column, s))
+}
+
+fn status(s: &str) -> Result<RunStatus, PgError> {
+    RunStatus::parse(s).ok_or_else(|| corrupt("status", s))
+}
+
+fn outcome(v: Option<String>) -> Result<Option<AttemptOutcome>, PgError> {
+    v.map(|s| match s.as_str() {
+        "succeeded" => Ok(AttemptOutcome::Succeeded),
+        other => class("outcome", other).map(AttemptOutcome::Failed),
+    })
+    .transpose()
+}
+
+/// The `run_id` column of an answer row: which command of a batch it
+/// answers.
+pub(super) fn run_id(r: &PgRow) -> Result<RunId, PgError> {
+    Ok(RunId(unsigned("run_id", r.try_get("run_id")?)?))
+}
+
+/// A `runs` row.
+pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
+    let error_class: Option<String> = r.try_get("error_class")?;
+    let error_message: Option<String> = r.try_get("error_message")?;
+    Ok(RunRow {
+        run_id: run_id(r)?,
+        kind: r.try_get("kind")?,
+        input: r.try_get("input")?,
+        status: status(r.try_get("status")?)?,
+        dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
+        active_fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
+        attempts: unsigned32("attempts", r.try_get("attempts")?)?,
+        attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
+        lease_until: time("lease_until", r.try_get("lease_until")?)?,
+        retry_at: time("retry_at", r.try_get("retry_at")?)?,
+        published_at: time("published_at", r.try_get("published_at")?)?,
+        entry_id: entry("entry_id", r.try_get("entry_id")?)?,
+        result: r.try_get("result")?,
+        error: match error_class {
+            Some(c) => Some((class("error_class", &c)?, error_message.unwrap_or_default())),
+            None => None,
+        },
+    })
+}
+
+fn candidate(r: &PgRow) -> Result<Candidate, PgError> {
+    Ok(Candidate {
+        run_id: run_id(r)?,
+        dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
+        entry_id: entry("entry_id", r.try_get("entry_id")?)?,
+    })
+}
+
+/// An `attempts` row, by number.
+pub(super) fn attempt_row(r: &PgRow) -> Result<(AttemptNo, AttemptRow), PgError> {
+    let entry_id: String = r.try_get("entry_id")?;
+    Ok((
+        AttemptNo(unsigned32("attempt", r.try_get("attempt")?)?),
+        AttemptRow {
+            fence: Fence(unsigned("fence", r.try_get("fence")?)?),
+            worker: r.try_get("worker")?,
+            entry_id: entry_id
+                .parse::<EntryId>()
+                .map_err(|_| corrupt("entry_id", entry_id))?,
+            dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
+            outcome: outcome(r.try_get("outcome")?)?,
+        },
+    ))
+}
+
+/// A `dead_letters` row, by run.
+pub(super) fn dead_letter(r: &PgRow) -> Result<(RunId, DeadLetter), PgError> {
+    let attempts: sqlx::types::Json<Vec<(u32, u64, Option<String>)>> = r.try_get("attempts")?;
+    let class_text: String = r.try_get("class")?;
+    Ok((
+        run_id(r)?,
+        DeadLetter {
+            source_entry: entry("source_entry", r.try_get("source_entry")?)?,
+            class: class("class", &class_text)?,
+            message: r.try_get("message")?,
+            attempts: attempts
+                .0
+                .into_iter()
+                .map(|(n, f, o)| Ok((AttemptNo(n), Fence(f), outcome(o)?)))
+                .collect::<Result<_, PgError>>()?,
+            requeued: r.try_get("requeued")?,
+        },
+    ))
+}
+
+/// A claim's answer row: the new fence, the attempt, and what to run.
+fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
+    Ok(ClaimedJob {
+        claimed: Claimed {
+            fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
+            attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
+            attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
+        },
+        kind: r.try_get("kind")?,
+        input: r.try_get("input")?,
+    })
+}
+
+fn all<T>(rows: &[PgRow], f: fn(&PgRow) -> Result<T, PgError>) -> Result<Vec<T>, PgError> {
+    rows.iter().map(f).collect()
+}
+
+/// The answer of one statement of `shape`: `rows` returned, or
+/// `affected` rows for [`Shape::Rows`].
+pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbReply, PgError> {
+    let one = rows.first();
+    Ok(match shape {
+        Shape::Rows => DbReply::Rows(affected),
+        Shape::Applied => {
+            let row = one.ok_or_else(|| corrupt("applied", "no row"))?;
+            DbReply::Rows(u64::from(row.try_get::<bool, _>("applied")?))
+        }
+        Shape::Claimed => DbReply::Claimed(one.map(claimed_job).transpose()?),
+        Shape::Run => DbReply::Run(one.map(run_row).transpose()?),
+        Shape::Candidates => DbReply::Candidates(all(rows, candidate)?),
+        Shape::NewRun => {
+            let row = one.ok_or_else(|| corrupt("nextval", "no row"))?;
+            DbReply::NewRun(RunId(unsigned("run_id", row.try_get(0)?)?))
+        }
+        Shape::Attempts => DbReply::Attempts(all(rows, attempt_row)?),
+        Shape::DeadLetters => DbReply::DeadLetters(all(rows, dead_letter)?),
+        Shape::Counts => DbReply::Counts(
+            rows.iter()
+                .map(|r| {
+                    let n: i64 = r.try_get("n")?;
+                    Ok((status(r.try_get("status")?)?, unsigned("count", n)?))
+                })
+                .collect::<Result<_, PgError>>()?,
+        ),
+    })
+}
+
+/// The answer to one command of a batched form, from the answer row that
+/// carries its run (none: the command did not take, or found no row).
+pub(super) fn reply_of(shape: Shape, row: Option<&PgRow>) -> Result<DbReply, PgError> {
+    Ok(match shape {
+        Shape::Rows => DbReply::Rows(u64::from(row.is_some())),
+        Shape::Claimed => DbReply::Claimed(row.map(claimed_job).transpose()?),
+        Shape::Run => DbReply::Run(row.map(run_row).transpose()?),
+        other => unreachable!("no batched form answers {other:?}"),
+    })
+}

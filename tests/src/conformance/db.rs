@@ -1,0 +1,280 @@
+//! Database conformance: every statement declared in
+//! [`pelican_model::db::Statement`] (the mutants' too, in a build with
+//! them), drawn from small domains so that sequences hit the same runs,
+//! fences and dispatches often; alone, as a fused batch on distinct runs,
+//! and in mixed batches.
+
+use super::{Outcome, runner};
+use pelican_model::db::{Db, DbOp, Pick, Statement};
+use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+use pelican_model::status::ErrorClass;
+use pelican_model::time::Timestamp;
+use pelican_real::live::PgDb;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use std::time::Duration;
+
+/// One step of a database sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DbStep {
+    /// One statement.
+    One(DbOp),
+    /// A batch ([`Db::execute_batch`]).
+    Batch(Vec<DbOp>),
+}
+
+/// How often a statement is drawn, against 1 for the rest: runs must exist
+/// and be claimed for the other statements to find something.
+fn weight(s: Statement) -> u64 {
+    match s {
+        Statement::InsertRun | Statement::Claim => 3,
+        Statement::MarkPublished
+        | Statement::Heartbeat
+        | Statement::Complete
+        | Statement::ScheduleRetry => 2,
+        _ => 1,
+    }
+}
+
+/// Field values from a list of random words: each field takes the next
+/// word and reduces it to its small domain (so shrinking a word toward 0
+/// shrinks the value). `run` pins every run field, for batches on
+/// distinct runs.
+struct Words<'a> {
+    words: &'a [u64],
+    next: usize,
+    run: Option<RunId>,
+}
+
+impl Words<'_> {
+    fn word(&mut self) -> u64 {
+        let w = self.words.get(self.next).copied().unwrap_or(0);
+        self.next += 1;
+        w
+    }
+}
+
+impl Pick<RunId> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> RunId {
+        let w = self.word();
+        self.run.unwrap_or(RunId(1 + w % 4))
+    }
+}
+impl Pick<Fence> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Fence {
+        Fence(self.word() % 5)
+    }
+}
+impl Pick<Dispatch> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Dispatch {
+        Dispatch(1 + (self.word() % 3) as u32)
+    }
+}
+impl Pick<EntryId> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> EntryId {
+        EntryId::new(1 + self.word() % 6, 0)
+    }
+}
+impl Pick<Timestamp> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Timestamp {
+        Timestamp(1_000 * (self.word() % 13) + 1_000)
+    }
+}
+impl Pick<ErrorClass> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> ErrorClass {
+        [
+            ErrorClass::Retryable,
+            ErrorClass::Terminal,
+            ErrorClass::Panic,
+            ErrorClass::Exhausted,
+        ][(self.word() % 4) as usize]
+    }
+}
+impl Pick<String> for Words<'_> {
+    fn pick(&mut self, _: Statement, field: &'static str) -> String {
+        let w = self.word();
+        match field {
+            "kind" => "noop".into(),
+            "input" => "{}".into(),
+            "worker" => format!("w{}", w % 3),
+            "result" => format!("\"r{}\"", w % 3),
+            "key" => format!("run-1/{}", w % 3),
+            _ => ["boom", "timeout"][(w % 2) as usize].into(),
+        }
+    }
+}
+impl Pick<u64> for Words<'_> {
+    fn pick(&mut self, _: Statement, field: &'static str) -> u64 {
+        let w = self.word();
+        match field {
+            "grace_ms" => w % 3_001,
+            _ => 2_000,
+        }
+    }
+}
+impl Pick<u32> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> u32 {
+        1 + (self.word() % 3) as u32
+    }
+}
+impl Pick<usize> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> usize {
+        1 + (self.word() % 3) as usize
+    }
+}
+
+/// The statement a word picks, by [`weight`].
+fn statement(word: u64, among: &[Statement]) -> Statement {
+    let total: u64 = among.iter().map(|s| weight(*s)).sum();
+    let mut w = word % total;
+    for &s in among {
+        if w < weight(s) {
+            return s;
+        }
+        w -= weight(s);
+    }
+    unreachable!("the word is below the total weight")
+}
+
+fn draw(s: Statement, words: &[u64], run: Option<RunId>) -> DbOp {
+    DbOp::draw(
+        s,
+        &mut Words {
+            words,
+            next: 0,
+            run,
+        },
+    )
+}
+
+/// One random step: mostly a single statement; otherwise a batch of one
+/// statement that has a batched form, on distinct runs (reads may repeat),
+/// or a mixed batch.
+fn step() -> impl Strategy<Value = DbStep> {
+    let words = || prop::collection::vec(any::<u64>(), 8);
+    let one = (any::<u64>(), words())
+        .prop_map(|(s, w)| DbStep::One(draw(statement(s, Statement::ALL), &w, None)));
+    let fusable: Vec<Statement> = Statement::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.many_sql().is_some())
+        .collect();
+    let fused = (
+        prop::sample::select(fusable),
+        prop::sample::subsequence(vec![1u64, 2, 3, 4], 2..=4),
+        prop::collection::vec(words(), 4),
+    )
+        .prop_map(|(s, runs, ws)| {
+            DbStep::Batch(
+                runs.into_iter()
+                    .zip(ws)
+                    .map(|(r, w)| draw(s, &w, Some(RunId(r))))
+                    .collect(),
+            )
+        });
+    let mixed = prop::collection::vec((any::<u64>(), words()), 2..=4).prop_map(|ops| {
+        DbStep::Batch(
+            ops.into_iter()
+                .map(|(s, w)| draw(statement(s, Statement::ALL), &w, None))
+                .collect(),
+        )
+    });
+    prop_oneof![9 => one, 2 => fused, 1 => mixed]
+}
+
+/// A random database sequence.
+pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
+    prop::collection::vec(step(), 1..30)
+}
+
+/// Empties every table and restarts the run id sequence.
+async fn reset(db: &PgDb) -> Result<(), String> {
+    pelican_real::live::pg::raw_execute(
+        db,
+        "TRUNCATE runs, attempts, dead_letters, effects; ALTER SEQUENCE run_ids RESTART WITH 1",
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("reset: {e}"))
+}
+
+/// Runs one database sequence on the model and on Postgres (emptied
+/// first). `Err` names the first difference.
+///
+/// # Errors
+/// The first statement whose answer differs, or the final rows.
+pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
+    reset(db).await?;
+    let mut model = Db::new();
+    for (i, step) in steps.iter().enumerate() {
+        let (want, got) = match step {
+            DbStep::One(op) => (
+                vec![model.execute(op)],
+                db.execute(op).await.map(|r| vec![r]),
+            ),
+            DbStep::Batch(ops) => (model.execute_batch(ops), db.execute_batch(ops).await),
+        };
+        let got =
+            got.map_err(|e| format!("statement {} {step:?} failed on Postgres: {e}", i + 1))?;
+        if want != got {
+            return Err(format!(
+                "statement {} {step:?}: model {want:?}, Postgres {got:?}",
+                i + 1
+            ));
+        }
+    }
+    let live = db.snapshot().await.map_err(|e| format!("snapshot: {e}"))?;
+    // The sequence is Postgres state too; the snapshot takes the largest id.
+    model.run_ids = model.runs.keys().map(|r| r.0).max().unwrap_or(0);
+    let differ = |what: &str, m: &dyn std::fmt::Debug, l: &dyn std::fmt::Debug| {
+        Err(format!(
+            "final {what} differ:\n model    {m:?}\n Postgres {l:?}"
+        ))
+    };
+    if model.runs != live.runs {
+        return differ("runs", &model.runs, &live.runs);
+    }
+    if model.attempts != live.attempts {
+        return differ("attempts", &model.attempts, &live.attempts);
+    }
+    if model.dead_letters != live.dead_letters {
+        return differ("dead letters", &model.dead_letters, &live.dead_letters);
+    }
+    if model.effects != live.effects {
+        return differ("effects", &model.effects, &live.effects);
+    }
+    Ok(())
+}
+
+/// A connection to the database at `url`, migrated: where [`db_case`]
+/// runs its sequences.
+///
+/// # Panics
+/// When Postgres cannot be reached or a migration fails.
+#[must_use]
+pub fn migrated(url: &str) -> PgDb {
+    crate::rt().block_on(async {
+        let db = PgDb::connect(url, 2, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach Postgres at {url}: {e}"));
+        db.migrate().await.expect("migrations apply");
+        db
+    })
+}
+
+/// Runs `cases` random database sequences against the database at `url`
+/// (migrated first).
+///
+/// # Panics
+/// When Postgres cannot be reached.
+#[must_use]
+pub fn run_db(url: &str, cases: u32, seed: u64) -> Outcome {
+    let db = migrated(url);
+    let mut runner = runner(cases, seed);
+    let result = runner.run(&db_sequence(), |steps| {
+        crate::rt()
+            .block_on(db_case(&db, &steps))
+            .map_err(TestCaseError::fail)
+    });
+    Outcome::of(cases, "statements", result)
+}

@@ -1,0 +1,336 @@
+//! Stream conformance: random sequences of the [`StreamOp`]s the worker
+//! sends, through the worker's own [`RedisStream`], against the model's
+//! [`Redis`], op by op. Between them, faults the nemesis also injects:
+//! an entry deleted (trimmed, as far as the group can tell) and Redis
+//! wiped.
+//!
+//! IDs: a publish runs on Redis first, and the model adds its entry at the
+//! millisecond Redis chose, so both sides hold the same IDs. Idle times:
+//! the model reads the wall clock Redis also runs on, and every idle
+//! threshold is 0 or far above what a sequence can create.
+
+use super::{Outcome, runner};
+use pelican_model::ids::{Dispatch, EntryId, RunId};
+use pelican_model::protocol::{DeadEntry, JobEntry, StreamOp, StreamReply};
+use pelican_model::status::ErrorClass;
+use pelican_model::time::Timestamp;
+use pelican_model::world::Redis;
+use pelican_real::live::{RedisStream, StreamNames};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The only non-zero idle threshold: far above any idle time a sequence
+/// creates.
+const THRESHOLD_MS: u64 = 500_000;
+
+/// One step of a stream sequence. Entries are named by their index among
+/// the job entries published so far; an index past them names an ID that
+/// never existed.
+#[derive(Clone, Debug)]
+#[allow(missing_docs)]
+pub enum Step {
+    Publish {
+        run: u64,
+        dispatch: u32,
+        malformed: bool,
+    },
+    PublishDead {
+        run: u64,
+    },
+    EnsureGroup,
+    Read {
+        consumer: u8,
+        count: usize,
+    },
+    Ack {
+        entries: Vec<usize>,
+    },
+    AutoClaim {
+        consumer: u8,
+        long_idle: bool,
+        start: usize,
+        count: usize,
+    },
+    Touch {
+        consumer: u8,
+        entry: usize,
+    },
+    Locate {
+        entry: usize,
+    },
+    Retain {
+        entry: usize,
+        after: bool,
+    },
+    /// Fault: XDEL of one entry.
+    Delete {
+        entry: usize,
+    },
+    /// Fault: Redis loses both streams.
+    Wipe,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let entry = || 0usize..8;
+    let consumer = || 0u8..3;
+    prop_oneof![
+        4 => (1u64..=3, 1u32..=2, prop::bool::weighted(0.1))
+            .prop_map(|(run, dispatch, malformed)| Step::Publish { run, dispatch, malformed }),
+        1 => (1u64..=3).prop_map(|run| Step::PublishDead { run }),
+        1 => Just(Step::EnsureGroup),
+        3 => (consumer(), 1usize..4).prop_map(|(consumer, count)| Step::Read { consumer, count }),
+        2 => prop::collection::vec(entry(), 1..3).prop_map(|entries| Step::Ack { entries }),
+        2 => (consumer(), any::<bool>(), entry(), 1usize..4).prop_map(
+            |(consumer, long_idle, start, count)| Step::AutoClaim { consumer, long_idle, start, count }
+        ),
+        1 => (consumer(), entry()).prop_map(|(consumer, entry)| Step::Touch { consumer, entry }),
+        1 => entry().prop_map(|entry| Step::Locate { entry }),
+        1 => (entry(), any::<bool>()).prop_map(|(entry, after)| Step::Retain { entry, after }),
+        1 => entry().prop_map(|entry| Step::Delete { entry }),
+        1 => Just(Step::Wipe),
+    ]
+}
+
+/// A random stream sequence (it starts by creating the group most of the
+/// time, as a worker does).
+pub fn stream_sequence() -> impl Strategy<Value = Vec<Step>> {
+    (any::<bool>(), prop::collection::vec(step(), 1..25)).prop_map(|(create, mut steps)| {
+        if create {
+            steps.insert(0, Step::EnsureGroup);
+        }
+        steps
+    })
+}
+
+fn wall_clock() -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Timestamp(ms)
+}
+
+/// Both sides of one sequence.
+struct Sides<'a> {
+    live: &'a RedisStream,
+    raw: &'a mut redis::Connection,
+    model: Redis,
+    /// The job entries published, in order (the same IDs on both sides).
+    ids: Vec<EntryId>,
+}
+
+impl Sides<'_> {
+    fn id(&self, entry: usize) -> EntryId {
+        self.ids.get(entry).copied().unwrap_or(EntryId::new(1, 0))
+    }
+
+    fn op(&self, step: &Step, now: Timestamp) -> Option<StreamOp> {
+        let consumer = |c: &u8| format!("c{c}");
+        Some(match step {
+            Step::Publish {
+                run,
+                dispatch,
+                malformed,
+            } => StreamOp::Publish {
+                entry: if *malformed {
+                    // What the binding decodes a `malformed` field to.
+                    JobEntry::Malformed {
+                        reason: "unexpected field \"malformed\"".into(),
+                    }
+                } else {
+                    JobEntry::Job {
+                        run: RunId(*run),
+                        dispatch: Dispatch(*dispatch),
+                    }
+                },
+                now,
+            },
+            Step::PublishDead { run } => StreamOp::PublishDead {
+                entry: DeadEntry::Run {
+                    run: RunId(*run),
+                    source: self.id(0),
+                    class: ErrorClass::Exhausted,
+                },
+                now,
+            },
+            Step::EnsureGroup => StreamOp::EnsureGroup,
+            Step::Read { consumer: c, count } => StreamOp::Read {
+                consumer: consumer(c),
+                count: *count,
+                now,
+            },
+            Step::Ack { entries } => StreamOp::Ack {
+                ids: entries.iter().map(|e| self.id(*e)).collect(),
+            },
+            Step::AutoClaim {
+                consumer: c,
+                long_idle,
+                start,
+                count,
+            } => StreamOp::AutoClaim {
+                consumer: consumer(c),
+                min_idle_ms: if *long_idle { THRESHOLD_MS } else { 0 },
+                start: if *start == 0 {
+                    EntryId::ZERO
+                } else {
+                    self.id(*start)
+                },
+                count: *count,
+                now,
+            },
+            Step::Touch { consumer: c, entry } => StreamOp::Touch {
+                consumer: consumer(c),
+                id: self.id(*entry),
+                now,
+            },
+            Step::Locate { entry } => StreamOp::Locate {
+                id: self.id(*entry),
+            },
+            Step::Retain { entry, after } => StreamOp::Retain {
+                before: Timestamp(self.id(*entry).ms + u64::from(*after)),
+            },
+            Step::Delete { .. } | Step::Wipe => return None,
+        })
+    }
+
+    /// Runs one step on both sides; `Err` says how they differ.
+    async fn step(&mut self, step: &Step) -> Result<(), String> {
+        let Some(op) = self.op(step, wall_clock()) else {
+            return self.fault(step);
+        };
+        let got = self
+            .live
+            .execute(op.clone())
+            .await
+            .map_err(|e| format!("{op:?}: Redis did not answer: {e}"))?;
+        // The model adds a published entry at the millisecond Redis chose.
+        let op = match (&op, &got) {
+            (StreamOp::Publish { entry, .. }, Ok(StreamReply::Added(id))) => {
+                self.ids.push(*id);
+                StreamOp::Publish {
+                    entry: entry.clone(),
+                    now: Timestamp(id.ms),
+                }
+            }
+            (StreamOp::PublishDead { entry, .. }, Ok(StreamReply::Added(id))) => {
+                StreamOp::PublishDead {
+                    entry: entry.clone(),
+                    now: Timestamp(id.ms),
+                }
+            }
+            _ => op,
+        };
+        let want = self.model.execute(&op);
+        if want != got {
+            return Err(format!("{op:?}: model {want:?}, Redis {got:?}"));
+        }
+        Ok(())
+    }
+
+    fn fault(&mut self, step: &Step) -> Result<(), String> {
+        let names = self.live.names().clone();
+        match step {
+            Step::Delete { entry } => {
+                let id = self.id(*entry);
+                self.model.jobs.xdel(&[id]);
+                redis::cmd("XDEL")
+                    .arg(&names.jobs)
+                    .arg(id.to_string())
+                    .query::<u64>(self.raw)
+                    .map_err(|e| format!("XDEL: {e}"))?;
+            }
+            Step::Wipe => {
+                self.model = Redis::default();
+                redis::cmd("DEL")
+                    .arg(&names.jobs)
+                    .arg(&names.dead)
+                    .query::<u64>(self.raw)
+                    .map_err(|e| format!("DEL: {e}"))?;
+            }
+            other => unreachable!("{other:?} is not a fault"),
+        }
+        Ok(())
+    }
+
+    /// Every known entry, and one that never existed, located on both
+    /// sides: the entry, whether pending, whether delivered.
+    async fn compare_state(&mut self) -> Result<(), String> {
+        for entry in 0..=self.ids.len() {
+            let op = StreamOp::Locate { id: self.id(entry) };
+            let got = self
+                .live
+                .execute(op.clone())
+                .await
+                .map_err(|e| format!("{op:?}: {e}"))?;
+            let want = self.model.execute(&op);
+            if want != got {
+                return Err(format!("then {op:?}: model {want:?}, Redis {got:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one stream sequence on the model and on Redis (through `live`,
+/// from empty streams; `raw` deletes entries and wipes). `Err` names the
+/// first difference.
+///
+/// # Errors
+/// The first step whose answer, or the state after it, differs.
+pub async fn stream_case(
+    live: &RedisStream,
+    raw: &mut redis::Connection,
+    steps: &[Step],
+) -> Result<(), String> {
+    let names = live.names().clone();
+    redis::cmd("DEL")
+        .arg(&names.jobs)
+        .arg(&names.dead)
+        .query::<u64>(raw)
+        .map_err(|e| format!("reset: {e}"))?;
+    let mut sides = Sides {
+        live,
+        raw,
+        model: Redis::default(),
+        ids: Vec::new(),
+    };
+    for (i, step) in steps.iter().enumerate() {
+        let at = |e: String| format!("step {} {step:?}: {e}", i + 1);
+        sides.step(step).await.map_err(at)?;
+        sides.compare_state().await.map_err(at)?;
+    }
+    Ok(())
+}
+
+/// Runs `cases` random stream sequences against Redis at `url`.
+///
+/// # Panics
+/// When Redis cannot be reached.
+#[must_use]
+pub fn run_stream(url: &str, cases: u32, seed: u64) -> Outcome {
+    let prefix = crate::unique("conformance");
+    let live = crate::rt()
+        .block_on(RedisStream::connect(
+            url,
+            StreamNames::new(&prefix, "g"),
+            1,
+            Duration::from_secs(5),
+        ))
+        .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
+    let raw = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
+    let raw = std::cell::RefCell::new(raw);
+    let mut runner = runner(cases, seed);
+    let result = runner.run(&stream_sequence(), |steps| {
+        crate::rt()
+            .block_on(stream_case(&live, &mut raw.borrow_mut(), &steps))
+            .map_err(TestCaseError::fail)
+    });
+    let names = live.names();
+    let _: Result<u64, _> = redis::cmd("DEL")
+        .arg(&names.jobs)
+        .arg(&names.dead)
+        .query(&mut *raw.borrow_mut());
+    Outcome::of(cases, "commands", result)
+}
