@@ -65,20 +65,13 @@ mutants! {
     ignore_trimmed: "IgnoreTrimmed" => trimmed_pending_entry_is_recovered,
     revive_cancelled: "ReviveCancelled" => cancelled_before_delivery_never_runs,
     no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
-    // Not one of the ten: the benchmarks' baseline, the least protocol that
-    // still drains a queue, must not pass the live tests either. (It never
-    // marks a run running, so the fencing scenarios, which wait for that,
-    // cannot drive it; the model checker and the simulator catch its
-    // unclaimed executions.)
-    unguarded_baseline: "Unguarded" => retryable_errors_back_off_then_dead_letter,
 }
 
-/// The mutants' statements and the baseline's answer as their model twins,
-/// alone and batched, among the correct ones: first on every status a run
-/// can be in, then in the random conformance sequences of a build with the
-/// mutants.
+/// The mutants' statements answer as their model twins: first on every
+/// status a run can be in, then in the random conformance sequences of a
+/// build with the mutants (which draw every declared statement).
 #[test]
-fn mutant_and_baseline_statements_answer_as_the_model() {
+fn mutant_statements_answer_as_the_model() {
     use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
     use pelican_model::protocol::DbOp;
     use pelican_model::status::ErrorClass;
@@ -87,54 +80,59 @@ fn mutant_and_baseline_statements_answer_as_the_model() {
 
     let db = pelican_tests::Database::create();
     let run = RunId;
+    let one = DbStep::One;
     let insert = |r| {
-        DbStep::One(DbOp::InsertRun {
+        one(DbOp::InsertRun {
             run: run(r),
             kind: "noop".into(),
             input: "{}".into(),
             attempts_max: 3,
         })
     };
-    let claim = |r| {
-        DbStep::One(DbOp::Claim {
+    let claim = |r| DbOp::Claim {
+        run: run(r),
+        dispatch: Dispatch(1),
+        entry: EntryId::new(r, 0),
+        worker: "w1".into(),
+        now: Timestamp(1_000),
+        lease_ms: 2_000,
+    };
+    let revive = |r, dispatch| {
+        one(DbOp::ClaimReviving {
             run: run(r),
-            dispatch: Dispatch(1),
-            entry: EntryId::new(r, 0),
-            worker: "w1".into(),
-            now: Timestamp(1_000),
+            dispatch: Dispatch(dispatch),
+            entry: EntryId::new(r, 1),
+            worker: "w2".into(),
+            now: Timestamp(9_000),
             lease_ms: 2_000,
         })
     };
-    let retry = |r| {
-        DbStep::One(DbOp::ScheduleRetry {
+    let failure_only = |r| {
+        one(DbOp::RecordFailureOnly {
             run: run(r),
             fence: Fence(1),
             class: ErrorClass::Retryable,
-            message: "later".into(),
-            retry_at: Timestamp(5_000),
+            message: "again".into(),
         })
     };
-    let done = |r| DbOp::CompleteUnfenced {
-        run: run(r),
-        result: format!("\"u{r}\""),
-    };
-    let fail = |r| {
-        DbStep::One(DbOp::FailUnfenced {
-            run: run(r),
-            class: ErrorClass::Terminal,
-            message: "no".into(),
-        })
-    };
-    // Runs 1-4 queued, running, in retry_wait and cancelled for the batch;
-    // 5-8 queued, in retry_wait, cancelled and running for the single
-    // statements, and 1 and 5 again once they are finished.
-    let mut steps: Vec<DbStep> = (1..=8).map(insert).collect();
-    steps.extend([claim(2), claim(3), retry(3), claim(6), retry(6), claim(8)]);
-    steps.push(DbStep::One(DbOp::Cancel { run: run(4) }));
-    steps.push(DbStep::One(DbOp::Cancel { run: run(7) }));
-    steps.push(DbStep::Batch((1..=4).map(done).collect()));
-    steps.extend([fail(1), fail(5), fail(6), fail(7), fail(8)]);
-    steps.push(DbStep::One(done(5)));
+    // Runs 1-5: queued, running, in retry_wait, cancelled, succeeded.
+    let mut steps: Vec<DbStep> = (1..=5).map(insert).collect();
+    steps.extend([2, 3, 5].map(|r| one(claim(r))));
+    steps.push(one(DbOp::ScheduleRetry {
+        run: run(3),
+        fence: Fence(1),
+        class: ErrorClass::Retryable,
+        message: "later".into(),
+        retry_at: Timestamp(5_000),
+    }));
+    steps.push(one(DbOp::Cancel { run: run(4) }));
+    steps.push(one(DbOp::Complete {
+        run: run(5),
+        fence: Fence(1),
+        result: "\"done\"".into(),
+    }));
+    steps.extend((1..=5).map(failure_only));
+    steps.extend((1..=5).flat_map(|r| [revive(r, 1), revive(r, 2)]));
     let pg = migrated(db.url());
     if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
         panic!("model::Db and Postgres differ on every status: {e}");
@@ -143,4 +141,50 @@ fn mutant_and_baseline_statements_answer_as_the_model() {
     if let Some(m) = outcome.mismatch {
         panic!("model::Db and Postgres differ:\n{m}");
     }
+}
+
+/// What only a build with the mutants may hold: every mutant's name, every
+/// mutant-only statement's name and text, and the label of a mutant's ack.
+fn mutant_strings() -> Vec<String> {
+    use pelican_model::db::Statement;
+    use pelican_model::protocol::Mutant;
+    let mut strings: Vec<String> = Mutant::ALL.iter().map(|m| m.name().to_owned()).collect();
+    for s in Statement::ALL.iter().filter(|s| s.mutant_only()) {
+        strings.push(s.name().to_owned());
+        strings.push(s.sql().to_owned());
+    }
+    strings.push("acked_mutant".to_owned());
+    strings
+}
+
+/// The `strings` that occur in the file `bin`.
+fn found_in(bin: &std::path::Path, strings: &[String]) -> Vec<String> {
+    let bytes = std::fs::read(bin).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    strings
+        .iter()
+        .filter(|s| memchr::memmem::find(&bytes, s.as_bytes()).is_some())
+        .cloned()
+        .collect()
+}
+
+/// A production binary cannot run a mutant: the release `pelican` built
+/// without features (`PELICAN_RELEASE_BIN`, which `cargo xtask test`
+/// builds) holds none of their names, statements or labels, while the
+/// build with the mutants under test (`PELICAN_BIN`) holds every one.
+#[test]
+fn release_binary_holds_no_mutant() {
+    let release = std::env::var_os("PELICAN_RELEASE_BIN")
+        .expect("PELICAN_RELEASE_BIN names the release pelican (cargo xtask test sets it)");
+    let strings = mutant_strings();
+    assert!(strings.len() > 10, "{strings:?}");
+    let leaked = found_in(std::path::Path::new(&release), &strings);
+    assert!(leaked.is_empty(), "the release binary holds {leaked:?}");
+    let with_mutants =
+        std::env::var_os("PELICAN_BIN").expect("PELICAN_BIN names the mutants' pelican");
+    let present = found_in(std::path::Path::new(&with_mutants), &strings);
+    let missing: Vec<&String> = strings.iter().filter(|s| !present.contains(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "the scan finds nothing: the build with the mutants lacks {missing:?}"
+    );
 }

@@ -9,6 +9,8 @@
 //!   guarantee, completely explored, and every mutant must be caught.
 //! * `test`   — every test of the workspace, including the release-mode
 //!   model checks and the mutant tests.
+//! * `lint`   — the lint gate: rustfmt, clippy (normal, with the mutants,
+//!   and the simulated build) and rustdoc, every warning an error.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -40,7 +42,7 @@ commands:
             the benchmarks: the standard model check, simulated seeds/s, and
             live drain, latency and recovery (pelican-bench), and the drain
             with the least protocol that still drains (the cost of the
-            guarantees: --mutant Unguarded of a build with the mutants); a table, a JSON
+            guarantees: tests/src/bench/baseline.rs); a table, a JSON
             report in target/bench/report.json, and with --json the summary
             as the last stdout line; --quick skips the model check and runs
             smaller live figures
@@ -50,6 +52,9 @@ commands:
             mutant fails within 1,000
   test      every test in the workspace, with the release-mode model checks,
             the simulator's seeds, traces and determinism, and the mutant tests
+  lint      cargo fmt --check; cargo clippy --all-targets -D warnings for the
+            normal build, the build with the mutants and the --cfg madsim
+            build; cargo doc --no-deps -D warnings
 ";
 
 fn main() -> ExitCode {
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         "chaos" => chaos(rest),
         "bench" => bench(rest),
         "test" => test(rest),
+        "lint" => lint(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())
@@ -306,12 +312,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             other => return Err(format!("bench: unknown option {other:?}")),
         }
     }
-    // The baseline protocol of the cost comparison lives in the build with
-    // the mutants; it is built first and set aside, because both builds
-    // write target/release/pelican.
     let dir = root().join("target").join("bench");
-    let built = build_pelican(true, &["mutants"])?;
-    let baseline = set_aside(&built, &dir, "pelican-baseline")?;
     let bin = build_pelican(true, &[])?;
     let model = if quick {
         None
@@ -355,7 +356,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         &sim,
         "--report",
     ]);
-    live.arg(&report).arg("--baseline-bin").arg(&baseline);
+    live.arg(&report);
     if let Some(m) = &model {
         live.args(["--model-json", m]);
     }
@@ -425,6 +426,49 @@ fn verify(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Every crate's `mutants` feature, for the builds that include them.
+const ALL_MUTANTS: &str = "pelican-model/mutants,pelican-checker/mutants,pelican-real/mutants,pelican-sim/mutants,pelican-tests/mutants";
+
+fn lint(args: &[String]) -> Result<(), String> {
+    if let Some(a) = args.first() {
+        return Err(format!("lint takes no options, got {a:?}"));
+    }
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    run("rustfmt", fmt)?;
+    let clippy = |c: &mut Command, features: Option<&str>| {
+        c.args(["clippy", "--workspace", "--all-targets"]);
+        if let Some(f) = features {
+            c.args(["--features", f]);
+        }
+        c.args(["--", "-D", "warnings"]);
+    };
+    let mut normal = cargo();
+    clippy(&mut normal, None);
+    run("clippy", normal)?;
+    let mut mutants = cargo();
+    clippy(&mut mutants, Some(ALL_MUTANTS));
+    run("clippy, with the mutants", mutants)?;
+    let mut simulated = madsim_cargo();
+    simulated.args([
+        "clippy",
+        "--package",
+        "pelican-sim",
+        "--all-targets",
+        "--features",
+        "mutants",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run("clippy, the simulated build (--cfg madsim)", simulated)?;
+    let mut doc = cargo();
+    let flags = env::var("RUSTDOCFLAGS").unwrap_or_default();
+    doc.env("RUSTDOCFLAGS", format!("{flags} -D warnings").trim())
+        .args(["doc", "--workspace", "--no-deps"]);
+    run("rustdoc", doc)
+}
+
 fn test(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("test takes no options, got {a:?}"));
@@ -461,7 +505,9 @@ fn test(args: &[String]) -> Result<(), String> {
         "live end-to-end tests: real Redis and Postgres, real processes killed",
         live,
     )?;
+    let release = build_pelican(true, &[])?;
     let mut live_mutants = cargo();
+    live_mutants.env("PELICAN_RELEASE_BIN", &release);
     live_mutants.env("PELICAN_BIN", &mutant).args([
         "test",
         "--package",
@@ -474,7 +520,10 @@ fn test(args: &[String]) -> Result<(), String> {
         "--test-threads",
         "2",
     ]);
-    run("every mutant fails a live scenario", live_mutants)?;
+    run(
+        "every mutant fails a live scenario; the release binary holds none",
+        live_mutants,
+    )?;
     run(
         "chaos soak, short: 2,000 jobs under kills, pauses, Redis and Postgres restarts, a wipe, trims and bad input",
         chaos_command(&["--short", "--quiet"])?,

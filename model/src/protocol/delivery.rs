@@ -15,18 +15,12 @@
 //!          └──rejected──▶ read run ──▶ terminal ──▶ XACK, else leave pending (S3)
 //! ```
 //!
-//! The benchmarks' baseline (the `Unguarded` mutant, never in a release
-//! build) replaces the claim with a plain read of the run and the fenced
-//! write with an unfenced one, without heartbeats: `read run ──▶ execute ──▶
-//! unfenced write ──▶ XACK`.
-//!
 //! Any command without a reply ends the delivery with the entry left pending:
 //! that is always safe, because a pending entry is reclaimed and every step
 //! above is idempotent under the run's dispatch and fence.
 
 use super::{
-    Command, DbOp, DbReply, DeadEntry, Execution, Input, JobEntry, Mutant, Policy, StreamOp,
-    StreamReply,
+    Command, DbOp, DbReply, DeadEntry, Execution, Input, JobEntry, Policy, StreamOp, StreamReply,
 };
 use crate::db::{Claimed, RunRow};
 use crate::ids::{Dispatch, EntryId, RunId, WorkerId};
@@ -68,6 +62,7 @@ impl DeliveryEnd {
             DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
             DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
             DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
+            #[cfg(feature = "mutants")]
             DeliveryEnd::Acked(AckReason::Mutant) => "acked_mutant",
             DeliveryEnd::LeftPending(_) => "left_pending",
         }
@@ -90,7 +85,8 @@ pub enum AckReason {
     Exhausted,
     /// The entry was malformed or named an unknown run (S10).
     Quarantined,
-    /// Mutant behaviour; never in a correct build.
+    /// Mutant behaviour (only in a build with the `mutants` feature).
+    #[cfg(feature = "mutants")]
     Mutant,
 }
 
@@ -101,7 +97,8 @@ pub enum PendingReason {
     Unavailable,
     /// Another attempt owns the run (a live lease or a newer fence).
     OwnedElsewhere,
-    /// Mutant behaviour; never in a correct build.
+    /// Mutant behaviour (only in a build with the `mutants` feature).
+    #[cfg(feature = "mutants")]
     Mutant,
 }
 
@@ -112,9 +109,6 @@ enum Phase {
     Quarantining,
     /// Claim outstanding.
     Claiming,
-    /// The benchmarks' baseline (`Unguarded`): ReadRun outstanding in place
-    /// of a claim.
-    Taking,
     /// ReadRun outstanding; `refused_claim` when it follows a refused claim.
     Reading { refused_claim: bool },
     /// The job runs.
@@ -124,6 +118,7 @@ enum Phase {
         outcome: Option<JobOutcome>,
     },
     /// NoFence mutant: reading the run's current fence before writing.
+    #[cfg(feature = "mutants")]
     ReadingFence {
         claimed: Claimed,
         outcome: JobOutcome,
@@ -135,10 +130,10 @@ enum Phase {
     /// PublishDead (dead-letter notification) outstanding.
     Notifying,
     /// Ack outstanding.
-    Acking {
-        why: AckReason,
-        then_write: Option<DbOp>,
-    },
+    Acking(AckReason),
+    /// AckBeforeCommit mutant: the ack outstanding, the write to follow.
+    #[cfg(feature = "mutants")]
+    AckingFirst(DbOp),
     /// Over.
     Done(DeliveryEnd),
 }
@@ -151,8 +146,10 @@ enum Write {
     /// Dead letter: notify the dead stream, then ack.
     Dead(ErrorClass),
     /// AckBeforeCommit mutant: the ack already happened.
+    #[cfg(feature = "mutants")]
     AckedFirst,
     /// RetryInPel mutant: leave the entry pending either way.
+    #[cfg(feature = "mutants")]
     LeavePending,
 }
 
@@ -204,22 +201,18 @@ impl Delivery {
         };
         match d.job.clone() {
             JobEntry::Malformed { reason } => d.quarantine(now, reason),
-            JobEntry::Job { run, .. } if d.policy.is(Mutant::Unguarded) => {
-                d.phase = Phase::Taking;
-                d.send(Command::Db(DbOp::ReadRun { run }));
-            }
             JobEntry::Job { run, dispatch } => {
                 let (worker, lease_ms) = (d.worker.consumer(), d.policy.lease_ms);
-                let op = if d.policy.is(Mutant::ReviveCancelled) {
-                    DbOp::ClaimReviving {
-                        run,
-                        dispatch,
-                        entry,
-                        worker,
-                        now,
-                        lease_ms,
-                    }
-                } else {
+                let op = DbOp::Claim {
+                    run,
+                    dispatch,
+                    entry,
+                    worker,
+                    now,
+                    lease_ms,
+                };
+                #[cfg(feature = "mutants")]
+                let op = match op {
                     DbOp::Claim {
                         run,
                         dispatch,
@@ -227,7 +220,15 @@ impl Delivery {
                         worker,
                         now,
                         lease_ms,
-                    }
+                    } if crate::injects!(d.policy, ReviveCancelled) => DbOp::ClaimReviving {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        now,
+                        lease_ms,
+                    },
+                    op => op,
                 };
                 d.send(Command::Db(op));
             }
@@ -269,9 +270,9 @@ impl Delivery {
     #[must_use]
     pub fn claimed(&self) -> Option<Claimed> {
         match &self.phase {
-            Phase::Executing { claimed, .. } | Phase::ReadingFence { claimed, .. } => {
-                Some(*claimed)
-            }
+            Phase::Executing { claimed, .. } => Some(*claimed),
+            #[cfg(feature = "mutants")]
+            Phase::ReadingFence { claimed, .. } => Some(*claimed),
             _ => None,
         }
     }
@@ -327,10 +328,7 @@ impl Delivery {
     }
 
     fn ack(&mut self, why: AckReason) {
-        self.phase = Phase::Acking {
-            why,
-            then_write: None,
-        };
+        self.phase = Phase::Acking(why);
         self.send(Command::Stream(StreamOp::Ack {
             ids: vec![self.entry],
         }));
@@ -358,36 +356,42 @@ impl Delivery {
                 self.on_executing(now, claimed, heartbeat, outcome, input);
             }
             (_, Input::Unavailable) => {
-                self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable))
+                self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable));
             }
             (Phase::Quarantining, Input::Stream(Ok(StreamReply::Added(_)))) => {
                 self.ack(AckReason::Quarantined);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(Some(job)))) => {
+                debug_assert!(self.own.is_none(), "a delivery claims at most once");
+                debug_assert!(
+                    job.claimed.fence > crate::ids::Fence(0)
+                        && (1..=job.claimed.attempts_max).contains(&job.claimed.attempt.0),
+                    "a claim starts a fenced attempt within the run's bound: {:?}",
+                    job.claimed
+                );
                 self.own = Some(job.claimed);
                 self.start(now, job.claimed, job.kind, job.input);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(None))) => self.read(true),
-            (Phase::Taking, Input::Db(DbReply::Run(row))) => self.take(now, row),
             (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
                 self.decide(now, row, refused_claim);
             }
+            #[cfg(feature = "mutants")]
             (Phase::ReadingFence { claimed, outcome }, Input::Db(DbReply::Run(row))) => {
                 // NoFence: write with whatever fence the run has now.
                 let fence = row.map_or(claimed.fence, |r| r.active_fence);
                 self.write_outcome(now, Claimed { fence, ..claimed }, outcome);
             }
             (Phase::Writing(kind), Input::Db(DbReply::Rows(rows))) => {
-                if kind == Write::AckedFirst {
-                    self.finish(DeliveryEnd::Acked(AckReason::Mutant));
-                } else if kind == Write::LeavePending {
-                    self.finish(DeliveryEnd::LeftPending(PendingReason::Mutant));
-                } else if let (1, Write::Dead(class)) = (rows, kind) {
+                debug_assert!(rows <= 1, "a fenced write matches at most its run's row");
+                #[cfg(feature = "mutants")]
+                if let Some(end) = self.mutant_written(kind, rows) {
+                    return end;
+                }
+                if let (1, Write::Dead(class)) = (rows, kind) {
                     self.notify_dead(now, class);
                 } else if rows == 1 {
                     self.ack(AckReason::Written);
-                } else if self.policy.is(Mutant::StaleAck) {
-                    self.ack(AckReason::Mutant);
                 } else {
                     // Rejected: a newer attempt holds the run, or it is
                     // terminal. Never overwrite; find out which.
@@ -395,6 +399,7 @@ impl Delivery {
                 }
             }
             (Phase::Burying, Input::Db(DbReply::Rows(rows))) => {
+                debug_assert!(rows <= 1, "a burial matches at most its run's row");
                 if rows == 1 {
                     self.notify_dead(now, ErrorClass::Exhausted);
                 } else {
@@ -406,14 +411,14 @@ impl Delivery {
                 // the durable record, so ack either way.
                 self.ack(AckReason::Written);
             }
-            (Phase::Acking { why, then_write }, Input::Stream(Ok(StreamReply::Acked(_)))) => {
-                match then_write {
-                    Some(op) => {
-                        self.phase = Phase::Writing(Write::AckedFirst);
-                        self.send(Command::Db(op));
-                    }
-                    None => self.finish(DeliveryEnd::Acked(why)),
-                }
+            (Phase::Acking(why), Input::Stream(Ok(StreamReply::Acked(n)))) => {
+                debug_assert!(n <= 1, "an XACK of one ID acknowledges at most one");
+                self.finish(DeliveryEnd::Acked(why));
+            }
+            #[cfg(feature = "mutants")]
+            (Phase::AckingFirst(op), Input::Stream(Ok(StreamReply::Acked(_)))) => {
+                self.phase = Phase::Writing(Write::AckedFirst);
+                self.send(Command::Db(op));
             }
             (phase, input) => {
                 // An answer of the wrong shape (or a stream error such as
@@ -429,6 +434,10 @@ impl Delivery {
     }
 
     fn start(&mut self, now: Timestamp, claimed: Claimed, kind: String, input: String) {
+        debug_assert!(
+            self.own == Some(claimed) || crate::injects!(self.policy, NoTerminalCheck),
+            "a job runs only under this delivery's own claim (S2)"
+        );
         let (run, _) = self.run().expect("claimed a well-formed entry");
         self.phase = Phase::Executing {
             claimed,
@@ -442,30 +451,7 @@ impl Delivery {
             kind,
             input,
         }));
-        if !self.policy.is(Mutant::Unguarded) {
-            self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
-        }
-    }
-
-    /// The baseline (`Unguarded`): run whatever is not finished or stale,
-    /// under the run's current counters, without claiming it.
-    fn take(&mut self, now: Timestamp, row: Option<RunRow>) {
-        let (_, dispatch) = self.run().expect("only well-formed entries are taken");
-        let Some(row) = row else {
-            return self.quarantine(now, "unknown run".to_owned());
-        };
-        if row.status.is_terminal() {
-            return self.ack(AckReason::Terminal);
-        }
-        if row.dispatch > dispatch {
-            return self.ack(AckReason::Stale);
-        }
-        let claimed = Claimed {
-            fence: row.active_fence,
-            attempt: crate::ids::AttemptNo(row.attempts),
-            attempts_max: row.attempts_max,
-        };
-        self.start(now, claimed, row.kind, row.input);
+        self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
     }
 
     fn decide(&mut self, now: Timestamp, row: Option<RunRow>, refused_claim: bool) {
@@ -474,7 +460,7 @@ impl Delivery {
             return self.quarantine(now, "unknown run".to_owned());
         };
         if row.status.is_terminal() {
-            if refused_claim && self.policy.is(Mutant::NoTerminalCheck) {
+            if refused_claim && crate::injects!(self.policy, NoTerminalCheck) {
                 // The bug: run the finished run again under its last fence.
                 let claimed = Claimed {
                     fence: row.active_fence,
@@ -527,6 +513,11 @@ impl Delivery {
         };
         match (heartbeat, input) {
             (Heartbeat::Idle, Input::Timer) if outcome.is_none() => {
+                debug_assert!(
+                    self.own_fence() == Some(fence)
+                        || crate::injects!(self.policy, NoTerminalCheck),
+                    "a heartbeat carries this delivery's own fence (S3)"
+                );
                 next(self, Heartbeat::Renewing, None);
                 self.send(Command::Db(DbOp::Heartbeat {
                     run,
@@ -575,7 +566,8 @@ impl Delivery {
     }
 
     fn write(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
-        if self.policy.is(Mutant::NoFence) {
+        #[cfg(feature = "mutants")]
+        if crate::injects!(self.policy, NoFence) {
             let (run, _) = self.run().expect("executing a well-formed entry");
             self.phase = Phase::ReadingFence { claimed, outcome };
             return self.send(Command::Db(DbOp::ReadRun { run }));
@@ -585,20 +577,13 @@ impl Delivery {
 
     fn write_outcome(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
         let (run, _) = self.run().expect("executing a well-formed entry");
-        if self.policy.is(Mutant::Unguarded) {
-            // The baseline: the outcome, unfenced; every failure terminal.
-            let op = match outcome {
-                JobOutcome::Succeeded { result } => DbOp::CompleteUnfenced { run, result },
-                JobOutcome::Failed { class, message } => DbOp::FailUnfenced {
-                    run,
-                    class,
-                    message,
-                },
-            };
-            self.phase = Phase::Writing(Write::Result);
-            return self.send(Command::Db(op));
-        }
         let fence = claimed.fence;
+        debug_assert!(
+            self.own_fence() == Some(fence)
+                || crate::injects!(self.policy, NoFence)
+                || crate::injects!(self.policy, NoTerminalCheck),
+            "a fenced write carries this delivery's own fence (S3)"
+        );
         let (op, kind) = match outcome {
             JobOutcome::Succeeded { result } => {
                 (DbOp::Complete { run, fence, result }, Write::Result)
@@ -618,7 +603,8 @@ impl Delivery {
                     Write::Result,
                 )
             }
-            JobOutcome::Failed { class, message } if self.policy.is(Mutant::RetryInPel) => {
+            #[cfg(feature = "mutants")]
+            JobOutcome::Failed { class, message } if crate::injects!(self.policy, RetryInPel) => {
                 // The bug: record the failure, leave the entry in the PEL as
                 // "the retry".
                 (
@@ -655,11 +641,9 @@ impl Delivery {
                 Write::Dead(class),
             ),
         };
-        if self.policy.is(Mutant::AckBeforeCommit) {
-            self.phase = Phase::Acking {
-                why: AckReason::Mutant,
-                then_write: Some(op),
-            };
+        #[cfg(feature = "mutants")]
+        if crate::injects!(self.policy, AckBeforeCommit) {
+            self.phase = Phase::AckingFirst(op);
             return self.send(Command::Stream(StreamOp::Ack {
                 ids: vec![self.entry],
             }));
@@ -677,5 +661,19 @@ impl Delivery {
             class,
         };
         self.send(Command::Stream(StreamOp::PublishDead { entry, now }));
+    }
+
+    /// The ends the mutants give a write's answer, if any.
+    #[cfg(feature = "mutants")]
+    fn mutant_written(&mut self, kind: Write, rows: u64) -> Option<()> {
+        match kind {
+            Write::AckedFirst => self.finish(DeliveryEnd::Acked(AckReason::Mutant)),
+            Write::LeavePending => self.finish(DeliveryEnd::LeftPending(PendingReason::Mutant)),
+            _ if rows != 1 && crate::injects!(self.policy, StaleAck) => {
+                self.ack(AckReason::Mutant);
+            }
+            _ => return None,
+        }
+        Some(())
     }
 }

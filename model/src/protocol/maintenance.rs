@@ -10,7 +10,7 @@
 //!   Redis; if their entry is neither in the stream nor pending (Redis lost
 //!   it, or it was trimmed before delivery), they are re-dispatched (S1, S8).
 
-use super::{Command, DbOp, DbReply, Input, JobEntry, Mutant, Policy, StreamOp, StreamReply};
+use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::db::Candidate;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -94,7 +94,7 @@ impl Maintenance {
         let limit = self.policy.sweep_batch_max;
         let (phase, op) = match task {
             MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { now, limit }),
-            MaintenanceTask::Outbox if self.policy.is(Mutant::NoPublishRecovery) => return,
+            MaintenanceTask::Outbox if crate::injects!(self.policy, NoPublishRecovery) => return,
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::Unpublished { limit }),
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;

@@ -1,20 +1,67 @@
 //! Known protocol bugs, injected on purpose to prove that every check has
-//! teeth. The enum always exists (so configurations, traces and reports can
-//! name a mutant), but [`super::Policy::is`] only answers `true` in a build
-//! with the `mutants` feature.
+//! teeth (DESIGN.md, "Mutants").
 //!
-//! One more name lives here that is not a bug hunted by the checks but a
-//! yardstick: [`Mutant::Unguarded`], the least protocol that still drains a
-//! queue, which the benchmarks run to price the guarantees (and which every
-//! level of checks catches all the same).
+//! With the `mutants` feature, [`Mutant`] names the ten bugs and
+//! [`Policy::mutant`](super::Policy::mutant) may select one. Without it,
+//! [`Mutant`] is an enum with no variants: configurations, traces and
+//! reports still have a type to name (always `None`), but a production
+//! build holds no mutant's name, branch, statement or label. Call sites
+//! test a bug with [`injects!`](crate::injects), which is `false` there.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// One injected bug (see DESIGN.md, "Mutants").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Mutant {
+/// Whether `policy` injects mutant `name`: `injects!(self.policy, NoFence)`.
+/// Always `false` in a build without the `mutants` feature, where the
+/// names do not exist. The feature is the calling crate's: a crate that
+/// uses this forwards its own `mutants` feature to `pelican-model/mutants`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! injects {
+    ($policy:expr, $name:ident) => {{
+        #[cfg(feature = "mutants")]
+        let on = $policy.mutant == Some($crate::protocol::Mutant::$name);
+        #[cfg(not(feature = "mutants"))]
+        let on = $crate::protocol::none_injected(&$policy);
+        on
+    }};
+}
+
+/// `false`: what [`injects!`](crate::injects) is in a build without the
+/// `mutants` feature (a call, not a literal, so that conditions such as
+/// `own || injects!(..)` read as written).
+#[doc(hidden)]
+#[must_use]
+#[inline(always)]
+pub const fn none_injected<T>(_policy: &T) -> bool {
+    false
+}
+
+#[cfg(feature = "mutants")]
+macro_rules! mutants {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// One injected bug (see DESIGN.md, "Mutants").
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum Mutant {
+            $($(#[doc = $doc])* $name,)*
+        }
+
+        impl Mutant {
+            /// All of them.
+            pub const ALL: &'static [Mutant] = &[$(Mutant::$name,)*];
+
+            /// Its name, as on the command line.
+            #[must_use]
+            pub const fn name(self) -> &'static str {
+                match self { $(Mutant::$name => stringify!($name),)* }
+            }
+        }
+    };
+}
+
+#[cfg(feature = "mutants")]
+mutants! {
     /// XACK, then write the result.
     AckBeforeCommit,
     /// Results and failures are written with the run's current fence, read
@@ -36,64 +83,22 @@ pub enum Mutant {
     ReviveCancelled,
     /// Runs whose publish was lost are never published.
     NoPublishRecovery,
-    /// Not one of the ten, and not in [`Mutant::ALL`]: the benchmarks'
-    /// baseline, the least protocol that still drains a queue. A delivery
-    /// reads its run (for the job's kind and input), runs the job, writes
-    /// the outcome without a fence ([`DbOp::CompleteUnfenced`],
-    /// [`DbOp::FailUnfenced`]: any run not yet terminal takes it) and
-    /// acknowledges. No claim, attempt record, lease, heartbeat, retry or
-    /// dead letter: it pays for none of S3, S6 and S7's machinery and keeps
-    /// none of those guarantees. `cargo xtask bench` drains with it beside
-    /// the shipped protocol, to price them.
-    ///
-    /// [`DbOp::CompleteUnfenced`]: super::DbOp::CompleteUnfenced
-    /// [`DbOp::FailUnfenced`]: super::DbOp::FailUnfenced
-    Unguarded,
 }
 
+/// No mutant: this build was made without the `mutants` feature.
+#[cfg(not(feature = "mutants"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Mutant {}
+
+#[cfg(not(feature = "mutants"))]
 impl Mutant {
-    /// All ten.
-    pub const ALL: [Mutant; 10] = [
-        Mutant::AckBeforeCommit,
-        Mutant::NoFence,
-        Mutant::NoTerminalCheck,
-        Mutant::NoIdempotencyKey,
-        Mutant::RetryInPel,
-        Mutant::NoDeadLetter,
-        Mutant::StaleAck,
-        Mutant::IgnoreTrimmed,
-        Mutant::ReviveCancelled,
-        Mutant::NoPublishRecovery,
-    ];
+    /// None in this build.
+    pub const ALL: &'static [Mutant] = &[];
 
-    /// The ten and the benchmarks' baseline ([`Mutant::Unguarded`]): every
-    /// name `--mutant` accepts.
-    pub const NAMED: [Mutant; 11] = {
-        let mut named = [Mutant::Unguarded; 11];
-        let mut i = 0;
-        while i < Mutant::ALL.len() {
-            named[i] = Mutant::ALL[i];
-            i += 1;
-        }
-        named
-    };
-
-    /// Its name, as on the command line.
+    /// Its name (there is none to name in this build).
     #[must_use]
     pub const fn name(self) -> &'static str {
-        match self {
-            Mutant::AckBeforeCommit => "AckBeforeCommit",
-            Mutant::NoFence => "NoFence",
-            Mutant::NoTerminalCheck => "NoTerminalCheck",
-            Mutant::NoIdempotencyKey => "NoIdempotencyKey",
-            Mutant::RetryInPel => "RetryInPel",
-            Mutant::NoDeadLetter => "NoDeadLetter",
-            Mutant::StaleAck => "StaleAck",
-            Mutant::IgnoreTrimmed => "IgnoreTrimmed",
-            Mutant::ReviveCancelled => "ReviveCancelled",
-            Mutant::NoPublishRecovery => "NoPublishRecovery",
-            Mutant::Unguarded => "Unguarded",
-        }
+        match self {}
     }
 }
 
@@ -103,19 +108,29 @@ impl fmt::Display for Mutant {
     }
 }
 
-/// An unknown mutant name.
+/// An unknown mutant name, or a build without mutants.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown mutant {0:?}; known: AckBeforeCommit, NoFence, NoTerminalCheck, NoIdempotencyKey, RetryInPel, NoDeadLetter, StaleAck, IgnoreTrimmed, ReviveCancelled, NoPublishRecovery, and the benchmarks' baseline Unguarded"
-)]
-pub struct UnknownMutant(pub String);
+#[error("unknown mutant {name:?}; {known}")]
+pub struct UnknownMutant {
+    name: String,
+    known: String,
+}
 
 impl FromStr for Mutant {
     type Err = UnknownMutant;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Mutant::NAMED
-            .into_iter()
+        Mutant::ALL
+            .iter()
+            .copied()
             .find(|m| m.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownMutant(s.to_owned()))
+            .ok_or_else(|| UnknownMutant {
+                name: s.to_owned(),
+                known: if Mutant::ALL.is_empty() {
+                    "this build has none (build with --features mutants)".to_owned()
+                } else {
+                    let names: Vec<&str> = Mutant::ALL.iter().map(|m| m.name()).collect();
+                    format!("known: {}", names.join(", "))
+                },
+            })
     }
 }

@@ -6,7 +6,7 @@
 //! reports them once, so the reclaimer holds each until its `RequeueEntry`
 //! got an answer, and retries the rest before its next XAUTOCLAIM.
 
-use super::{Command, DbOp, DbReply, Input, JobEntry, Mutant, Policy, StreamOp, StreamReply};
+use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::ids::{EntryId, WorkerId};
 use crate::stream::StreamError;
 use crate::time::Timestamp;
@@ -128,7 +128,7 @@ impl Reclaimer {
                 self.cursor = reply.next;
                 for id in reply.deleted {
                     self.events.push_back(ReclaimerEvent::Trimmed(id));
-                    if !self.policy.is(Mutant::IgnoreTrimmed) {
+                    if !crate::injects!(self.policy, IgnoreTrimmed) {
                         self.deleted.push_back(id);
                     }
                 }

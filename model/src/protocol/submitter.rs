@@ -2,7 +2,7 @@
 //! API answers 202 (S1); the XADD is a delivery hint. If it fails, or its
 //! reply is lost, the run is still accepted: the outbox publishes it.
 
-use super::{Command, DbOp, DbReply, Input, JobEntry, Mutant, Policy, StreamOp, StreamReply};
+use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::ids::{Dispatch, RunId};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ impl Submitter {
     /// Starts submitting `run`.
     #[must_use]
     pub fn new(policy: &Policy, run: RunId, kind: &str, input: &str) -> Submitter {
-        let attempts_max = if policy.is(Mutant::NoDeadLetter) {
+        let attempts_max = if crate::injects!(policy, NoDeadLetter) {
             u32::MAX
         } else {
             policy.attempts_max

@@ -213,7 +213,7 @@ fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
     let c = fresh.poll().unwrap();
     let input = exec(&mut world, &c, Issuer::default());
     fresh.handle(later, input);
-    assert_eq!(fresh.own_fence(), Some(crate::ids::Fence(2)));
+    assert_eq!(fresh.own_fence(), Some(Fence(2)));
     // The late worker finishes: its write is rejected and it leaves the
     // entry to the new owner.
     while late.poll().is_some() {}
@@ -420,78 +420,30 @@ fn backoff_is_exponential_capped_and_jittered_within_bounds() {
 fn idempotency_keys_are_stable_across_attempts() {
     let p = policy();
     assert_eq!(
-        p.idempotency_key(RunId(3), 1, crate::ids::Fence(1)),
-        p.idempotency_key(RunId(3), 1, crate::ids::Fence(9))
+        p.idempotency_key(RunId(3), 1, Fence(1)),
+        p.idempotency_key(RunId(3), 1, Fence(9))
     );
     assert_ne!(
-        p.idempotency_key(RunId(3), 1, crate::ids::Fence(1)),
-        p.idempotency_key(RunId(3), 2, crate::ids::Fence(1))
+        p.idempotency_key(RunId(3), 1, Fence(1)),
+        p.idempotency_key(RunId(3), 2, Fence(1))
     );
 }
 
-/// The benchmarks' baseline drains a run with one read, one unfenced write
-/// and one ack — and the world's checks see the job run without a claim.
 #[cfg(feature = "mutants")]
 #[test]
-fn the_unguarded_baseline_drains_without_claims_and_is_caught() {
-    let mut world = World::new();
-    submit(&mut world, 1);
-    let (id, job) = read(&mut world, 0);
-    let baseline = Policy {
-        mutant: Some(Mutant::Unguarded),
-        ..policy()
-    };
-    let mut d = Delivery::new(T0, &baseline, WorkerId(0), id, job, 7);
-    let mut sent = Vec::new();
-    let mut outcome = Some(ok());
-    while d.end().is_none() {
-        let Some(c) = d.poll() else {
-            d.handle(T0, Input::Executed(outcome.take().expect("one job")));
-            continue;
-        };
-        sent.push(match &c {
-            Command::Db(op) => op.name().to_owned(),
-            Command::Stream(StreamOp::Ack { .. }) => "ack".to_owned(),
-            other => format!("{other:?}")
-                .split(['(', ' '])
-                .next()
-                .unwrap_or("")
-                .to_owned(),
-        });
-        match c {
-            Command::Execute(e) => world.check_execution(e.run, d.own_fence()),
-            c @ (Command::Db(_) | Command::Stream(_)) => {
-                let input = exec(&mut world, &c, Issuer::default());
-                d.handle(T0, input);
-            }
-            other => panic!("the baseline sends no {other:?}"),
-        }
+fn every_mutant_name_parses() {
+    for &m in Mutant::ALL {
+        assert_eq!(m.name().parse::<Mutant>(), Ok(m));
+        assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(d.end(), Some(DeliveryEnd::Acked(AckReason::Written)));
-    assert_eq!(sent, ["read_run", "Execute", "complete_unfenced", "ack"]);
-    let r = &world.db.runs[&RunId(1)];
-    assert_eq!(
-        (r.status, r.active_fence.0, r.attempts),
-        (RunStatus::Succeeded, 0, 0)
-    );
-    assert!(world.db.attempts.is_empty(), "no attempt was recorded");
-    assert_eq!(world.redis.jobs.pel_len(), 0);
-    assert!(
-        world
-            .violations
-            .contains(&crate::world::Violation::ExecutedWithoutClaim(RunId(1))),
-        "{:?}",
-        world.violations
-    );
+    assert_eq!(Mutant::ALL.len(), 10);
+    assert!("Bare".parse::<Mutant>().is_err());
 }
 
+#[cfg(not(feature = "mutants"))]
 #[test]
-fn the_baseline_is_named_but_not_among_the_ten() {
-    assert_eq!("unguarded".parse::<Mutant>(), Ok(Mutant::Unguarded));
-    assert!(!Mutant::ALL.contains(&Mutant::Unguarded));
-    assert_eq!(Mutant::NAMED[..10], Mutant::ALL);
-    for m in Mutant::NAMED {
-        assert_eq!(m.name().parse::<Mutant>(), Ok(m));
-    }
-    assert!("Bare".parse::<Mutant>().is_err());
+fn a_build_without_mutants_names_none() {
+    assert!(Mutant::ALL.is_empty());
+    let err = "NoFence".parse::<Mutant>().expect_err("no mutants here");
+    assert!(err.to_string().contains("--features mutants"), "{err}");
 }

@@ -123,7 +123,6 @@ impl MetricsProbe {
             DeliveryEnd::Acked(AckReason::Duplicate),
             DeliveryEnd::Acked(AckReason::Exhausted),
             DeliveryEnd::Acked(AckReason::Quarantined),
-            DeliveryEnd::Acked(AckReason::Mutant),
             DeliveryEnd::LeftPending(PendingReason::Unavailable),
         ];
         let deliveries = ends

@@ -39,10 +39,10 @@ struct Args {
     /// Skip the second drain with --batch-max 1.
     #[arg(long)]
     no_unbatched: bool,
-    /// A `pelican` built with the `mutants` feature: also drain with the
-    /// baseline protocol (`--mutant Unguarded`), to price the guarantees.
-    #[arg(long, value_name = "PATH")]
-    baseline_bin: Option<std::path::PathBuf>,
+    /// Skip the baseline's drains (the least protocol that still drains,
+    /// which prices the guarantees).
+    #[arg(long)]
+    no_baseline: bool,
     /// Pairs of drains (shipped, baseline) behind the cost of the
     /// guarantees; their medians are compared.
     #[arg(long, default_value_t = BenchPlan::default().cost_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -70,13 +70,6 @@ fn parse(what: &str, text: Option<&str>) -> Result<Value, String> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    if let Some(bin) = a.baseline_bin.as_ref().filter(|b| !b.is_file()) {
-        eprintln!(
-            "pelican-bench: --baseline-bin {} is not a file",
-            bin.display()
-        );
-        return ExitCode::from(2);
-    }
     let (model, sim) = match (
         parse("model", a.model_json.as_deref()),
         parse("sim", a.sim_json.as_deref()),
@@ -97,7 +90,7 @@ fn main() -> ExitCode {
         reclaim_min_idle_ms: a.reclaim_min_idle_ms,
         batch_max: a.batch_max,
         compare_unbatched: !a.no_unbatched,
-        baseline_bin: a.baseline_bin.clone(),
+        baseline: !a.no_baseline,
         cost_rounds: a.cost_rounds,
         ..BenchPlan::default()
     };
@@ -171,7 +164,7 @@ fn main() -> ExitCode {
         live["live_jobs_per_s_unbatched"].to_string()
     );
     eprintln!(
-        "  {:<22} {:>14}   (the least protocol that still drains: --mutant Unguarded)",
+        "  {:<22} {:>14}   (the least protocol that still drains: tests/src/bench/baseline.rs)",
         "live_jobs_unguarded",
         live["live_jobs_per_s_unguarded"].to_string()
     );

@@ -16,11 +16,10 @@
 //!   time is from the kill until the poll sees it succeeded (another
 //!   worker reclaims and re-runs it). Lease 2 s, heartbeat 400 ms.
 //! * **The cost of the guarantees**: the same drain (same submission,
-//!   workers, batching and flags) with the least protocol that still
-//!   drains the queue — the `Unguarded` baseline of a `pelican` built with
-//!   the `mutants` feature: read the run, run the job, write the outcome
-//!   unfenced, acknowledge; no fenced claim, attempt record, lease or
-//!   heartbeat. The shipped protocol's drain against it prices fencing,
+//!   in-flight depth and batch size) with the least protocol that still
+//!   drains the queue ([`baseline`]): read the run, run the job, write the
+//!   outcome unfenced, acknowledge; no fenced claim, attempt record, lease
+//!   or heartbeat. The shipped protocol's drain against it prices fencing,
 //!   attempts and leases. Heartbeats cost a no-op drain nothing either way:
 //!   no job outlives the first heartbeat tick.
 //!
@@ -34,7 +33,8 @@ use pelican_real::live::{PgDb, RedisStream, StreamNames};
 use pelican_real::{Config, Io, NoProbe};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+
+pub mod baseline;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,10 +74,8 @@ pub struct BenchPlan {
     /// Also drain with `--batch-max 1` (every claim and completion on its
     /// own), to show what batching buys.
     pub compare_unbatched: bool,
-    /// A `pelican` built with the `mutants` feature: when set, the drain
-    /// also runs with the benchmarks' baseline protocol (`--mutant
-    /// Unguarded`), to price the guarantees.
-    pub baseline_bin: Option<PathBuf>,
+    /// Also drain with the [`baseline`], to price the guarantees.
+    pub baseline: bool,
     /// Pairs of drains (shipped, then baseline) behind the cost of the
     /// guarantees; the first pair's shipped drain is the headline drain.
     /// Their medians are compared.
@@ -97,7 +95,7 @@ impl Default for BenchPlan {
             reclaim_min_idle_ms: 500,
             batch_max: 512,
             compare_unbatched: true,
-            baseline_bin: None,
+            baseline: false,
             cost_rounds: 2,
         }
     }
@@ -121,7 +119,7 @@ pub struct LiveFigures {
     /// The shipped protocol's drains of the cost comparison, jobs/s (the
     /// first is the headline drain).
     pub shipped_drains: Vec<f64>,
-    /// The baseline protocol's drains (`Unguarded`), jobs/s.
+    /// The [`baseline`]'s drains, jobs/s.
     pub unguarded_drains: Vec<f64>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
@@ -317,21 +315,21 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     // Drain, batched as shipped; then the baseline protocol, in pairs with
     // the shipped one; then each claim and completion on its own.
     let jobs = f64::from(plan.drain_jobs);
-    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max, None);
+    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max, false);
     figures.drain_jobs = u64::from(plan.drain_jobs);
     figures.submit_seconds = submit_s;
     figures.submit_per_s = jobs / submit_s;
     figures.drain_seconds = drain_s;
     figures.jobs_per_s = jobs / drain_s;
-    if let Some(baseline) = &plan.baseline_bin {
+    if plan.baseline {
         for round in 0..plan.cost_rounds.max(1) {
             // The first round's shipped drain is the headline drain.
             let shipped = match round {
                 0 => figures.jobs_per_s,
-                _ => jobs / drain(&rt, &cluster, plan, plan.batch_max, None).1,
+                _ => jobs / drain(&rt, &cluster, plan, plan.batch_max, false).1,
             };
             figures.shipped_drains.push(shipped);
-            let (_, s) = drain(&rt, &cluster, plan, plan.batch_max, Some(baseline));
+            let (_, s) = drain(&rt, &cluster, plan, plan.batch_max, true);
             figures.unguarded_drains.push(jobs / s);
         }
         eprintln!(
@@ -342,7 +340,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         );
     }
     if plan.compare_unbatched {
-        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1, None);
+        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1, false);
         figures.unbatched_jobs_per_s = Some(jobs / unbatched_s);
     }
 
@@ -417,21 +415,19 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
 
 /// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
 /// `--batch-max batch_max`) and waits until every run has its outcome and
-/// the PEL is empty. `baseline`: the workers are that binary, running the
-/// baseline protocol (`--mutant Unguarded`). Returns the seconds of the
-/// submission and of the drain.
+/// the PEL is empty. `baseline`: the [`baseline`] drains instead of
+/// `pelican worker`s. Returns the seconds of the submission and of the
+/// drain.
 fn drain(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
     plan: &BenchPlan,
     batch_max: u32,
-    baseline: Option<&Path>,
+    baseline: bool,
 ) -> (f64, f64) {
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
-    let mutant = baseline.map(|_| "Unguarded");
-    let mut env = Env::with_database(url, Some(db), mutant);
-    env.bin = baseline.map(Path::to_path_buf);
+    let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
     let io = Arc::new(rt.block_on(clients(&env, 16)));
     eprintln!(
@@ -464,14 +460,25 @@ fn drain(
         "bench: submitted in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}",
         f64::from(plan.drain_jobs) / submit,
         plan.workers,
-        if baseline.is_some() {
-            "the baseline protocol (Unguarded)"
+        if baseline {
+            "the baseline"
         } else {
             "the shipped protocol"
         }
     );
     let t = Instant::now();
+    let _baseline = baseline.then(|| {
+        let redis_url = env.redis.url();
+        let to = baseline::Target {
+            redis_url: &redis_url,
+            stream: &format!("{}:jobs", env.stream),
+            group: "pelican",
+            database_url: &env.database_url,
+        };
+        baseline::start(rt, &to, plan.in_flight * plan.workers, batch_max)
+    });
     let workers: Vec<Proc> = (1..=plan.workers)
+        .filter(|_| !baseline)
         .map(|w| {
             start_worker(
                 &mut env,
