@@ -11,8 +11,9 @@
 //! recorded in [`World::violations`]; [`crate::invariants`] checks the rest
 //! over the state.
 
-use crate::db::Db;
-use crate::ids::{EntryId, Fence, RunId, WorkerId};
+use crate::db::{Claimed, Db, RunRow};
+use crate::ids::{AttemptNo, EntryId, Fence, RunId, WorkerId};
+use crate::invariants::Guarantee;
 use crate::protocol::{DbOp, DbReply, DeadEntry, JobEntry, StreamOp, StreamReply};
 use crate::status::RunStatus;
 use crate::stream::{AddId, Stream, StreamError};
@@ -178,16 +179,16 @@ pub enum Violation {
 }
 
 impl Violation {
-    /// The guarantee it breaks ("S2", ...).
+    /// The guarantee it breaks.
     #[must_use]
-    pub fn guarantee(&self) -> &'static str {
+    pub fn guarantee(&self) -> Guarantee {
         match self {
-            Violation::TerminalChanged(_) | Violation::ExecutedWithoutClaim(_) => "S2",
-            Violation::StaleWriteAccepted(_) | Violation::FenceNotIncreasing(_) => "S3",
-            Violation::AckBeforeDurable(_) => "S4",
-            Violation::EffectTwice(..) => "S5",
-            Violation::CancelledRevived(_) => "S7",
-            Violation::TrimmedDropped(_) => "S8",
+            Violation::TerminalChanged(_) | Violation::ExecutedWithoutClaim(_) => Guarantee::S2,
+            Violation::StaleWriteAccepted(_) | Violation::FenceNotIncreasing(_) => Guarantee::S3,
+            Violation::AckBeforeDurable(_) => Guarantee::S4,
+            Violation::EffectTwice(..) => Guarantee::S5,
+            Violation::CancelledRevived(_) => Guarantee::S7,
+            Violation::TrimmedDropped(_) => Guarantee::S8,
         }
     }
 }
@@ -228,7 +229,9 @@ impl World {
     /// Executes a SQL statement, checking S2, S3, S7 at this step.
     pub fn db(&mut self, op: &DbOp, by: Issuer) -> DbReply {
         let target = match op {
-            DbOp::Claim { run, .. } | DbOp::ClaimReviving { run, .. } => Some(*run),
+            DbOp::Claim { run, .. } => Some(*run),
+            #[cfg(feature = "mutants")]
+            DbOp::ClaimReviving { run, .. } => Some(*run),
             _ => op.fenced_write().map(|(run, _)| run),
         };
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
@@ -255,7 +258,7 @@ impl World {
                 self.violations.insert(Violation::TerminalChanged(run));
             }
         }
-        match (&reply, before) {
+        match (&reply, &before) {
             (DbReply::Claimed(Some(c)), Some(before)) => {
                 if c.claimed.fence <= before.active_fence {
                     self.violations
@@ -265,13 +268,40 @@ impl World {
                     self.violations
                         .insert(Violation::CancelledRevived(before.run_id));
                 }
+                self.debug_assert_claimed(op, before, c.claimed);
             }
-            (DbReply::Rows(n), Some(before)) if *n > 0 => {
+            (DbReply::Claimed(None), _) => {
+                debug_assert_eq!(
+                    target.and_then(|run| self.db.runs.get(&run)),
+                    before.as_ref(),
+                    "a refused claim changes nothing"
+                );
+            }
+            (DbReply::Rows(n), Some(before)) => {
                 if let Some((run, fence)) = op.fenced_write() {
-                    if by.own_fence != Some(fence) {
-                        self.violations.insert(Violation::StaleWriteAccepted(run));
+                    if *n > 0 {
+                        if by.own_fence != Some(fence) {
+                            self.violations.insert(Violation::StaleWriteAccepted(run));
+                        }
+                        debug_assert_eq!(
+                            before.active_fence, fence,
+                            "the statement checks the fence"
+                        );
+                        debug_assert_eq!(
+                            before.status,
+                            RunStatus::Running,
+                            "a fenced write lands only on a running run"
+                        );
+                        debug_assert_eq!(
+                            self.db.runs[&run].active_fence, fence,
+                            "a fenced write keeps the fence"
+                        );
+                    } else {
+                        debug_assert_eq!(
+                            &self.db.runs[&run], before,
+                            "a refused fenced write changes nothing"
+                        );
                     }
-                    debug_assert_eq!(before.active_fence, fence, "the statement checks the fence");
                 }
             }
             _ => {}
@@ -282,6 +312,48 @@ impl World {
             owed.remove(entry);
         }
         reply
+    }
+
+    /// The claim statement's postconditions, for claim `op` granted
+    /// `claimed` on a run that was `before`: the run is running under the
+    /// new fence, larger than every earlier one, with a lease from the
+    /// claim's time on; its new attempt is the next one, within the run's
+    /// bound, and holds that fence with no outcome yet.
+    fn debug_assert_claimed(&self, op: &DbOp, before: &RunRow, claimed: Claimed) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let at = match op {
+            DbOp::Claim { now, .. } => Some(*now),
+            #[cfg(feature = "mutants")]
+            DbOp::ClaimReviving { now, .. } => Some(*now),
+            _ => None,
+        };
+        let r = &self.db.runs[&before.run_id];
+        debug_assert!(
+            claimed.fence > before.active_fence,
+            "a claim increases the fence"
+        );
+        debug_assert_eq!(r.status, RunStatus::Running, "a claimed run is running");
+        debug_assert_eq!(r.active_fence, claimed.fence, "under the claimed fence");
+        debug_assert!(
+            r.lease_until.is_some_and(|l| at.is_none_or(|at| l >= at)),
+            "a claimed run holds a lease from the claim on: {:?}",
+            r.lease_until
+        );
+        debug_assert!(
+            claimed.attempt == AttemptNo(before.attempts + 1)
+                && claimed.attempt == AttemptNo(r.attempts)
+                && r.attempts <= r.attempts_max,
+            "a claim starts the next attempt, within the bound: {claimed:?} of {r:?}"
+        );
+        debug_assert!(
+            self.db
+                .attempts
+                .get(&(r.run_id, claimed.attempt))
+                .is_some_and(|a| a.fence == claimed.fence && a.outcome.is_none()),
+            "the new attempt holds the claimed fence, with no outcome yet"
+        );
     }
 
     /// Executes a stream command, checking S4 at acknowledgements.
@@ -295,6 +367,22 @@ impl World {
         }
         let reply = self.redis.execute(op);
         match (op, &reply) {
+            (StreamOp::Ack { ids }, Ok(StreamReply::Acked(n))) => {
+                debug_assert!(
+                    ids.iter().all(|id| self.redis.jobs.pending(*id).is_none()),
+                    "XACK removes every ID it names from the PEL"
+                );
+                debug_assert!(*n <= ids.len() as u64, "XACK counts only IDs it named");
+            }
+            (StreamOp::Touch { consumer, id, .. }, Ok(StreamReply::Touched(true))) => {
+                debug_assert!(
+                    self.redis
+                        .jobs
+                        .pending(*id)
+                        .is_some_and(|p| p.consumer == *consumer),
+                    "a touched entry is pending for the toucher"
+                );
+            }
             (StreamOp::Publish { entry, .. }, Ok(StreamReply::Added(id))) => {
                 self.entries.insert(*id, entry.clone());
             }
@@ -307,7 +395,21 @@ impl World {
             ) => {
                 self.quarantined.insert(*source);
             }
-            (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r))) => {
+            (StreamOp::AutoClaim { consumer, .. }, Ok(StreamReply::AutoClaimed(r))) => {
+                debug_assert!(
+                    r.claimed.iter().all(|(id, _)| self
+                        .redis
+                        .jobs
+                        .pending(*id)
+                        .is_some_and(|p| p.consumer == *consumer)),
+                    "XAUTOCLAIM hands each entry it claims to the claimer"
+                );
+                debug_assert!(
+                    r.deleted
+                        .iter()
+                        .all(|id| self.redis.jobs.pending(*id).is_none()),
+                    "XAUTOCLAIM drops the deleted IDs it reports from the PEL"
+                );
                 if let Some(w) = by.worker {
                     self.trimmed_owed
                         .entry(w)
@@ -374,7 +476,7 @@ impl World {
             && self
                 .db
                 .attempts
-                .range((run, crate::ids::AttemptNo(0))..=(run, crate::ids::AttemptNo(u32::MAX)))
+                .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
                 .any(|(_, a)| a.fence == fence);
         if !claimed {
             self.violations.insert(Violation::ExecutedWithoutClaim(run));

@@ -30,7 +30,7 @@ pub mod trace;
 
 pub use scenario::{FaultMix, Scenario};
 #[cfg(madsim)]
-pub use seed::{SeedOutcome, run_seed};
+pub use seed::{Failure, SeedOutcome, run_seed};
 
 /// Silences the panic messages of jobs of kind `panic`, which panic on
 /// purpose (the driver catches them and records a `Panic` failure); every

@@ -235,11 +235,7 @@ mod cli {
     }
 
     fn describe(outcome: &SeedOutcome) -> Vec<String> {
-        outcome
-            .broken
-            .iter()
-            .map(|b| format!("{} {}", b.guarantee, b.detail))
-            .collect()
+        outcome.broken.iter().map(ToString::to_string).collect()
     }
 
     /// Re-runs a failing seed with its log and writes its trace.
@@ -383,7 +379,7 @@ mod cli {
         let mut report = serde_json::Map::new();
         let mut caught_all = true;
         let mut ran = 0u64;
-        for m in Mutant::ALL {
+        for &m in Mutant::ALL {
             let pb = bar(seeds.end - seeds.start, m.name());
             let mut first: Option<SeedOutcome> = None;
             run_parallel(seeds.clone(), sc, Some(m), threads, true, |o| {

@@ -20,13 +20,36 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Why a seed failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A guarantee was broken.
+    Broken(Broken),
+    /// The simulation panicked (with this message).
+    Panicked(String),
+    /// Liveness: the seed did not settle within the heal bound (what was
+    /// still open).
+    Unsettled(String),
+}
+
+/// "S4 AckBeforeDurable(..)", "panic ...", "liveness ...".
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Broken(b) => b.fmt(f),
+            Failure::Panicked(text) => write!(f, "panic {text}"),
+            Failure::Unsettled(text) => write!(f, "liveness {text}"),
+        }
+    }
+}
+
 /// What one seed did.
 #[derive(Clone, Debug)]
 pub struct SeedOutcome {
     /// The seed.
     pub seed: u64,
-    /// The guarantees it broke (empty: it passed).
-    pub broken: Vec<Broken>,
+    /// Why it failed (empty: it passed).
+    pub broken: Vec<Failure>,
     /// Event counters.
     pub counters: BTreeMap<String, u64>,
     /// Hash of every event, for determinism checks.
@@ -76,10 +99,7 @@ pub fn run_seed(
                 .unwrap_or_else(|| "non-string panic".to_owned());
             SeedOutcome {
                 seed,
-                broken: vec![Broken {
-                    guarantee: "panic",
-                    detail: text,
-                }],
+                broken: vec![Failure::Panicked(text)],
                 counters: BTreeMap::new(),
                 digest: 0,
                 log: None,
@@ -134,7 +154,7 @@ async fn io_for(
     let mut config = scenario.driver.clone();
     config.policy.mutant = mutant;
     let batch_max = config.in_flight_max;
-    let timeout = std::time::Duration::from_millis(config.call_timeout_ms);
+    let timeout = Duration::from_millis(config.call_timeout_ms);
     let io = Io {
         stream: Batching::stream(client.clone(), batch_max, timeout),
         db: Batching::db(client.clone(), batch_max, timeout),
@@ -418,21 +438,16 @@ async fn simulate(
         }
     }
     let mut o = lock(&oracle);
-    let mut broken = o.broken.clone();
+    let mut broken: Vec<Failure> = o.broken.iter().cloned().map(Failure::Broken).collect();
     if broken.is_empty() {
-        if settled {
-            broken = o.final_check();
-        } else {
-            broken.push(Broken {
-                guarantee: "liveness",
-                detail: unsettled(&o, scenario.heal_bound_ms),
-            });
-            broken.extend(o.final_check());
+        if !settled {
+            broken.push(Failure::Unsettled(unsettled(&o, scenario.heal_bound_ms)));
         }
+        broken.extend(o.final_check().into_iter().map(Failure::Broken));
         if !broken.is_empty() {
             let text = broken
                 .iter()
-                .map(|b| format!("{} {}", b.guarantee, b.detail))
+                .map(Failure::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
             o.note("oracle", format!("final check: {text}"));

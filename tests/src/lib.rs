@@ -12,9 +12,8 @@
 //! `.ci/run` installs and starts the services.
 
 use pelican_model::ids::{EntryId, RunId};
-pub use pelican_model::invariants::Broken;
+pub use pelican_model::invariants::{Broken, Guarantee};
 use pelican_model::protocol::{Policy, SubmitterEnd};
-use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
 use pelican_model::world::World;
 use pelican_model::{Db, invariants};
 use pelican_real::live::{PgDb, RedisStream, StreamNames};
@@ -398,6 +397,25 @@ pub fn take_traces() -> Vec<PathBuf> {
     TRACES.with(|t| std::mem::take(&mut *t.borrow_mut()))
 }
 
+/// What [`Env::audit`] finds wrong on a live state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// A guarantee was broken.
+    Broken(Broken),
+    /// A process's protocol trace does not conform to the model.
+    Nonconforming(String),
+}
+
+/// "S1 run-3 is stuck queued (dispatch 1)", "trace ... does not conform".
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Finding::Broken(b) => b.fmt(f),
+            Finding::Nonconforming(detail) => write!(f, "trace {detail}"),
+        }
+    }
+}
+
 /// One test's world: its Redis, its database, its stream names.
 pub struct Env {
     /// Redis.
@@ -758,100 +776,71 @@ impl Env {
     }
 
     /// The guarantees on the final state (after [`Env::settle`]), as a list
-    /// of what is broken (empty when everything holds): S1 every accepted run
-    /// terminal; S2 a succeeded run has exactly one succeeded attempt; S3 no
-    /// stale write left its mark (see [`stale_write_evidence`]); S5 each side
-    /// effect of a succeeded run requested under one key only, and applied;
-    /// S6 the state invariants (attempts within bounds, dead runs have dead
-    /// letters); S9 the PEL empty; S10 each entry in `malformed` quarantined
-    /// on the dead-letter stream; and every process's protocol trace
-    /// conforms to the model ("trace").
+    /// of what is wrong (empty when everything holds): the state guarantees
+    /// ([`invariants::state`]: S6 and the like); S1 every accepted run
+    /// terminal ([`invariants::terminal_row`]); what every level checks of
+    /// the final database ([`invariants::outcomes`]: S2 a succeeded run has
+    /// exactly one succeeded attempt, S3 no stale write left its mark in the
+    /// rows, S5 each side effect of a succeeded run requested under one key,
+    /// S6 attempts within bounds and dead runs exactly those with dead
+    /// letters); S9 the PEL empty; S3 no stale write in the processes'
+    /// traces ([`stale_writes_in_traces`]); S10 each entry in `malformed`
+    /// quarantined on the dead-letter stream; and every process's protocol
+    /// trace conforms to the model.
     #[must_use]
-    pub fn audit(&self, malformed: &[EntryId]) -> Vec<Broken> {
-        let db = self.db();
-        let mut broken = Vec::new();
-        let mut push = |guarantee: &'static str, detail: String| {
-            broken.push(Broken { guarantee, detail });
-        };
+    pub fn audit(&self, malformed: &[EntryId]) -> Vec<Finding> {
         let world = World {
-            db: db.clone(),
+            db: self.db(),
             accepted: self.accepted.clone(),
             ..World::default()
         };
+        let db = &world.db;
         let policy = Policy {
             attempts_max: u32::MAX,
             ..Policy::default()
         };
-        for b in invariants::state(&world, &policy) {
-            push(b.guarantee, b.detail);
-        }
-        for run in &self.accepted {
-            let Some(r) = db.runs.get(run) else {
-                push("S1", format!("{run} has no row"));
-                continue;
-            };
-            if !r.status.is_terminal() {
-                push("S1", format!("{run} is {}", r.status));
-            }
-            if r.attempts > r.attempts_max {
-                push(
-                    "S6",
-                    format!("{run} ran {} of {} attempts", r.attempts, r.attempts_max),
-                );
-            }
-        }
-        for (run, r) in &db.runs {
-            let succeeded = db
-                .read_attempts(*run)
+        let effects = |run: RunId| self.effects.get(&run).copied().unwrap_or(0);
+        let mut broken = invariants::state(&world, &policy);
+        broken.extend(
+            self.accepted
                 .iter()
-                .filter(|(_, a)| a.outcome == Some(AttemptOutcome::Succeeded))
-                .count();
-            let want = usize::from(r.status == RunStatus::Succeeded);
-            if succeeded != want {
-                push(
-                    "S2",
-                    format!("{run} is {} with {succeeded} succeeded attempts", r.status),
-                );
-            }
-            if let Some(e) = stale_write_evidence(&db, *run) {
-                push("S3", e);
-            }
-            if r.status == RunStatus::Succeeded {
-                for call in 0..self.effects.get(run).copied().unwrap_or(0) {
-                    let keys = effect_keys(&db, *run, call);
-                    if keys.len() != 1 {
-                        push(
-                            "S5",
-                            format!(
-                                "effect {run}/{call} applied under {} keys: {keys:?}",
-                                keys.len()
-                            ),
-                        );
-                    }
-                }
-            }
-        }
+                .filter_map(|run| invariants::terminal_row(db, *run).err()),
+        );
+        broken.extend(invariants::outcomes(db, &effects));
         let pel = self.pel_len();
         if pel != 0 {
-            push("S9", format!("{pel} deliveries left pending"));
+            broken.push(Broken {
+                guarantee: Guarantee::S9,
+                detail: format!("{pel} deliveries left pending"),
+            });
         }
         // A process that had not started yet wrote no trace.
         let traces: Vec<PathBuf> = self.traces.iter().filter(|t| t.exists()).cloned().collect();
-        for stale in stale_writes_in_traces(&traces) {
-            push("S3", stale);
-        }
-        for t in &traces {
-            if let Err(r) = pelican_real::trace::check_file(t) {
-                push("trace", format!("{} does not conform: {r}", t.display()));
-            }
+        for detail in stale_writes_in_traces(&traces) {
+            broken.push(Broken {
+                guarantee: Guarantee::S3,
+                detail,
+            });
         }
         let quarantined = self.quarantined();
         for id in malformed {
             if !quarantined.contains(id) {
-                push("S10", format!("malformed entry {id} was not quarantined"));
+                broken.push(Broken {
+                    guarantee: Guarantee::S10,
+                    detail: format!("malformed entry {id} was not quarantined"),
+                });
             }
         }
-        broken
+        let mut found: Vec<Finding> = broken.into_iter().map(Finding::Broken).collect();
+        for t in &traces {
+            if let Err(r) = pelican_real::trace::check_file(t) {
+                found.push(Finding::Nonconforming(format!(
+                    "{} does not conform: {r}",
+                    t.display()
+                )));
+            }
+        }
+        found
     }
 
     /// [`Env::audit`], asserted: the end of every live scenario.
@@ -859,13 +848,13 @@ impl Env {
     /// # Panics
     /// Listing every guarantee broken, with the process logs.
     pub fn check(&self, malformed: &[EntryId]) -> Db {
-        let broken = self.audit(malformed);
+        let found = self.audit(malformed);
         assert!(
-            broken.is_empty(),
+            found.is_empty(),
             "guarantees broken:\n  {}\nlogs: {:?}",
-            broken
+            found
                 .iter()
-                .map(|b| format!("{} {}", b.guarantee, b.detail))
+                .map(Finding::to_string)
                 .collect::<Vec<_>>()
                 .join("\n  "),
             self.procs
@@ -1095,59 +1084,6 @@ pub async fn submit_new(io: &Io<RedisStream, PgDb, NoProbe>, kind: &str, input: 
 pub fn round(x: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (x * f).round() / f
-}
-
-/// The keys under which `run`'s tool call `call` was requested
-/// (`run/call`, or `run/call/…` for a key with a per-attempt suffix, which
-/// is how a job without idempotency keys would show).
-#[must_use]
-pub fn effect_keys(db: &Db, run: RunId, call: u32) -> Vec<String> {
-    let prefix = format!("{run}/{call}");
-    db.effects
-        .keys()
-        .filter(|k| **k == prefix || k.starts_with(&format!("{prefix}/")))
-        .cloned()
-        .collect()
-}
-
-/// What a stale write accepted by Postgres leaves behind in the final state
-/// of one run, if anything: the attempt rows tell which fence wrote last.
-/// A fenced protocol records an outcome only for the run's active attempt,
-/// and claims a new attempt only while the run is not terminal, so:
-/// a succeeded or terminally failed attempt is the run's last one; a
-/// succeeded run's last attempt succeeded; a failed run's last attempt
-/// failed. (A stale retryable failure written between two
-/// claims leaves no trace in the rows; the worker traces and the simulator
-/// catch that one.)
-#[must_use]
-pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
-    let r = db.runs.get(&run)?;
-    let attempts = db.read_attempts(run);
-    let last = attempts.last().map(|(n, _)| *n);
-    for (n, a) in &attempts {
-        let ends = matches!(
-            a.outcome,
-            Some(AttemptOutcome::Succeeded | AttemptOutcome::Failed(ErrorClass::Terminal))
-        );
-        if ends && Some(*n) != last {
-            return Some(format!(
-                "{run}: attempt {n:?} (fence {:?}) ended the run but a later attempt exists",
-                a.fence
-            ));
-        }
-    }
-    let last_outcome = attempts.last().and_then(|(_, a)| a.outcome);
-    let consistent = match r.status {
-        RunStatus::Succeeded => last_outcome == Some(AttemptOutcome::Succeeded),
-        RunStatus::Failed => matches!(last_outcome, Some(AttemptOutcome::Failed(_))),
-        _ => true,
-    };
-    (!consistent).then(|| {
-        format!(
-            "{run} is {} but its last attempt's outcome is {last_outcome:?}",
-            r.status
-        )
-    })
 }
 
 /// Stale writes Postgres accepted, read off the processes' protocol traces:

@@ -23,9 +23,15 @@
 //!
 //! ## Properties
 //!
-//! `always` properties for S2–S8 and S10 hold in every state; S1 and S9 are
-//! checked in every final state (no action enabled: faults spent, every role
-//! idle). `sometimes` properties show the interesting paths are reached.
+//! One `always` property per [`Guarantee`], named by
+//! [`Guarantee::property_name`] ("S1 nothing lost", ...): it fails in a
+//! state that breaks the guarantee ([`invariants::state`]: S2–S8) or, in a
+//! final state (no action enabled: faults spent, every role idle), that
+//! breaks it at rest ([`invariants::quiescent`]: S1, S5, S9, S10).
+//! `sometimes` properties show the interesting paths are reached.
+//!
+//! [`invariants::state`]: pelican_model::invariants::state
+//! [`invariants::quiescent`]: pelican_model::invariants::quiescent
 
 #![warn(missing_docs)]
 
@@ -35,6 +41,7 @@ pub mod state;
 pub mod timeline;
 
 pub use config::Config;
+use pelican_model::invariants::Guarantee;
 use pelican_model::status::RunStatus;
 use pelican_model::time::Timestamp;
 use state::{Action, State};
@@ -62,28 +69,40 @@ impl PelicanModel {
         s.derived(&self.cfg).is_final
     }
 
-    fn broken(&self, s: &State, guarantee: &str) -> bool {
-        s.derived(&self.cfg).broken & state::guarantee_bit(guarantee) != 0
+    /// Whether `g` holds in `s`: broken neither in this state nor, if it is
+    /// final, at rest (see "Properties" above).
+    fn holds(&self, s: &State, g: Guarantee) -> bool {
+        let d = s.derived(&self.cfg);
+        let bit = state::guarantee_bit(g);
+        (d.broken | d.broken_at_rest) & bit == 0
     }
 
-    fn broken_at_rest(&self, s: &State, guarantee: &str) -> bool {
-        s.derived(&self.cfg).broken_at_rest & state::guarantee_bit(guarantee) != 0
-    }
-
-    /// The names of the `always` properties, in order.
-    pub const ALWAYS: [&'static str; 10] = [
-        "S1 nothing lost",
-        "S2 one outcome",
-        "S3 fencing",
-        "S4 ack after durable",
-        "S5 effects once",
-        "S6 bounded retries",
-        "S7 cancellation",
-        "S8 trimmed entries",
-        "S9 no PEL leak",
-        "S10 bad input",
-    ];
+    /// The names of the `always` properties, in order: one per guarantee.
+    pub const ALWAYS: [&'static str; Guarantee::ALL.len()] = {
+        let mut names = [""; Guarantee::ALL.len()];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = Guarantee::ALL[i].property_name();
+            i += 1;
+        }
+        names
+    };
 }
+
+/// The condition of the `always` property of `Guarantee::ALL[I]`.
+/// (Stateright takes a condition as a `fn` pointer, which cannot capture
+/// the guarantee: hence one instance per index.)
+fn holds<const I: usize>(m: &PelicanModel, s: &State) -> bool {
+    m.holds(s, Guarantee::ALL[I])
+}
+
+/// The conditions of the `always` properties, in the order of
+/// [`Guarantee::ALL`] (a new guarantee makes this table one short: add
+/// its index).
+const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
+    holds::<0>, holds::<1>, holds::<2>, holds::<3>, holds::<4>, holds::<5>, holds::<6>, holds::<7>,
+    holds::<8>, holds::<9>,
+];
 
 /// Whether some run has consecutive attempts whose dispatches satisfy
 /// `pred(earlier, later)` (they are neighbours in the key order).
@@ -123,19 +142,12 @@ impl Model for PelicanModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("S1 nothing lost", |m, s| !m.broken_at_rest(s, "S1")),
-            Property::always("S2 one outcome", |m, s| !m.broken(s, "S2")),
-            Property::always("S3 fencing", |m, s| !m.broken(s, "S3")),
-            Property::always("S4 ack after durable", |m, s| !m.broken(s, "S4")),
-            Property::always("S5 effects once", |m: &PelicanModel, s: &State| {
-                !m.broken(s, "S5") && !m.broken_at_rest(s, "S5")
-            }),
-            Property::always("S6 bounded retries", |m, s| !m.broken(s, "S6")),
-            Property::always("S7 cancellation", |m, s| !m.broken(s, "S7")),
-            Property::always("S8 trimmed entries", |m, s| !m.broken(s, "S8")),
-            Property::always("S9 no PEL leak", |m, s| !m.broken_at_rest(s, "S9")),
-            Property::always("S10 bad input", |m, s| !m.broken_at_rest(s, "S10")),
+        let mut properties: Vec<Property<Self>> = Guarantee::ALL
+            .into_iter()
+            .zip(HOLDS)
+            .map(|(g, holds)| Property::always(g.property_name(), holds))
+            .collect();
+        properties.extend([
             Property::sometimes("reclaim takes over a stalled attempt", |_, s: &State| {
                 attempts_pair(s, |prev, next| prev == next)
             }),
@@ -183,7 +195,8 @@ impl Model for PelicanModel {
             Property::sometimes("malformed entry quarantined", |_, s: &State| {
                 !s.world.quarantined.is_empty()
             }),
-        ]
+        ]);
+        properties
     }
 }
 

@@ -27,7 +27,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             timeout: None,
             stop_at_failure: false,
             progress: None,

@@ -5,6 +5,7 @@ use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::db::Candidate;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
+use pelican_model::invariants::Guarantee;
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Maintenance, MaintenanceTask, Reclaimer,
     ReclaimerEvent, StreamOp, StreamReply, Submitter, still_deliverable,
@@ -252,15 +253,23 @@ pub struct Derived {
     pub broken_at_rest: u16,
 }
 
-/// Bit `n` for guarantee "S`n`".
+/// Bit `n` for guarantee S`n`.
 #[must_use]
-pub fn guarantee_bit(g: &str) -> u16 {
-    match g.as_bytes() {
-        [b'S', d @ b'1'..=b'9'] => 1 << (d - b'0'),
-        b"S10" => 1 << 10,
-        _ => panic!("guarantees are named S1..S10, not {g:?}"),
-    }
+pub fn guarantee_bit(g: Guarantee) -> u16 {
+    1 << g.number()
 }
+
+// Every guarantee has its bit in a `u16`.
+const _: () = {
+    let mut i = 0;
+    while i < Guarantee::ALL.len() {
+        assert!(
+            Guarantee::ALL[i].number() < 16,
+            "one bit per guarantee in a u16"
+        );
+        i += 1;
+    }
+};
 
 /// A step of the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -548,8 +557,7 @@ impl State {
                 .values()
                 .any(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= NOW)),
             MaintenanceTask::Outbox => {
-                !cfg.policy
-                    .is(pelican_model::protocol::Mutant::NoPublishRecovery)
+                !pelican_model::injects!(cfg.policy, NoPublishRecovery)
                     && !db.unpublished(1).is_empty()
             }
             MaintenanceTask::Sweep => db
@@ -788,7 +796,7 @@ impl State {
     fn observe(&mut self, op: &DbOp, reply: &DbReply) {
         match (op, reply) {
             (DbOp::RequeueEntry { .. }, DbReply::Rows(n)) if *n > 0 => {
-                self.seen.trimmed_recovered = true
+                self.seen.trimmed_recovered = true;
             }
             (op, DbReply::Rows(0)) => {
                 if let Some((run, fence)) = op.fenced_write()
