@@ -140,9 +140,8 @@ async fn create_run(
     let Json(new) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
-    let run = match state.io.db.execute(&DbOp::NextRunId).await {
-        Ok(DbReply::NewRun(run)) => run,
-        _ => return Err(unavailable("Postgres")),
+    let Ok(DbReply::NewRun(run)) = state.io.db.execute(&DbOp::NextRunId).await else {
+        return Err(unavailable("Postgres"));
     };
     match submit(&state.io, run, &new.kind, &input).await {
         SubmitterEnd::Accepted { published } => {
@@ -177,9 +176,8 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
         }
         _ => return Err(unavailable("Postgres")),
     };
-    let attempts = match db.execute(&DbOp::ReadAttempts { run }).await {
-        Ok(DbReply::Attempts(a)) => a,
-        _ => return Err(unavailable("Postgres")),
+    let Ok(DbReply::Attempts(attempts)) = db.execute(&DbOp::ReadAttempts { run }).await else {
+        return Err(unavailable("Postgres"));
     };
     let as_json = |s: &str| serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s));
     Ok(json!({

@@ -1,9 +1,8 @@
-//! `pelican`: the worker, the API and the operator's commands, on live Redis
-//! Streams and PostgreSQL. `pelican --help` lists the commands; every flag
-//! has an environment variable.
+//! What each command does: connecting, the worker, the API and the
+//! operator's commands.
 
+use crate::cli::*;
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{DbOp, DbReply, Policy, SubmitterEnd};
 use pelican_real::jobs::Registry;
@@ -13,266 +12,17 @@ use pelican_real::live::{PgDb, PgTools, RedisStream, StreamNames};
 use pelican_real::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Durable jobs on Redis Streams with PostgreSQL as the source of truth.
-#[derive(Parser)]
-#[command(
-    name = "pelican",
-    version,
-    about = "Durable jobs on Redis Streams, with PostgreSQL as the source of truth"
-)]
-struct Cli {
-    #[command(flatten)]
-    conn: Connection,
-    /// Log format.
-    #[arg(
-        long,
-        env = "PELICAN_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    log_format: LogFormat,
-    /// Log level (error, warn, info, debug, trace).
-    #[arg(long, env = "PELICAN_LOG_LEVEL", default_value = "info", global = true)]
-    log_level: tracing::Level,
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Args)]
-struct Connection {
-    /// Redis URL.
-    #[arg(
-        long,
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        global = true
-    )]
-    redis_url: String,
-    /// PostgreSQL URL.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/pelican",
-        global = true
-    )]
-    database_url: String,
-    /// Stream key prefix: jobs go to `<prefix>:jobs`, dead-letter
-    /// notifications to `<prefix>:jobs:dead`.
-    #[arg(long, env = "PELICAN_STREAM", default_value = "pelican", global = true)]
-    stream: String,
-    /// Consumer group.
-    #[arg(long, env = "PELICAN_GROUP", default_value = "pelican", global = true)]
-    group: String,
-    /// How long any Redis or Postgres call may take before it counts as
-    /// unavailable.
-    #[arg(
-        long,
-        env = "PELICAN_CALL_TIMEOUT_MS",
-        default_value_t = 5_000,
-        global = true
-    )]
-    call_timeout_ms: u64,
-    /// Inject a protocol bug into every role this process runs (testing
-    /// only; exists only in builds with the `mutants` feature).
-    #[cfg(feature = "mutants")]
-    #[arg(long, env = "PELICAN_MUTANT", global = true)]
-    mutant: Option<String>,
-}
-
-impl Connection {
-    fn mutant(&self) -> Result<Option<pelican_model::protocol::Mutant>> {
-        #[cfg(feature = "mutants")]
-        return self
-            .mutant
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("{e}"));
-        #[cfg(not(feature = "mutants"))]
-        Ok(None)
-    }
-
-    /// The driver's defaults with this process's call timeout and mutant.
-    fn config(&self, attempts_max: u32) -> Result<Config> {
-        let mut config = Config::default();
-        config.policy.attempts_max = attempts_max;
-        config.policy.mutant = self.mutant()?;
-        config.call_timeout_ms = self.call_timeout_ms;
-        Ok(config)
-    }
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Create or update the schema in Postgres and the consumer group in Redis.
-    Migrate,
-    /// Serve the HTTP API.
-    Api(ApiArgs),
-    /// Run a worker.
-    Worker(WorkerArgs),
-    /// Submit a run (as `POST /runs` does) and print its id.
-    Submit {
-        /// The job kind.
-        kind: String,
-        /// The job input (JSON).
-        #[arg(default_value = "{}")]
-        input: String,
-        /// Attempts allowed.
-        #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
-        attempts_max: u32,
-    },
-    /// Show one run, or the queue's state when no run is given.
-    Status {
-        /// A run id.
-        run: Option<String>,
-    },
-    /// Cancel a run.
-    Cancel {
-        /// A run id.
-        run: String,
-    },
-    /// The dead-letter queue.
-    #[command(subcommand)]
-    Dlq(DlqCmd),
-    /// Protocol traces (`--trace-file` of `worker` and `api`).
-    #[command(subcommand)]
-    Trace(TraceCmd),
-}
-
-#[derive(Subcommand)]
-enum TraceCmd {
-    /// Replay traces through the protocol's state machines: each must
-    /// conform, or the first event the model does not allow is shown.
-    Check {
-        /// Trace files (JSON lines).
-        #[arg(required = true)]
-        files: Vec<std::path::PathBuf>,
-    },
-}
-
-#[derive(Subcommand)]
-enum DlqCmd {
-    /// List dead runs with their dead-letter records.
-    List {
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-    },
-    /// Run a dead run again, with more attempts (an explicit operator decision).
-    Requeue {
-        /// A run id.
-        run: String,
-        /// Attempts to allow from now on.
-        #[arg(long, default_value_t = 1)]
-        extra_attempts: u32,
-    },
-}
-
-#[derive(Args)]
-struct ApiArgs {
-    /// Address to listen on.
-    #[arg(long, env = "PELICAN_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// Bearer token required on mutating routes (unset: no auth; do not
-    /// expose such an API).
-    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
-    api_token: Option<String>,
-    /// Largest request body accepted.
-    #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
-    body_limit_bytes: usize,
-    /// Attempts each submitted run allows.
-    #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
-    attempts_max: u32,
-    /// Write a protocol trace (JSON lines) of the submissions here.
-    #[arg(long, env = "PELICAN_TRACE_FILE")]
-    trace_file: Option<std::path::PathBuf>,
-}
-
-#[derive(Args)]
-struct WorkerArgs {
-    /// This worker's number; its consumer name is `w<id>`. Give each
-    /// running worker its own (default: the process id).
-    #[arg(long, env = "PELICAN_WORKER_ID")]
-    id: Option<u32>,
-    /// Jobs run at once.
-    #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
-    in_flight_max: usize,
-    /// Claims (and completions, and reads) of up to this many deliveries go to
-    /// Postgres as one statement, and their acknowledgements to Redis as
-    /// one pipeline; 1 sends each on its own.
-    #[arg(long, env = "PELICAN_BATCH_MAX", default_value_t = 512,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    batch_max: u32,
-    /// How long a claim or heartbeat keeps a job's ownership.
-    #[arg(long, env = "PELICAN_LEASE_MS", default_value_t = 30_000)]
-    lease_ms: u64,
-    /// Heartbeat period (well below the lease).
-    #[arg(long, env = "PELICAN_HEARTBEAT_MS", default_value_t = 10_000)]
-    heartbeat_ms: u64,
-    /// Deliveries idle this long are reclaimed (XAUTOCLAIM min-idle-time).
-    #[arg(long, env = "PELICAN_RECLAIM_MIN_IDLE_MS", default_value_t = 60_000)]
-    reclaim_min_idle_ms: u64,
-    /// Reclaimer period.
-    #[arg(long, env = "PELICAN_RECLAIM_EVERY_MS", default_value_t = 5_000)]
-    reclaim_every_ms: u64,
-    /// First retry back-off.
-    #[arg(long, env = "PELICAN_BACKOFF_BASE_MS", default_value_t = 1_000)]
-    backoff_base_ms: u64,
-    /// Back-off cap.
-    #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
-    backoff_cap_ms: u64,
-    /// How long a published run may wait, or a lease stay expired, before
-    /// the sweeper checks its stream entry (the sweeper runs on the
-    /// maintenance pass closest to every quarter of this).
-    #[arg(long, env = "PELICAN_SWEEP_GRACE_MS", default_value_t = 120_000)]
-    sweep_grace_ms: u64,
-    /// Maintenance period (retries due, outbox, sweeper).
-    #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
-    maintenance_every_ms: u64,
-    /// How long an empty XREADGROUP blocks.
-    #[arg(long, env = "PELICAN_READ_BLOCK_MS", default_value_t = 1_000)]
-    read_block_ms: u64,
-    /// On SIGTERM, how long in-flight jobs may take to finish.
-    #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
-    shutdown_grace_ms: u64,
-    /// A job running longer fails retryably.
-    #[arg(long, env = "PELICAN_JOB_TIMEOUT_MS", default_value_t = 3_600_000)]
-    job_timeout_ms: u64,
-    /// Stream retention: delivered, acknowledged entries older than this are
-    /// trimmed by the maintenance pass (0: keep every entry).
-    #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
-    retention_ms: u64,
-    /// Do not run the retry scheduler, outbox and sweeper in this worker.
-    #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
-    no_maintenance: bool,
-    /// Serve this worker's Prometheus metrics here.
-    #[arg(long, env = "PELICAN_METRICS_LISTEN")]
-    metrics_listen: Option<SocketAddr>,
-    /// Write a protocol trace (JSON lines) here; `pelican trace check`
-    /// replays it through the protocol.
-    #[arg(long, env = "PELICAN_TRACE_FILE")]
-    trace_file: Option<std::path::PathBuf>,
-}
-
-struct OsEntropy;
+pub(crate) struct OsEntropy;
 impl Entropy for OsEntropy {
     fn next_u64(&self) -> u64 {
         rand::random()
     }
 }
 
-fn init_logs(format: LogFormat, level: tracing::Level) {
+pub(crate) fn init_logs(format: LogFormat, level: tracing::Level) {
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr);
@@ -282,7 +32,7 @@ fn init_logs(format: LogFormat, level: tracing::Level) {
     }
 }
 
-fn run_id(s: &str) -> Result<RunId> {
+pub(crate) fn run_id(s: &str) -> Result<RunId> {
     s.strip_prefix("run-")
         .unwrap_or(s)
         .parse::<u64>()
@@ -290,12 +40,12 @@ fn run_id(s: &str) -> Result<RunId> {
         .with_context(|| format!("{s:?} is not a run id (a number, or run-<number>)"))
 }
 
-struct Clients {
+pub(crate) struct Clients {
     stream: RedisStream,
     db: PgDb,
 }
 
-async fn connect_db(c: &Connection) -> Result<PgDb> {
+pub(crate) async fn connect_db(c: &Connection) -> Result<PgDb> {
     PgDb::connect(
         &c.database_url,
         16,
@@ -305,7 +55,7 @@ async fn connect_db(c: &Connection) -> Result<PgDb> {
     .with_context(|| format!("connecting to Postgres at {}", redact(&c.database_url)))
 }
 
-async fn connect(c: &Connection, read_block_ms: u64) -> Result<Clients> {
+pub(crate) async fn connect(c: &Connection, read_block_ms: u64) -> Result<Clients> {
     let db = connect_db(c).await?;
     let stream = RedisStream::connect(
         &c.redis_url,
@@ -319,7 +69,7 @@ async fn connect(c: &Connection, read_block_ms: u64) -> Result<Clients> {
 }
 
 /// The URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
@@ -332,7 +82,7 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn io<P: Probe>(clients: Clients, config: Config, probe: P) -> Io<RedisStream, PgDb, P> {
+pub(crate) fn io<P: Probe>(clients: Clients, config: Config, probe: P) -> Io<RedisStream, PgDb, P> {
     Io {
         stream: clients.stream,
         db: clients.db,
@@ -342,7 +92,7 @@ fn io<P: Probe>(clients: Clients, config: Config, probe: P) -> Io<RedisStream, P
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -364,7 +114,7 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-fn install_metrics(
+pub(crate) fn install_metrics(
     listen: Option<SocketAddr>,
 ) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
     let mut builder = metrics_exporter_prometheus::PrometheusBuilder::new();
@@ -382,14 +132,14 @@ fn install_metrics(
     }
 }
 
-fn print(v: &serde_json::Value) {
+pub(crate) fn print(v: &serde_json::Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(v).expect("JSON values print")
     );
 }
 
-async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
+pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     let policy = Policy {
         lease_ms: a.lease_ms,
         heartbeat_ms: a.heartbeat_ms,
@@ -458,7 +208,7 @@ async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     Ok(())
 }
 
-async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
+pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     let handle = install_metrics(None)?;
     let clients = connect(c, 0).await?;
     let config = c.config(a.attempts_max)?;
@@ -482,7 +232,7 @@ async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     Ok(())
 }
 
-fn trace_probe(
+pub(crate) fn trace_probe(
     path: Option<&std::path::Path>,
     policy: &Policy,
 ) -> Result<Option<pelican_real::trace::TraceProbe>> {
@@ -493,7 +243,7 @@ fn trace_probe(
     .transpose()
 }
 
-async fn main_inner(cli: Cli) -> Result<()> {
+pub(crate) async fn main_inner(cli: Cli) -> Result<()> {
     let c = &cli.conn;
     match cli.command {
         Cmd::Migrate => {
@@ -653,27 +403,3 @@ async fn main_inner(cli: Cli) -> Result<()> {
 // malloc was a fifth of its CPU time in the drain benchmark's profile.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logs(cli.log_format, cli.log_level);
-    #[cfg(feature = "failpoints")]
-    let _failpoints = fail::FailScenario::setup();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("pelican: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(main_inner(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pelican: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}

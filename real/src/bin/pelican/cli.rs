@@ -1,0 +1,253 @@
+//! The command line: every command, flag and environment variable.
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pelican_real::Config;
+use std::net::SocketAddr;
+
+#[derive(Parser)]
+#[command(
+    name = "pelican",
+    version,
+    about = "Durable jobs on Redis Streams, with PostgreSQL as the source of truth"
+)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) conn: Connection,
+    /// Log format.
+    #[arg(
+        long,
+        env = "PELICAN_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub(crate) log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, env = "PELICAN_LOG_LEVEL", default_value = "info", global = true)]
+    pub(crate) log_level: tracing::Level,
+    #[command(subcommand)]
+    pub(crate) command: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+pub(crate) struct Connection {
+    /// Redis URL.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
+    pub(crate) redis_url: String,
+    /// PostgreSQL URL.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/pelican",
+        global = true
+    )]
+    pub(crate) database_url: String,
+    /// Stream key prefix: jobs go to `<prefix>:jobs`, dead-letter
+    /// notifications to `<prefix>:jobs:dead`.
+    #[arg(long, env = "PELICAN_STREAM", default_value = "pelican", global = true)]
+    pub(crate) stream: String,
+    /// Consumer group.
+    #[arg(long, env = "PELICAN_GROUP", default_value = "pelican", global = true)]
+    pub(crate) group: String,
+    /// How long any Redis or Postgres call may take before it counts as
+    /// unavailable.
+    #[arg(
+        long,
+        env = "PELICAN_CALL_TIMEOUT_MS",
+        default_value_t = 5_000,
+        global = true
+    )]
+    pub(crate) call_timeout_ms: u64,
+    /// Inject a protocol bug into every role this process runs (testing
+    /// only; exists only in builds with the `mutants` feature).
+    #[cfg(feature = "mutants")]
+    #[arg(long, env = "PELICAN_MUTANT", global = true)]
+    pub(crate) mutant: Option<String>,
+}
+
+impl Connection {
+    pub(crate) fn mutant(&self) -> Result<Option<pelican_model::protocol::Mutant>> {
+        #[cfg(feature = "mutants")]
+        return self
+            .mutant
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("{e}"));
+        #[cfg(not(feature = "mutants"))]
+        Ok(None)
+    }
+
+    /// The driver's defaults with this process's call timeout and mutant.
+    pub(crate) fn config(&self, attempts_max: u32) -> Result<Config> {
+        let mut config = Config::default();
+        config.policy.attempts_max = attempts_max;
+        config.policy.mutant = self.mutant()?;
+        config.call_timeout_ms = self.call_timeout_ms;
+        Ok(config)
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Create or update the schema in Postgres and the consumer group in Redis.
+    Migrate,
+    /// Serve the HTTP API.
+    Api(ApiArgs),
+    /// Run a worker.
+    Worker(WorkerArgs),
+    /// Submit a run (as `POST /runs` does) and print its id.
+    Submit {
+        /// The job kind.
+        kind: String,
+        /// The job input (JSON).
+        #[arg(default_value = "{}")]
+        input: String,
+        /// Attempts allowed.
+        #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
+        attempts_max: u32,
+    },
+    /// Show one run, or the queue's state when no run is given.
+    Status {
+        /// A run id.
+        run: Option<String>,
+    },
+    /// Cancel a run.
+    Cancel {
+        /// A run id.
+        run: String,
+    },
+    /// The dead-letter queue.
+    #[command(subcommand)]
+    Dlq(DlqCmd),
+    /// Protocol traces (`--trace-file` of `worker` and `api`).
+    #[command(subcommand)]
+    Trace(TraceCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TraceCmd {
+    /// Replay traces through the protocol's state machines: each must
+    /// conform, or the first event the model does not allow is shown.
+    Check {
+        /// Trace files (JSON lines).
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DlqCmd {
+    /// List dead runs with their dead-letter records.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Run a dead run again, with more attempts (an explicit operator decision).
+    Requeue {
+        /// A run id.
+        run: String,
+        /// Attempts to allow from now on.
+        #[arg(long, default_value_t = 1)]
+        extra_attempts: u32,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct ApiArgs {
+    /// Address to listen on.
+    #[arg(long, env = "PELICAN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: SocketAddr,
+    /// Bearer token required on mutating routes (unset: no auth; do not
+    /// expose such an API).
+    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
+    pub(crate) api_token: Option<String>,
+    /// Largest request body accepted.
+    #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
+    pub(crate) body_limit_bytes: usize,
+    /// Attempts each submitted run allows.
+    #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
+    pub(crate) attempts_max: u32,
+    /// Write a protocol trace (JSON lines) of the submissions here.
+    #[arg(long, env = "PELICAN_TRACE_FILE")]
+    pub(crate) trace_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct WorkerArgs {
+    /// This worker's number; its consumer name is `w<id>`. Give each
+    /// running worker its own (default: the process id).
+    #[arg(long, env = "PELICAN_WORKER_ID")]
+    pub(crate) id: Option<u32>,
+    /// Jobs run at once.
+    #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
+    pub(crate) in_flight_max: usize,
+    /// Claims (and completions, and reads) of up to this many deliveries go to
+    /// Postgres as one statement, and their acknowledgements to Redis as
+    /// one pipeline; 1 sends each on its own.
+    #[arg(long, env = "PELICAN_BATCH_MAX", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) batch_max: u32,
+    /// How long a claim or heartbeat keeps a job's ownership.
+    #[arg(long, env = "PELICAN_LEASE_MS", default_value_t = 30_000)]
+    pub(crate) lease_ms: u64,
+    /// Heartbeat period (well below the lease).
+    #[arg(long, env = "PELICAN_HEARTBEAT_MS", default_value_t = 10_000)]
+    pub(crate) heartbeat_ms: u64,
+    /// Deliveries idle this long are reclaimed (XAUTOCLAIM min-idle-time).
+    #[arg(long, env = "PELICAN_RECLAIM_MIN_IDLE_MS", default_value_t = 60_000)]
+    pub(crate) reclaim_min_idle_ms: u64,
+    /// Reclaimer period.
+    #[arg(long, env = "PELICAN_RECLAIM_EVERY_MS", default_value_t = 5_000)]
+    pub(crate) reclaim_every_ms: u64,
+    /// First retry back-off.
+    #[arg(long, env = "PELICAN_BACKOFF_BASE_MS", default_value_t = 1_000)]
+    pub(crate) backoff_base_ms: u64,
+    /// Back-off cap.
+    #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
+    pub(crate) backoff_cap_ms: u64,
+    /// How long a published run may wait, or a lease stay expired, before
+    /// the sweeper checks its stream entry (the sweeper runs on the
+    /// maintenance pass closest to every quarter of this).
+    #[arg(long, env = "PELICAN_SWEEP_GRACE_MS", default_value_t = 120_000)]
+    pub(crate) sweep_grace_ms: u64,
+    /// Maintenance period (retries due, outbox, sweeper).
+    #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
+    pub(crate) maintenance_every_ms: u64,
+    /// How long an empty XREADGROUP blocks.
+    #[arg(long, env = "PELICAN_READ_BLOCK_MS", default_value_t = 1_000)]
+    pub(crate) read_block_ms: u64,
+    /// On SIGTERM, how long in-flight jobs may take to finish.
+    #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
+    pub(crate) shutdown_grace_ms: u64,
+    /// A job running longer fails retryably.
+    #[arg(long, env = "PELICAN_JOB_TIMEOUT_MS", default_value_t = 3_600_000)]
+    pub(crate) job_timeout_ms: u64,
+    /// Stream retention: delivered, acknowledged entries older than this are
+    /// trimmed by the maintenance pass (0: keep every entry).
+    #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
+    pub(crate) retention_ms: u64,
+    /// Do not run the retry scheduler, outbox and sweeper in this worker.
+    #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
+    pub(crate) no_maintenance: bool,
+    /// Serve this worker's Prometheus metrics here.
+    #[arg(long, env = "PELICAN_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Write a protocol trace (JSON lines) here; `pelican trace check`
+    /// replays it through the protocol.
+    #[arg(long, env = "PELICAN_TRACE_FILE")]
+    pub(crate) trace_file: Option<std::path::PathBuf>,
+}
