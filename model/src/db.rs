@@ -1,7 +1,7 @@
 //! Reference semantics of Pelican's PostgreSQL schema.
 //!
-//! Each method of [`Db`] is the twin of exactly one SQL statement, whose text
-//! is the `const` beside it in [`sql`]: the real binding runs that text, and
+//! Each method of [`Db`] is the twin of exactly one SQL statement, declared
+//! in [`Statement`] with its text: the real binding runs that text, and
 //! nothing else in the workspace restates its conditions. A method answers
 //! what Postgres answers: the rows affected, or the rows returned. The
 //! conditions in each `WHERE` are the protocol: the fence check (S3), the
@@ -11,6 +11,9 @@
 //!
 //! Timestamps are passed in (`$now`) instead of `now()` so that the simulator
 //! and the checker control time; the binding passes the worker's clock.
+//!
+//! The file is long because it is the whole schema's semantics: one short
+//! method per statement, meant to be read beside its SQL.
 
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
 use crate::status::{AttemptOutcome, ErrorClass, RunStatus};
@@ -268,7 +271,7 @@ impl Db {
     }
 
     /// Mutant twin of [`Db::claim`] that also takes over cancelled runs
-    /// (`ReviveCancelled`). Never compiled into a release build.
+    /// (`ReviveCancelled`). Only in a build with the `mutants` feature.
     #[cfg(feature = "mutants")]
     #[allow(clippy::too_many_arguments)]
     pub fn claim_reviving(
@@ -359,7 +362,8 @@ impl Db {
     }
 
     /// Mutant twin (`RetryInPel`): records the failed attempt but leaves the
-    /// run running, relying on the PEL for the retry. Never in a release build.
+    /// run running, relying on the PEL for the retry. Only in a build with
+    /// the `mutants` feature.
     #[cfg(feature = "mutants")]
     pub fn record_failure_only(
         &mut self,

@@ -1,4 +1,5 @@
-//! Reference semantics of one Redis stream with one consumer group.
+//! Reference semantics of one Redis stream with one consumer group. One
+//! file, because every command shares the entries and the PEL's bookkeeping.
 //!
 //! [`Stream`] behaves as Redis 7.0 does for the commands Pelican issues:
 //! XADD, XGROUP CREATE, XREADGROUP `>`, XACK, XAUTOCLAIM, XCLAIM (JUSTID,

@@ -1,5 +1,6 @@
 //! One seed: build the world, run the workload under the nemesis, heal,
-//! wait for every run to settle, check.
+//! wait for every run to settle, check. One file, because those steps are
+//! one seed's timeline and share its nodes and oracle.
 
 use crate::net::{self, Client, POSTGRES, REDIS, TOOLS};
 use crate::oracle::{LogLine, Oracle, Shared, lock};

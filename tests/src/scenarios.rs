@@ -1,4 +1,5 @@
-//! The live scenarios: each builds its own [`Env`] (with `mutant` injected
+//! The live scenarios (one function each, all listed here, hence the
+//! length): each builds its own [`Env`] (with `mutant` injected
 //! into every process, if given), drives real `pelican` processes through a
 //! failure, and panics if any guarantee is broken. `tests/live.rs` runs each
 //! on the correct build (it must pass); `tests/mutants.rs` runs each mutant

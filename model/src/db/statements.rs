@@ -1,4 +1,5 @@
-//! Every SQL statement Pelican runs, declared once.
+//! Every SQL statement Pelican runs, declared once. The file is long
+//! because it is that table: one entry, with its SQL, per statement.
 //!
 //! Each entry of the table at the bottom is one statement: its parameters
 //! (the fields of its [`DbOp`] variant, bound as `$1, $2, ...` in that

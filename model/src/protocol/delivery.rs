@@ -1,4 +1,5 @@
 //! The worker's handling of one delivery, from receipt to acknowledgement.
+//! One state machine in one file: its phases and transitions read together.
 //!
 //! ```text
 //! entry ──malformed──▶ quarantine (dead stream) ──▶ XACK

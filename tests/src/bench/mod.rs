@@ -1,4 +1,5 @@
-//! The live benchmarks of `cargo xtask bench`: drain throughput, latency at a
+//! The live benchmarks of `cargo xtask bench` (the three measurements share
+//! their servers and clients, hence one file): drain throughput, latency at a
 //! fixed offered load, and recovery after kill -9 — real `pelican worker`
 //! processes (a release build, named by `PELICAN_BIN`) against a throwaway
 //! Redis (AOF everysec) and a throwaway Postgres cluster (fsync and

@@ -246,157 +246,184 @@ pub(crate) fn trace_probe(
 pub(crate) async fn main_inner(cli: Cli) -> Result<()> {
     let c = &cli.conn;
     match cli.command {
-        Cmd::Migrate => {
-            let clients = connect(c, 0).await?;
-            clients.db.migrate().await?;
-            let io = io(clients, Config::default(), NoProbe);
-            match io
-                .stream
-                .execute(pelican_model::protocol::StreamOp::EnsureGroup)
-                .await
-            {
-                Ok(Ok(_)) => {}
-                _ => bail!("creating the consumer group failed"),
-            }
-            println!("schema and consumer group ready");
-        }
-        Cmd::Api(a) => serve_api(c, a).await?,
-        Cmd::Worker(a) => worker(c, a).await?,
+        Cmd::Migrate => migrate(c).await,
+        Cmd::Api(a) => serve_api(c, a).await,
+        Cmd::Worker(a) => worker(c, a).await,
         Cmd::Submit {
             kind,
             input,
             attempts_max,
-        } => {
-            api::validate_kind(&kind).map_err(anyhow::Error::msg)?;
-            let input: serde_json::Value =
-                serde_json::from_str(&input).context("the input is not JSON")?;
-            let clients = connect(c, 0).await?;
-            let io = io(clients, c.config(attempts_max)?, NoProbe);
-            let run = match io.db.execute(&DbOp::NextRunId).await? {
-                DbReply::NewRun(r) => r,
-                other => bail!("unexpected answer {other:?}"),
-            };
-            match submit(&io, run, &kind, &input.to_string()).await {
-                SubmitterEnd::Accepted { published } => {
-                    print(&json!({ "run_id": run.0, "published": published }));
-                }
-                SubmitterEnd::Unavailable => {
-                    bail!("Postgres did not accept the run; nothing was stored")
-                }
-            }
+        } => submit_one(c, &kind, &input, attempts_max).await,
+        Cmd::Status { run: Some(r) } => {
+            let view = api::run_view(&connect_db(c).await?, run_id(&r)?)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            print(&view);
+            Ok(())
         }
-        Cmd::Status { run } => {
-            let db = connect_db(c).await?;
-            match run {
-                Some(r) => {
-                    let view = api::run_view(&db, run_id(&r)?)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                    print(&view);
-                }
-                None => {
-                    let counts = match db.execute(&DbOp::CountRuns).await? {
-                        DbReply::Counts(c) => c,
-                        other => bail!("unexpected answer {other:?}"),
-                    };
-                    let clients = connect(c, 0).await?;
-                    let mut conn = clients.stream.connection();
-                    let names = clients.stream.names().clone();
-                    let pending: redis::Value = redis::cmd("XPENDING")
-                        .arg(&names.jobs)
-                        .arg(&names.group)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap_or(redis::Value::Nil);
-                    let pel = match pending {
-                        redis::Value::Array(v) => match v.first() {
-                            Some(redis::Value::Int(n)) => *n,
-                            _ => 0,
-                        },
-                        _ => 0,
-                    };
-                    let runs: serde_json::Map<String, serde_json::Value> = counts
-                        .iter()
-                        .map(|(s, n)| (s.as_str().to_owned(), json!(n)))
-                        .collect();
-                    print(
-                        &json!({ "runs": runs, "pending_deliveries": pel, "stream": names.jobs, "group": names.group }),
-                    );
-                }
-            }
-        }
-        Cmd::Cancel { run } => {
-            let run = run_id(&run)?;
-            let clients = connect(c, 0).await?;
-            let io = io(clients, Config::default(), NoProbe);
-            match cancel(&io, run).await {
-                Ok(true) => print(&json!({ "run_id": run.0, "status": "cancelled" })),
-                Ok(false) => bail!("run {} is unknown or already ended", run.0),
-                Err(_) => {
-                    bail!("Postgres did not answer; the cancel may not have happened, retry it")
-                }
-            }
-        }
-        Cmd::Trace(TraceCmd::Check { files }) => {
-            let mut bad = 0;
-            for f in &files {
-                match pelican_real::trace::check_file(f) {
-                    Ok(n) => println!("{}: conforms, {n} events", f.display()),
-                    Err(r) => {
-                        bad += 1;
-                        println!("{}: does NOT conform\n{r}", f.display());
-                    }
-                }
-            }
-            if bad > 0 {
-                bail!("{bad} of {} traces do not conform", files.len());
-            }
-        }
-        Cmd::Dlq(DlqCmd::List { limit }) => {
-            let db = connect_db(c).await?;
-            let letters = match db.execute(&DbOp::ListDeadLetters { limit }).await? {
-                DbReply::DeadLetters(d) => d,
-                other => bail!("unexpected answer {other:?}"),
-            };
-            let rows: Vec<serde_json::Value> = letters
-                .iter()
-                .map(|(run, d)| {
-                    json!({
-                        "run_id": run.0,
-                        "class": d.class.as_str(),
-                        "message": d.message,
-                        "source_entry": d.source_entry.map(|e| e.to_string()),
-                        "requeued": d.requeued,
-                        "attempts": d.attempts.iter().map(|(n, f, o)| json!([n.0, f.0, o.map(|o| format!("{o:?}"))])).collect::<Vec<_>>(),
-                    })
-                })
-                .collect();
-            print(&json!(rows));
-        }
+        Cmd::Status { run: None } => status(c).await,
+        Cmd::Cancel { run } => cancel_one(c, &run).await,
+        Cmd::Trace(TraceCmd::Check { files }) => check_traces(&files),
+        Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit).await,
         Cmd::Dlq(DlqCmd::Requeue {
             run,
             extra_attempts,
-        }) => {
-            let run = run_id(&run)?;
-            if extra_attempts == 0 {
-                bail!("--extra-attempts must be at least 1");
-            }
-            let db = connect_db(c).await?;
-            match db
-                .execute(&DbOp::DlqRequeue {
-                    run,
-                    extra_attempts,
-                })
-                .await?
-            {
-                DbReply::Rows(1) => print(
-                    &json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
-                ),
-                _ => bail!("run {} is not dead (or was requeued already)", run.0),
+        }) => dlq_requeue(c, &run, extra_attempts).await,
+    }
+}
+
+/// `pelican migrate`: the schema, then the consumer group.
+async fn migrate(c: &Connection) -> Result<()> {
+    let clients = connect(c, 0).await?;
+    clients.db.migrate().await?;
+    let io = io(clients, Config::default(), NoProbe);
+    match io
+        .stream
+        .execute(pelican_model::protocol::StreamOp::EnsureGroup)
+        .await
+    {
+        Ok(Ok(_)) => {}
+        _ => bail!("creating the consumer group failed"),
+    }
+    println!("schema and consumer group ready");
+    Ok(())
+}
+
+/// `pelican submit`: one run, through the submitter the API uses.
+async fn submit_one(c: &Connection, kind: &str, input: &str, attempts_max: u32) -> Result<()> {
+    api::validate_kind(kind).map_err(anyhow::Error::msg)?;
+    let input: serde_json::Value = serde_json::from_str(input).context("the input is not JSON")?;
+    let clients = connect(c, 0).await?;
+    let io = io(clients, c.config(attempts_max)?, NoProbe);
+    let run = match io.db.execute(&DbOp::NextRunId).await? {
+        DbReply::NewRun(r) => r,
+        other => bail!("unexpected answer {other:?}"),
+    };
+    match submit(&io, run, kind, &input.to_string()).await {
+        SubmitterEnd::Accepted { published } => {
+            print(&json!({ "run_id": run.0, "published": published }));
+            Ok(())
+        }
+        SubmitterEnd::Unavailable => {
+            bail!("Postgres did not accept the run; nothing was stored")
+        }
+    }
+}
+
+/// `pelican status` without a run: runs by status and the PEL's size.
+async fn status(c: &Connection) -> Result<()> {
+    let db = connect_db(c).await?;
+    let counts = match db.execute(&DbOp::CountRuns).await? {
+        DbReply::Counts(c) => c,
+        other => bail!("unexpected answer {other:?}"),
+    };
+    let clients = connect(c, 0).await?;
+    let mut conn = clients.stream.connection();
+    let names = clients.stream.names().clone();
+    let pending: redis::Value = redis::cmd("XPENDING")
+        .arg(&names.jobs)
+        .arg(&names.group)
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(redis::Value::Nil);
+    let pel = match pending {
+        redis::Value::Array(v) => match v.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let runs: serde_json::Map<String, serde_json::Value> = counts
+        .iter()
+        .map(|(s, n)| (s.as_str().to_owned(), json!(n)))
+        .collect();
+    print(
+        &json!({ "runs": runs, "pending_deliveries": pel, "stream": names.jobs, "group": names.group }),
+    );
+    Ok(())
+}
+
+/// `pelican cancel`.
+async fn cancel_one(c: &Connection, run: &str) -> Result<()> {
+    let run = run_id(run)?;
+    let clients = connect(c, 0).await?;
+    let io = io(clients, Config::default(), NoProbe);
+    match cancel(&io, run).await {
+        Ok(true) => {
+            print(&json!({ "run_id": run.0, "status": "cancelled" }));
+            Ok(())
+        }
+        Ok(false) => bail!("run {} is unknown or already ended", run.0),
+        Err(_) => {
+            bail!("Postgres did not answer; the cancel may not have happened, retry it")
+        }
+    }
+}
+
+/// `pelican trace check`.
+fn check_traces(files: &[std::path::PathBuf]) -> Result<()> {
+    let mut bad = 0;
+    for f in files {
+        match pelican_real::trace::check_file(f) {
+            Ok(n) => println!("{}: conforms, {n} events", f.display()),
+            Err(r) => {
+                bad += 1;
+                println!("{}: does NOT conform\n{r}", f.display());
             }
         }
     }
+    if bad > 0 {
+        bail!("{bad} of {} traces do not conform", files.len());
+    }
     Ok(())
+}
+
+/// `pelican dlq list`.
+async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
+    let db = connect_db(c).await?;
+    let letters = match db.execute(&DbOp::ListDeadLetters { limit }).await? {
+        DbReply::DeadLetters(d) => d,
+        other => bail!("unexpected answer {other:?}"),
+    };
+    let rows: Vec<serde_json::Value> = letters
+        .iter()
+        .map(|(run, d)| {
+            json!({
+                "run_id": run.0,
+                "class": d.class.as_str(),
+                "message": d.message,
+                "source_entry": d.source_entry.map(|e| e.to_string()),
+                "requeued": d.requeued,
+                "attempts": d.attempts.iter().map(|(n, f, o)| json!([n.0, f.0, o.map(|o| format!("{o:?}"))])).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    print(&json!(rows));
+    Ok(())
+}
+
+/// `pelican dlq requeue`.
+async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32) -> Result<()> {
+    let run = run_id(run)?;
+    if extra_attempts == 0 {
+        bail!("--extra-attempts must be at least 1");
+    }
+    let db = connect_db(c).await?;
+    match db
+        .execute(&DbOp::DlqRequeue {
+            run,
+            extra_attempts,
+        })
+        .await?
+    {
+        DbReply::Rows(1) => {
+            print(
+                &json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
+            );
+            Ok(())
+        }
+        _ => bail!("run {} is not dead (or was requeued already)", run.0),
+    }
 }
 
 // The worker allocates per delivery (futures, commands, replies); glibc's

@@ -1,0 +1,261 @@
+//! The model's steps ([`Action`]) and which of them a state enables.
+
+use super::symmetry::permutations;
+use super::{ApiRun, Fate, Source, State, run_id};
+use crate::NOW;
+use crate::config::{Budget, Config, OutcomeKind};
+use pelican_model::db::Candidate;
+use pelican_model::ids::{EntryId, RunId};
+use pelican_model::protocol::{Command, MaintenanceTask, still_deliverable};
+use pelican_model::status::RunStatus;
+use serde::Serialize;
+
+/// A step of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Action {
+    /// The API handles `POST /runs` for run `n` in one step: INSERT, XADD
+    /// (whose fate this is: a lost publish is left to the outbox), mark.
+    Submit(u8, Fate),
+    /// `POST /runs/{n}/cancel`.
+    Cancel(u8),
+    /// Worker `w` reads new entries (XREADGROUP COUNT 1), sent and executed
+    /// in one step.
+    Fetch(u8, Fate),
+    /// Worker `w` starts a reclaim round; its first command is executed in
+    /// the same step.
+    Reclaim(u8, Fate),
+    /// One of worker `w`'s outstanding commands is executed.
+    Step(u8, Source, Fate),
+    /// Worker `w`'s job performs its side effect.
+    Effect(u8),
+    /// Worker `w`'s job ends.
+    Finish(u8, OutcomeKind),
+    /// Maintenance runs one pass in one step; the fate is its first XADD's.
+    Maintain(MaintenanceTask, Fate),
+    /// Fault: worker `w` is killed and restarts empty.
+    Crash(u8),
+    /// Fault: worker `w` stops (past its lease).
+    Pause(u8),
+    /// Worker `w` continues.
+    Resume(u8),
+    /// A long time passes: every lease, retry time and idle time expires,
+    /// and every live worker's heartbeat timer fires, in the order of
+    /// permutation `k` of the workers (every order is explored when two or
+    /// more workers heartbeat: their heartbeats race for the same PEL entry
+    /// and run row).
+    Tick(u8),
+    /// Fault: Redis restarts without persistence.
+    RedisWipe,
+    /// Fault: Redis restarts having lost its newest write.
+    RedisLoseNewest,
+    /// Fault: the stream is trimmed below its oldest pending ID.
+    Trim,
+}
+
+impl State {
+    /// What may happen to an XADD that publishes a run. Worker commands
+    /// always get their reply: a lost request or reply ends the delivery and
+    /// leaves its entry pending, which is what a crash at that step does, and
+    /// crashes strike at every step.
+    fn publish_fates(&self) -> Vec<Fate> {
+        let b = &self.budget;
+        let mut fates = vec![Fate::Reply];
+        if b.total > 0 && b.lost > 0 {
+            fates.extend([Fate::LostReply, Fate::LostRequest]);
+        }
+        if b.total > 0 && b.duplicates > 0 {
+            fates.push(Fate::Duplicated);
+        }
+        fates
+    }
+
+    /// Every enabled action. Each is guarded so that it changes the state:
+    /// a state with no action is final, and the quiescence properties (S1,
+    /// S9, S10) are checked there.
+    pub fn actions(&self, cfg: &Config, out: &mut Vec<Action>) {
+        let publish = self.publish_fates();
+        let reply = [Fate::Reply];
+        let b = if self.budget.total > 0 {
+            self.budget
+        } else {
+            Budget::default()
+        };
+        let jobs = &self.world.redis.jobs;
+        for (i, api) in self.api.iter().enumerate() {
+            let n = i as u8;
+            if *api == ApiRun::NotYet {
+                out.extend(publish.iter().map(|f| Action::Submit(n, *f)));
+            }
+            if b.cancels > 0
+                && self
+                    .world
+                    .db
+                    .runs
+                    .get(&run_id(n))
+                    .is_some_and(|r| !r.status.is_terminal())
+            {
+                out.push(Action::Cancel(n));
+            }
+        }
+        let undelivered = self.undelivered();
+        let reclaimable = self.reclaimable(cfg);
+        for (i, w) in self.workers.iter().enumerate() {
+            let n = i as u8;
+            let holds = w.delivery.is_some() || !w.outstanding.is_empty() || !w.reclaimer.is_idle();
+            if b.crashes > 0 && holds {
+                out.push(Action::Crash(n));
+            }
+            if w.paused {
+                out.push(Action::Resume(n));
+                continue;
+            }
+            let writing = w.outstanding.iter().any(|(s, c)| {
+                *s == Source::Delivery
+                    && matches!(c, Command::Db(op) if op.fenced_write().is_some())
+            });
+            if b.pauses > 0 && (w.job.is_some() || writing) {
+                out.push(Action::Pause(n));
+            }
+            for (src, _) in &w.outstanding {
+                out.extend(reply.iter().map(|f| Action::Step(n, *src, *f)));
+            }
+            let free = w.delivery.is_none() && w.backlog.is_none() && w.outstanding.is_empty();
+            if free && w.reclaimer.is_idle() {
+                if undelivered {
+                    out.extend(reply.iter().map(|f| Action::Fetch(n, *f)));
+                }
+                if reclaimable || jobs.group.is_none() || w.reclaimer.unrecovered().next().is_some()
+                {
+                    out.extend(reply.iter().map(|f| Action::Reclaim(n, *f)));
+                }
+            }
+            if let Some(job) = &w.job {
+                if job.effect_done {
+                    out.extend(cfg.outcomes.iter().map(|o| Action::Finish(n, *o)));
+                } else {
+                    out.push(Action::Effect(n));
+                }
+            }
+        }
+        for task in [
+            MaintenanceTask::Retries,
+            MaintenanceTask::Outbox,
+            MaintenanceTask::Sweep,
+        ] {
+            if self.maintenance_matters(cfg, task) {
+                let publishes = task != MaintenanceTask::Retries;
+                let fates: &[Fate] = if publishes { &publish } else { &reply };
+                out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
+            }
+        }
+        // Progress is urgent: time passes only when every role waits (for
+        // a job or for time). A worker that stalls mid-command is the pause
+        // fault, which holds its command across the tick. Submissions are the
+        // users' doing: time may pass before them.
+        let waiting = !out.iter().any(|a| {
+            matches!(
+                a,
+                Action::Fetch(..) | Action::Reclaim(..) | Action::Step(..) | Action::Maintain(..)
+            )
+        });
+        if waiting && self.ageable() {
+            out.extend((0..self.tick_orders()).map(|k| Action::Tick(k as u8)));
+        }
+        if b.redis_wipes > 0 && jobs.exists {
+            out.push(Action::RedisWipe);
+        }
+        if b.redis_losses > 0 && jobs.entries.keys().next_back() == Some(&jobs.last_id) {
+            out.push(Action::RedisLoseNewest);
+        }
+        if b.trims > 0 && jobs.pel_len() > 0 {
+            out.push(Action::Trim);
+        }
+    }
+
+    /// Whether a read may get something: the stream has an entry past the
+    /// group's last delivered ID, or there is no group (the read fails and
+    /// the worker recreates it).
+    fn undelivered(&self) -> bool {
+        let jobs = &self.world.redis.jobs;
+        match &jobs.group {
+            None => true,
+            Some(g) => jobs
+                .entries
+                .range(g.last_delivered..)
+                .any(|(id, _)| *id > g.last_delivered),
+        }
+    }
+
+    /// Whether a reclaim round may claim something: a pending entry is gone
+    /// from the stream, or has been idle for the reclaim threshold.
+    fn reclaimable(&self, cfg: &Config) -> bool {
+        let jobs = &self.world.redis.jobs;
+        match &jobs.group {
+            None => false,
+            Some(g) => g.pel.iter().any(|(id, p)| {
+                !jobs.entries.contains_key(id)
+                    || NOW.ms_since(p.delivery_time) >= cfg.policy.reclaim_min_idle_ms
+            }),
+        }
+    }
+
+    /// How many orders of the workers' heartbeats a tick explores.
+    /// Heartbeats of different runs on different entries touch different
+    /// rows and PEL entries, so they commute: one order covers them. Two on
+    /// the same run or entry race: every order.
+    fn tick_orders(&self) -> usize {
+        let beating: Vec<(RunId, EntryId)> = (0..self.workers.len())
+            .filter(|w| self.would_heartbeat(*w))
+            .filter_map(|w| {
+                let d = self.workers[w].delivery.as_ref()?;
+                Some((d.run()?.0, d.entry()))
+            })
+            .collect();
+        let race = beating
+            .iter()
+            .enumerate()
+            .any(|(i, (run, entry))| beating[i + 1..].iter().any(|(r, e)| r == run || e == entry));
+        if race {
+            permutations(self.workers.len()).len()
+        } else {
+            1
+        }
+    }
+
+    fn maintenance_matters(&self, cfg: &Config, task: MaintenanceTask) -> bool {
+        let db = &self.world.db;
+        match task {
+            MaintenanceTask::Retries => db
+                .runs
+                .values()
+                .any(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= NOW)),
+            MaintenanceTask::Outbox => {
+                !pelican_model::injects!(cfg.policy, NoPublishRecovery)
+                    && !db.unpublished(1).is_empty()
+            }
+            MaintenanceTask::Sweep => db
+                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, usize::MAX)
+                .iter()
+                .any(|c| !self.locatable(c)),
+        }
+    }
+
+    fn locatable(&self, c: &Candidate) -> bool {
+        let Some(id) = c.entry_id else { return false };
+        still_deliverable(c, &self.world.redis.locate(id))
+    }
+
+    fn ageable(&self) -> bool {
+        let fresh = |t: &Option<pelican_model::time::Timestamp>| t.is_some_and(|t| t.as_ms() > 0);
+        self.world.db.runs.values().any(|r| {
+            !r.status.is_terminal()
+                && (fresh(&r.lease_until) || fresh(&r.retry_at) || fresh(&r.published_at))
+        }) || self
+            .world
+            .redis
+            .jobs
+            .group
+            .as_ref()
+            .is_some_and(|g| g.pel.values().any(|p| p.delivery_time.as_ms() > 0))
+    }
+}

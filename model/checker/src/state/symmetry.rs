@@ -1,0 +1,323 @@
+//! Symmetry reduction: relabeling the workers, and the fingerprints that
+//! give every relabeling of a state one value.
+
+use super::{Proc, State, WorkerProc};
+use pelican_model::ids::{EntryId, WorkerId};
+use pelican_model::world::World;
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
+
+impl Proc {
+    /// Worker `i`'s process hashed as if it were worker 0 (computed once
+    /// per version of the process, for the place it holds).
+    fn fingerprint(&self, i: usize, n: usize) -> u64 {
+        let compute = || {
+            let mut h = fp_hasher();
+            if i == 0 {
+                self.0.0.hash(&mut h);
+            } else {
+                let mut w = self.0.0.clone();
+                w.relabel(i, &permutations(n)[swap_index(n, i)]);
+                w.hash(&mut h);
+            }
+            h.finish()
+        };
+        match self.0.1.get_or_init(|| (i, compute())) {
+            (at, fp) if *at == i => *fp,
+            _ => compute(),
+        }
+    }
+}
+
+impl WorkerProc {
+    /// Worker `from`'s process as worker `perm[from]`'s (see
+    /// [`State::permuted`]): every consumer name it holds renamed.
+    fn relabel(&mut self, from: usize, perm: &[u32]) {
+        let to = WorkerId(perm[from]);
+        if let Some(d) = self.delivery.as_mut() {
+            d.relabel(to);
+        }
+        self.reclaimer.relabel(to);
+        for (_, c) in &mut self.outstanding {
+            c.rename_consumer(&|name| rename(name, perm));
+        }
+    }
+}
+
+/// Worker `i`'s consumer name, for worker `perm[i]`; other names unchanged.
+fn rename(name: &str, perm: &[u32]) -> String {
+    match worker_number(name, perm) {
+        Some(j) => WorkerId(j).consumer(),
+        None => name.to_owned(),
+    }
+}
+
+/// `perm[i]` if `name` is worker `i`'s consumer name.
+fn worker_number(name: &str, perm: &[u32]) -> Option<u32> {
+    let i = match name.as_bytes() {
+        // The checker's workers are w0..w9: the fast path.
+        [b'w', d] if d.is_ascii_digit() => usize::from(d - b'0'),
+        _ => name.strip_prefix('w')?.parse::<usize>().ok()?,
+    };
+    perm.get(i).copied()
+}
+
+/// Hashes a consumer name as worker `perm[i]`'s if it is worker `i`'s.
+fn hash_consumer<H: Hasher>(name: &str, perm: &[u32], h: &mut H) {
+    match worker_number(name, perm) {
+        Some(j) => (0u8, j).hash(h),
+        None => (1u8, name).hash(h),
+    }
+}
+
+/// Symmetry: workers are interchangeable, so states that differ only in
+/// which worker is which are one. [`State::fingerprint`] gives all of them
+/// one fingerprint — the smallest over every relabeling of the workers — so
+/// the checker keeps one of them. A relabeling is a symmetry of the model
+/// (the test `worker_relabeling_is_a_symmetry` checks it along random
+/// walks): it maps enabled actions to enabled actions, successors to
+/// successors, and no property tells relabeled states apart. Hence every
+/// verdict is unchanged, and a path found in the reduced space is a path of
+/// the model (the checker continues from the state it reached, never from a
+/// relabeled one).
+impl State {
+    /// The same state with worker `i` renamed `perm[i]` (fingerprinted with
+    /// or without `symmetry`).
+    #[must_use]
+    pub fn permuted(&self, perm: &[u32], symmetry: bool) -> State {
+        let mut next = self.clone();
+        let mut workers: Vec<Option<Proc>> = vec![None; self.workers.len()];
+        for (i, w) in self.workers.iter().enumerate() {
+            let mut w = WorkerProc::clone(w);
+            w.relabel(i, perm);
+            workers[perm[i] as usize] = Some(Proc::new(w));
+        }
+        next.workers = workers
+            .into_iter()
+            .map(|w| w.expect("a permutation"))
+            .collect();
+        if let Some(g) = next.world.redis.jobs.group.as_mut() {
+            for p in g.pel.values_mut() {
+                p.consumer = rename(&p.consumer, perm);
+            }
+            g.consumers = g.consumers.iter().map(|c| rename(c, perm)).collect();
+        }
+        for a in next.world.db.attempts.values_mut() {
+            a.worker = rename(&a.worker, perm);
+        }
+        next.world.trimmed_owed = self
+            .world
+            .trimmed_owed
+            .iter()
+            .map(|(w, ids)| (WorkerId(perm[w.0 as usize]), ids.clone()))
+            .collect();
+        next.fp = next.fingerprint(symmetry);
+        next
+    }
+
+    /// The fingerprint: with `symmetry`, the smallest of
+    /// [`State::fingerprint_as`] over every relabeling of the workers (one
+    /// value for the whole symmetry class); without, the identity's.
+    #[must_use]
+    pub fn fingerprint(&self, symmetry: bool) -> u64 {
+        let mut common = fp_hasher();
+        self.hash_unlabeled(&mut common);
+        let procs = self.process_fingerprints();
+        let perms = permutations(self.workers.len());
+        let mut best = self.hash_labeled(&perms[0], &procs, common.clone());
+        if symmetry {
+            for perm in &perms[1..] {
+                best = best.min(self.hash_labeled(perm, &procs, common.clone()));
+            }
+        }
+        best
+    }
+
+    /// The fingerprint `self.permuted(perm)` has without symmetry, computed
+    /// without building it.
+    #[must_use]
+    pub fn fingerprint_as(&self, perm: &[u32]) -> u64 {
+        let mut common = fp_hasher();
+        self.hash_unlabeled(&mut common);
+        self.hash_labeled(perm, &self.process_fingerprints(), common)
+    }
+
+    /// Each worker process's hash as if it were worker 0. A process names
+    /// no worker but itself, and its place in [`State::workers`] says which
+    /// it is, so this loses nothing; and a relabeling of the workers only
+    /// reorders these hashes.
+    fn process_fingerprints(&self) -> Vec<u64> {
+        let n = self.workers.len();
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| w.fingerprint(i, n))
+            .collect()
+    }
+
+    /// Hashes every field that names no worker. The destructuring lists
+    /// every field, so that a new one cannot be forgotten here.
+    fn hash_unlabeled(&self, h: &mut FpHasher) {
+        let State {
+            world,
+            workers: _, // labeled
+            api,
+            budget,
+            seen,
+            derived: _, // a function of the rest
+            fp: _,
+        } = self;
+        let World {
+            redis,
+            db,
+            accepted,
+            entries,
+            quarantined,
+            effects,
+            trimmed_owed: _, // labeled
+            violations,
+        } = world;
+        let pelican_model::stream::Stream {
+            exists,
+            entries: stream_entries,
+            last_id,
+            entries_added,
+            max_deleted,
+            group,
+        } = &redis.jobs;
+        (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
+        match group {
+            None => 0u8.hash(h),
+            Some(pelican_model::stream::Group {
+                name,
+                last_delivered,
+                entries_read,
+                pel,
+                consumers: _, // labeled
+            }) => {
+                (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
+                for (id, p) in pel {
+                    let pelican_model::stream::Pending {
+                        consumer: _, // labeled
+                        delivery_time,
+                        delivery_count,
+                    } = p;
+                    (id, delivery_time, delivery_count).hash(h);
+                }
+            }
+        }
+        redis.dead.hash(h);
+        let pelican_model::db::Db {
+            runs,
+            attempts,
+            effects: db_effects,
+            dead_letters,
+            run_ids,
+        } = db;
+        (runs, db_effects, dead_letters, run_ids, attempts.len()).hash(h);
+        for (key, a) in attempts {
+            let pelican_model::db::AttemptRow {
+                fence,
+                worker: _, // labeled
+                entry_id,
+                dispatch,
+                outcome,
+            } = a;
+            (key, fence, entry_id, dispatch, outcome).hash(h);
+        }
+        (accepted, entries, quarantined, effects, violations).hash(h);
+        (api, budget, seen).hash(h);
+    }
+
+    /// Finishes `h` with every field that names a worker, each as if worker
+    /// `i` were worker `perm[i]` (`procs`: [`State::process_fingerprints`]).
+    fn hash_labeled(&self, perm: &[u32], procs: &[u64], mut h: FpHasher) -> u64 {
+        if let Some(g) = &self.world.redis.jobs.group {
+            for p in g.pel.values() {
+                hash_consumer(&p.consumer, perm, &mut h);
+            }
+            // Other names as they come (relabeling moves none of them), then
+            // the workers' names as a bit set, which does not depend on the
+            // order the relabeling puts them in.
+            let mut known: u128 = 0;
+            for c in &g.consumers {
+                match worker_number(c, perm) {
+                    Some(j) if j < 128 => known |= 1 << j,
+                    _ => c.hash(&mut h),
+                }
+            }
+            known.hash(&mut h);
+        }
+        for a in self.world.db.attempts.values() {
+            hash_consumer(&a.worker, perm, &mut h);
+        }
+        let owed = &self.world.trimmed_owed;
+        let mut relabeled: Vec<(u32, &BTreeSet<EntryId>)> = owed
+            .iter()
+            .map(|(w, ids)| (perm.get(w.0 as usize).copied().unwrap_or(w.0), ids))
+            .collect();
+        relabeled.sort_unstable_by_key(|(w, _)| *w);
+        relabeled.hash(&mut h);
+        procs.len().hash(&mut h);
+        for j in 0..procs.len() {
+            let i = perm
+                .iter()
+                .position(|p| *p as usize == j)
+                .expect("a permutation");
+            h.write_u64(procs[i]);
+        }
+        h.finish()
+    }
+}
+
+/// The fingerprints' hash function: foldhash's quality variant with a fixed
+/// seed (64 well-mixed bits, a few times faster than SipHash on the many
+/// small writes of a derived `Hash`; the visited set trusts 64-bit
+/// fingerprints either way, as stateright's own do).
+type FpHasher = foldhash::quality::FoldHasher<'static>;
+
+fn fp_hasher() -> FpHasher {
+    foldhash::quality::FixedState::with_seed(0x7065_6c69_6361_6e21).build_hasher()
+}
+
+/// The index in [`permutations`]`(n)` of the transposition of 0 and `i`.
+fn swap_index(n: usize, i: usize) -> usize {
+    permutations(n)
+        .iter()
+        .position(|p| {
+            p.iter().enumerate().all(|(k, v)| {
+                *v as usize
+                    == match k {
+                        0 => i,
+                        k if k == i => 0,
+                        k => k,
+                    }
+            })
+        })
+        .expect("every transposition is a permutation")
+}
+
+/// Every permutation of `0..n`, the identity first (cached for small `n`).
+pub(super) fn permutations(n: usize) -> &'static [Vec<u32>] {
+    static CACHE: OnceLock<Vec<Vec<Vec<u32>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| (0..=5).map(all_permutations).collect());
+    cache
+        .get(n)
+        .expect("symmetry reduction over at most five workers")
+}
+
+fn all_permutations(n: usize) -> Vec<Vec<u32>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for p in all_permutations(n - 1) {
+        for at in (0..=p.len()).rev() {
+            let mut q = p.clone();
+            q.insert(at, (n - 1) as u32);
+            out.push(q);
+        }
+    }
+    out
+}

@@ -1,0 +1,158 @@
+//! The data types a state is made of: worker processes and their jobs,
+//! the sources and fates of commands, the API's runs and the history flags.
+
+use crate::config::Config;
+use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
+use pelican_model::protocol::{Command, Delivery, JobEntry, Reclaimer};
+use serde::Serialize;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+
+/// Which part of a worker issued a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Source {
+    /// The read loop (XREADGROUP, or recreating the group).
+    Fetch,
+    /// The delivery being handled.
+    Delivery,
+    /// The reclaim loop.
+    Reclaimer,
+}
+
+/// What happens to a command on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Fate {
+    /// Executed, answered.
+    Reply,
+    /// Executed, answer lost.
+    LostReply,
+    /// Never reached the server.
+    LostRequest,
+    /// An XADD applied twice: its reply was lost and the publisher retried
+    /// (a duplicate publication).
+    Duplicated,
+}
+
+/// A running job.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Job {
+    /// Its run.
+    pub run: RunId,
+    /// The fence it runs under.
+    pub fence: Fence,
+    /// Whether its side effect was performed.
+    pub effect_done: bool,
+}
+
+/// One worker process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct WorkerProc {
+    /// Paused (SIGSTOP): takes no step until resumed.
+    pub paused: bool,
+    /// The delivery in hand (in-flight max is 1 in the model).
+    pub delivery: Option<Delivery>,
+    /// The reclaim loop.
+    pub reclaimer: Reclaimer,
+    /// A reclaimed entry waiting for the delivery slot.
+    pub backlog: Option<(EntryId, JobEntry)>,
+    /// Commands sent and not yet answered, one per source at most.
+    pub outstanding: Vec<(Source, Command)>,
+    /// The job, while it runs.
+    pub job: Option<Job>,
+}
+
+impl WorkerProc {
+    /// A worker process just started: nothing in hand, reclaim cursor at 0.
+    #[must_use]
+    pub fn new(cfg: &Config, w: u8) -> WorkerProc {
+        WorkerProc {
+            paused: false,
+            delivery: None,
+            reclaimer: Reclaimer::new(&cfg.policy, WorkerId(u32::from(w))),
+            backlog: None,
+            outstanding: Vec::new(),
+            job: None,
+        }
+    }
+}
+
+/// A worker process in a state: shared with the states before and after it
+/// until one of them changes it (copy on write: most steps change one
+/// worker, or none), with its fingerprint cached (see
+/// [`State::fingerprint`]). Reads and writes go through `Deref`/`DerefMut`.
+///
+/// [`State::fingerprint`]: super::State::fingerprint
+#[derive(Clone)]
+pub struct Proc(pub(super) Arc<(WorkerProc, OnceLock<(usize, u64)>)>);
+
+impl Proc {
+    /// Wraps `w`.
+    #[must_use]
+    pub fn new(w: WorkerProc) -> Proc {
+        Proc(Arc::new((w, OnceLock::new())))
+    }
+}
+
+impl std::ops::Deref for Proc {
+    type Target = WorkerProc;
+    fn deref(&self) -> &WorkerProc {
+        &self.0.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut WorkerProc {
+        let inner = Arc::make_mut(&mut self.0);
+        inner.1 = OnceLock::new();
+        &mut inner.0
+    }
+}
+
+impl PartialEq for Proc {
+    fn eq(&self, other: &Proc) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.0 == other.0.0
+    }
+}
+
+impl Eq for Proc {}
+
+impl Hash for Proc {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.0.hash(h);
+    }
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.0.fmt(f)
+    }
+}
+
+impl Serialize for Proc {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.0.serialize(s)
+    }
+}
+
+/// The API's handling of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum ApiRun {
+    /// Not submitted yet.
+    NotYet,
+    /// Answered.
+    Done,
+}
+
+/// Things that happened that the `sometimes` properties look for and that
+/// cannot be read off the state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Seen {
+    /// A late attempt's fenced write was rejected.
+    pub late_write_rejected: bool,
+    /// A cancel won the race against a running attempt's result.
+    pub cancel_beat_result: bool,
+    /// A run was recovered from a trimmed pending entry.
+    pub trimmed_recovered: bool,
+    /// Redis lost all its data.
+    pub redis_wiped: bool,
+}
