@@ -313,6 +313,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         }
     }
     let dir = root().join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let bin = build_pelican(true, &[])?;
     let model = if quick {
         None
