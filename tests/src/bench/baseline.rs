@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The baseline's read of a batch of runs.
-const READ: &str = "SELECT run_id, kind, input FROM runs WHERE run_id = ANY($1::bigint[])";
+pub const READ: &str = "SELECT run_id, kind, input FROM runs WHERE run_id = ANY($1::bigint[])";
 
 /// The baseline's unfenced write of a batch of outcomes: any run not yet
 /// terminal takes it.
-const COMPLETE: &str = "UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
+pub const COMPLETE: &str = "UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
      FROM unnest($1::bigint[], $2::text[]) AS i(run_id, result) \
      WHERE r.run_id = i.run_id AND r.status IN ('queued', 'running', 'retry_wait')";
 
