@@ -169,11 +169,22 @@ impl Env {
     /// Starts the API on a free port with bearer token `token`; its runs
     /// get `attempts_max` attempts.
     pub fn api_with(&mut self, token: &str, attempts_max: u32) -> (Proc, String) {
+        self.api_with_flags(token, attempts_max, &[])
+    }
+
+    /// As [`Env::api_with`], with `flags` added to `pelican api`'s.
+    pub fn api_with_flags(
+        &mut self,
+        token: &str,
+        attempts_max: u32,
+        flags: &[&str],
+    ) -> (Proc, String) {
         let port = free_port();
         let mut c = self.command();
         c.args(["api", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--api-token", token, "--body-limit-bytes", "4096"])
-            .args(["--attempts-max", &attempts_max.to_string()]);
+            .args(["--attempts-max", &attempts_max.to_string()])
+            .args(flags);
         let trace = self
             .logs
             .join(format!("{:02}-api.trace.jsonl", self.procs.len()));

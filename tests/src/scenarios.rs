@@ -78,6 +78,7 @@ pub fn through_the_api(mutant: Option<&str>) {
     for (id, (kind, _, want)) in ids.iter().zip(&jobs) {
         let mut resp = agent
             .get(format!("{base}/runs/{}", id.0))
+            .header("Authorization", "Bearer sekret")
             .call()
             .expect("the API answers");
         assert_eq!(resp.status().as_u16(), 200);
@@ -87,6 +88,7 @@ pub fn through_the_api(mutant: Option<&str>) {
     }
     let mut metrics = agent
         .get(format!("{base}/metrics"))
+        .header("Authorization", "Bearer sekret")
         .call()
         .expect("metrics");
     let text = metrics.body_mut().read_to_string().expect("text");
@@ -577,14 +579,65 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
             "POST {path}: a JSON error body, got {json}"
         );
     }
+    let get = |path: &str, token: Option<&str>| {
+        let mut req = agent.get(format!("{base}{path}"));
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req.call().expect("the API answers");
+        let status = resp.status().as_u16();
+        let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        (status, body)
+    };
     for (path, want) in [("/runs/abc", 400), ("/runs/424242", 404)] {
-        let mut resp = agent.get(format!("{base}{path}")).call().expect("answers");
-        assert_eq!(resp.status().as_u16(), want, "GET {path}");
-        let json: Value = resp.body_mut().read_json().expect("a JSON body");
+        let (status, json) = get(path, ok);
+        assert_eq!(status, want, "GET {path}");
         assert!(json["error"].is_string());
     }
     assert!(env.db().runs.is_empty(), "no bad request stored a run");
     let run = env.submit("noop", "{}", 3);
+    // Every route but /healthz refuses a missing or wrong token; the
+    // read-only token reads and changes nothing.
+    let (_reader_api, reader_base) =
+        env.api_with_flags("sekret", 3, &["--api-read-token", "reader"]);
+    let cancel = format!("/runs/{}/cancel", run.0);
+    let read = format!("/runs/{}", run.0);
+    for token in [None, Some("wrong")] {
+        for path in ["/runs", cancel.as_str()] {
+            let (status, json) = post(path, token, r#"{"kind":"noop"}"#);
+            assert_eq!(status, 401, "POST {path} with {token:?}: {json}");
+        }
+        for path in [read.as_str(), "/metrics"] {
+            let (status, _) = get(path, token);
+            assert_eq!(status, 401, "GET {path} with {token:?}");
+        }
+    }
+    let reader = |path: &str, post_it: bool| {
+        let url = format!("{reader_base}{path}");
+        let req = |r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| {
+            r.header("Authorization", "Bearer reader").call()
+        };
+        let resp = if post_it {
+            agent
+                .post(&url)
+                .header("Authorization", "Bearer reader")
+                .header("Content-Type", "application/json")
+                .send(r#"{"kind":"noop"}"#)
+        } else {
+            req(agent.get(&url))
+        };
+        resp.expect("the API answers").status().as_u16()
+    };
+    assert_eq!(reader(&read, false), 200, "the read-only token reads a run");
+    assert_eq!(reader("/metrics", false), 200, "and the metrics");
+    assert_eq!(reader("/runs", true), 403, "but submits nothing");
+    assert_eq!(reader(&cancel, true), 403, "and cancels nothing");
+    let health = agent
+        .get(format!("{base}/healthz"))
+        .call()
+        .expect("answers");
+    assert_eq!(health.status().as_u16(), 200, "/healthz needs no token");
+    assert_eq!(env.db().runs.len(), 1, "no refused request stored a run");
     let _w = env.worker(1, None, &[]);
     env.settle();
     let (status, json) = post(&format!("/runs/{}/cancel", run.0), ok, "");
@@ -627,6 +680,11 @@ pub fn bad_flags_and_unreachable_servers_fail_clearly(mutant: Option<&str>) {
     assert!(err(&["submit", "noop", "{not json"]).contains("not JSON"));
     assert!(err(&["submit", "Bad Kind", "{}"]).contains("kind"));
     assert!(err(&["cancel", "run-x"]).contains("not a run id"));
+    // An API without a token is refused, unless asked for explicitly.
+    assert!(err(&["api", "--listen", "127.0.0.1:1"]).contains("--insecure-no-auth"));
+    assert!(
+        err(&["api", "--insecure-no-auth", "--api-token", "t"]).contains("cannot be used with")
+    );
 }
 
 /// Retention: once runs are done, their acknowledged entries are trimmed

@@ -8,8 +8,11 @@
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
 //!
-//! Mutating routes take `Authorization: Bearer <token>` when a token is
-//! configured. Every error is a 4xx/5xx with a JSON body `{"error": ".."}`.
+//! Every route but `/healthz` takes `Authorization: Bearer <token>`: the
+//! token for every route, or the read-only token for the `GET` routes.
+//! `pelican api` serves without a token only when told to
+//! (`--insecure-no-auth`). Every error is a 4xx/5xx with a JSON body
+//! `{"error": ".."}`.
 
 use super::metrics;
 use super::pg::PgDb;
@@ -32,8 +35,11 @@ use std::sync::Arc;
 pub struct ApiState {
     /// The driver's clients (the API runs submissions and cancels).
     pub io: Io<RedisStream, PgDb, Option<crate::trace::TraceProbe>>,
-    /// The bearer token mutating routes require, if any.
+    /// The bearer token every route but `/healthz` requires (`None`: the
+    /// operator chose to serve without auth).
     pub token: Option<String>,
+    /// A second token that the `GET` routes also accept.
+    pub read_token: Option<String>,
     /// The metrics recorder's handle.
     pub metrics: PrometheusHandle,
 }
@@ -72,7 +78,16 @@ pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
         .with_state(state)
 }
 
-fn authorize(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// What a route lets its caller do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Need {
+    /// Read runs and metrics: the token or the read-only token.
+    Read,
+    /// Change state: the token.
+    Write,
+}
+
+fn authorize(state: &ApiState, headers: &HeaderMap, need: Need) -> Result<(), ApiError> {
     let Some(token) = &state.token else {
         return Ok(());
     };
@@ -80,8 +95,18 @@ fn authorize(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    let matches = |t: &String, g: &str| constant_time_eq(g.as_bytes(), t.as_bytes());
     match given {
-        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(g) if matches(token, g) => Ok(()),
+        Some(g)
+            if need == Need::Read && state.read_token.as_ref().is_some_and(|t| matches(t, g)) =>
+        {
+            Ok(())
+        }
+        Some(g) if state.read_token.as_ref().is_some_and(|t| matches(t, g)) => Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "the read-only token cannot change runs".into(),
+        )),
         Some(_) => Err(ApiError(
             StatusCode::UNAUTHORIZED,
             "wrong bearer token".into(),
@@ -136,7 +161,7 @@ async fn create_run(
     headers: HeaderMap,
     body: Result<Json<NewRun>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers)?;
+    authorize(&state, &headers, Need::Write)?;
     let Json(new) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
@@ -207,8 +232,10 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
 
 async fn get_run(
     State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Need::Read)?;
     let run = parse_run(&id)?;
     Ok(Json(run_view(&state.io.db, run).await?))
 }
@@ -218,7 +245,7 @@ async fn cancel_run(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers)?;
+    authorize(&state, &headers, Need::Write)?;
     let run = parse_run(&id)?;
     match cancel(&state.io, run).await {
         Ok(true) => Ok(Json(json!({ "run_id": run.0, "status": "cancelled" }))),
@@ -259,7 +286,10 @@ async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
         .into_response()
 }
 
-async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
+async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Need::Read) {
+        return e.into_response();
+    }
     metrics::observe_queue(&state.io.stream, &state.io.db).await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

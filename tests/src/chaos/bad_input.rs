@@ -159,11 +159,11 @@ impl BadInput {
             BadInput::ApiGetUnknown => (
                 "GET",
                 "/runs/987654321".into(),
-                None,
+                ok,
                 String::new(),
                 &[404, 503],
             ),
-            BadInput::ApiGetBadId => ("GET", "/runs/abc".into(), None, String::new(), &[400]),
+            BadInput::ApiGetBadId => ("GET", "/runs/abc".into(), ok, String::new(), &[400]),
             BadInput::ApiNoRoute => (post, "/nowhere".into(), ok, String::new(), &[404]),
             _ => return None,
         })

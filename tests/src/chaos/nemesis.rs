@@ -206,7 +206,11 @@ pub(super) fn throw(
             } else if let Some((method, path, token, body, want)) = kind.request() {
                 let url = format!("{base}{path}");
                 let mut req = if method == "GET" {
-                    agent.get(&url).call()
+                    let mut r = agent.get(&url);
+                    if let Some(t) = token {
+                        r = r.header("Authorization", format!("Bearer {t}"));
+                    }
+                    r.call()
                 } else {
                     let mut r = agent.post(&url).header("Content-Type", "application/json");
                     if let Some(t) = token {

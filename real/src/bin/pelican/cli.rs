@@ -171,10 +171,18 @@ pub(crate) struct ApiArgs {
     /// Address to listen on.
     #[arg(long, env = "PELICAN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) listen: SocketAddr,
-    /// Bearer token required on mutating routes (unset: no auth; do not
-    /// expose such an API).
+    /// Bearer token every route but /healthz requires. Without it the API
+    /// refuses to start, unless --insecure-no-auth.
     #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
     pub(crate) api_token: Option<String>,
+    /// A second bearer token that only the GET routes (runs, metrics)
+    /// accept: for dashboards and scrapers.
+    #[arg(long, env = "PELICAN_API_READ_TOKEN", hide_env_values = true)]
+    pub(crate) api_read_token: Option<String>,
+    /// Serve every route to anyone who can reach the API, without a token
+    /// (local experiments only).
+    #[arg(long, env = "PELICAN_INSECURE_NO_AUTH", conflicts_with_all = ["api_token", "api_read_token"])]
+    pub(crate) insecure_no_auth: bool,
     /// Largest request body accepted.
     #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub(crate) body_limit_bytes: usize,

@@ -209,16 +209,23 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
 }
 
 pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
+    if a.api_token.is_none() && !a.insecure_no_auth {
+        bail!(
+            "refusing to serve the API without a token: set --api-token (PELICAN_API_TOKEN), \
+             or pass --insecure-no-auth to serve every route to anyone who can reach it"
+        );
+    }
+    if a.insecure_no_auth {
+        tracing::warn!("--insecure-no-auth: every route is open to anyone who can reach the API");
+    }
     let handle = install_metrics(None)?;
     let clients = connect(c, 0).await?;
     let config = c.config(a.attempts_max)?;
-    if a.api_token.is_none() {
-        tracing::warn!("no --api-token: mutating routes are open to anyone who can reach the API");
-    }
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
     let state = Arc::new(ApiState {
         io: io(clients, config, trace),
         token: a.api_token,
+        read_token: a.api_read_token,
         metrics: handle,
     });
     let listener = tokio::net::TcpListener::bind(a.listen)
