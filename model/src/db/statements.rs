@@ -389,39 +389,40 @@ impl Db {
     }
 }
 
-/// The columns of a batch of one statement: parameter `i` of every command,
-/// as one array, for each `i`.
+/// The columns of a batch of one statement, from each command's
+/// parameters ([`DbOp::params`]): parameter `i` of every command, as one
+/// array, for each `i`.
 ///
 /// # Panics
-/// If the commands are not all of one statement (their parameters would
-/// not line up).
+/// If the commands bind different types at one position (they are not of
+/// one statement).
 #[must_use]
-pub fn columns(ops: &[DbOp]) -> Vec<Column> {
-    let Some(first) = ops.first() else {
+pub fn columns(params: Vec<Vec<Param>>) -> Vec<Column> {
+    let rows = params.len();
+    let mut params = params.into_iter();
+    let Some(first) = params.next() else {
         return Vec::new();
     };
-    let statement = first.statement();
     let mut columns: Vec<Column> = first
-        .params()
         .iter()
         .map(|p| match p {
-            Param::Int8(_) => Column::Int8(Vec::with_capacity(ops.len())),
-            Param::Int4(_) => Column::Int4(Vec::with_capacity(ops.len())),
-            Param::Text(_) => Column::Text(Vec::with_capacity(ops.len())),
+            Param::Int8(_) => Column::Int8(Vec::with_capacity(rows)),
+            Param::Int4(_) => Column::Int4(Vec::with_capacity(rows)),
+            Param::Text(_) => Column::Text(Vec::with_capacity(rows)),
         })
         .collect();
-    for op in ops {
+    for row in std::iter::once(first).chain(params) {
         assert_eq!(
-            op.statement(),
-            statement,
+            row.len(),
+            columns.len(),
             "a batched form takes one statement"
         );
-        for (column, param) in columns.iter_mut().zip(op.params()) {
+        for (column, param) in columns.iter_mut().zip(row) {
             match (column, param) {
                 (Column::Int8(v), Param::Int8(p)) => v.push(p),
                 (Column::Int4(v), Param::Int4(p)) => v.push(p),
                 (Column::Text(v), Param::Text(p)) => v.push(p),
-                _ => unreachable!("one statement binds one type per parameter"),
+                _ => panic!("a batched form takes one statement: a parameter changed type"),
             }
         }
     }

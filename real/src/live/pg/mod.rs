@@ -204,26 +204,34 @@ impl PgDb {
     /// statement by statement, the commands before the failing one took
     /// effect. Either way each command is as uncertain as a lost reply.
     pub async fn execute_batch(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
-        match fusable(ops) {
-            Some((statement, sql)) => self.execute_many(statement, sql, ops).await,
-            None => {
-                let mut replies = Vec::with_capacity(ops.len());
-                for op in ops {
-                    replies.push(self.execute(op).await?);
-                }
-                Ok(replies)
+        if let Some((statement, sql)) = batched_form(ops) {
+            let params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
+            let runs: Vec<RunId> = params.iter().map(|p| batch_key(p)).collect();
+            let mut seen = BTreeSet::new();
+            if statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)) {
+                return self
+                    .execute_many(statement.shape(), sql, params, &runs)
+                    .await;
             }
         }
+        let mut replies = Vec::with_capacity(ops.len());
+        for op in ops {
+            replies.push(self.execute(op).await?);
+        }
+        Ok(replies)
     }
 
+    /// One batched statement: `params` bound as columns, each answer row
+    /// given to the command of its run.
     async fn execute_many(
         &self,
-        statement: Statement,
+        shape: Shape,
         sql: &'static str,
-        ops: &[DbOp],
+        params: Vec<Vec<Param>>,
+        runs: &[RunId],
     ) -> Result<Vec<DbReply>, PgError> {
         let mut query = sqlx::query(sql);
-        for column in columns(ops) {
+        for column in columns(params) {
             query = match column {
                 Column::Int8(v) => query.bind(v),
                 Column::Int4(v) => query.bind(v),
@@ -235,35 +243,28 @@ impl PgDb {
         for row in &found {
             by_run.insert(rows::run_id(row)?, row);
         }
-        ops.iter()
-            .map(|op| rows::reply_of(statement.shape(), by_run.get(&batch_key(op)).copied()))
+        runs.iter()
+            .map(|run| rows::reply_of(shape, by_run.get(run).copied()))
             .collect()
     }
 }
 
 /// The run a command of a batched form answers for: its first parameter.
-fn batch_key(op: &DbOp) -> RunId {
-    match op.params().first() {
+fn batch_key(params: &[Param]) -> RunId {
+    match params.first() {
         Some(Param::Int8(run)) => RunId(u64::try_from(*run).unwrap_or_default()),
         _ => unreachable!("a batched form is keyed by its first parameter, the run"),
     }
 }
 
-/// The statement and batched text `ops` can go out as, if any: one
-/// statement with a batched form, on distinct runs unless it only reads.
-fn fusable(ops: &[DbOp]) -> Option<(Statement, &'static str)> {
+/// The statement and batched text `ops` may go out as: every command of
+/// one statement that has a batched form.
+fn batched_form(ops: &[DbOp]) -> Option<(Statement, &'static str)> {
     let statement = ops.first()?.statement();
     let sql = statement.many_sql()?;
-    if ops.iter().any(|op| op.statement() != statement) {
-        return None;
-    }
-    if statement.access() != Access::Read {
-        let mut runs = BTreeSet::new();
-        if !ops.iter().all(|op| runs.insert(batch_key(op))) {
-            return None;
-        }
-    }
-    Some((statement, sql))
+    ops.iter()
+        .all(|op| op.statement() == statement)
+        .then_some((statement, sql))
 }
 
 impl DbClient for PgDb {
