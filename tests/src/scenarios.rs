@@ -614,17 +614,15 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
     }
     let reader = |path: &str, post_it: bool| {
         let url = format!("{reader_base}{path}");
-        let req = |r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| {
-            r.header("Authorization", "Bearer reader").call()
-        };
+        let bearer = "Bearer reader";
         let resp = if post_it {
             agent
                 .post(&url)
-                .header("Authorization", "Bearer reader")
+                .header("Authorization", bearer)
                 .header("Content-Type", "application/json")
                 .send(r#"{"kind":"noop"}"#)
         } else {
-            req(agent.get(&url))
+            agent.get(&url).header("Authorization", bearer).call()
         };
         resp.expect("the API answers").status().as_u16()
     };

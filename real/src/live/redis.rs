@@ -491,6 +491,12 @@ fn decode_entry(v: &Value) -> (EntryId, JobEntry) {
 /// XREADGROUP's reply: nil (nothing within BLOCK) or `[[stream, [entry...]]]`
 /// (RESP2) / `{stream: [entry...]}` (RESP3).
 fn read_reply(v: Value) -> StreamReply {
+    StreamReply::Entries(read_entries(v))
+}
+
+/// The entries of an `XREADGROUP` answer (RESP2 or RESP3), decoded.
+#[must_use]
+pub fn read_entries(v: Value) -> Vec<(EntryId, JobEntry)> {
     let entries = match v {
         Value::Array(streams) => streams
             .into_iter()
@@ -502,15 +508,14 @@ fn read_reply(v: Value) -> StreamReply {
         Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
         _ => Vec::new(),
     };
-    let got = entries
+    entries
         .iter()
         .filter_map(|e| match e {
             Value::Array(items) => Some(items.iter().map(decode_entry).collect::<Vec<_>>()),
             _ => None,
         })
         .flatten()
-        .collect();
-    StreamReply::Entries(got)
+        .collect()
 }
 
 /// XAUTOCLAIM's reply: `[next, [entry...], [deleted id...]]`.

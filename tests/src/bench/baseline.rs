@@ -14,7 +14,7 @@
 //! batch of at most `batch_max` entries.
 
 use pelican_model::protocol::JobEntry;
-use pelican_real::live::redis::decode_job;
+use pelican_real::live::redis::read_entries;
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,7 +144,7 @@ impl Task {
             .query_async(&mut self.conn)
             .await
             .map_err(|e| e.to_string())?;
-        let entries = entries(&read);
+        let entries = read_entries(read);
         if entries.is_empty() {
             return Ok(());
         }
@@ -172,7 +172,7 @@ impl Task {
         let mut ack = redis::cmd("XACK");
         ack.arg(&self.stream).arg(&self.group);
         for (id, _) in &entries {
-            ack.arg(id);
+            ack.arg(id.to_string());
         }
         let _: Value = ack
             .query_async(&mut self.conn)
@@ -180,46 +180,4 @@ impl Task {
             .map_err(|e| e.to_string())?;
         Ok(())
     }
-}
-
-/// The entries of an XREADGROUP answer: ID and decoded job.
-fn entries(v: &Value) -> Vec<(String, JobEntry)> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    };
-    let streams = match v {
-        Value::Array(s) => s.as_slice(),
-        Value::Map(m) => return m.iter().flat_map(|(_, e)| entries_of(e, &text)).collect(),
-        _ => return Vec::new(),
-    };
-    streams
-        .iter()
-        .filter_map(|s| match s {
-            Value::Array(kv) if kv.len() == 2 => Some(entries_of(&kv[1], &text)),
-            _ => None,
-        })
-        .flatten()
-        .collect()
-}
-
-fn entries_of(v: &Value, text: &dyn Fn(&Value) -> Option<String>) -> Vec<(String, JobEntry)> {
-    let Value::Array(list) = v else {
-        return Vec::new();
-    };
-    list.iter()
-        .filter_map(|e| {
-            let Value::Array(parts) = e else { return None };
-            let id = text(parts.first()?)?;
-            let fields: Vec<(String, String)> = match parts.get(1)? {
-                Value::Array(f) => f
-                    .chunks(2)
-                    .filter_map(|kv| Some((text(kv.first()?)?, text(kv.get(1)?)?)))
-                    .collect(),
-                _ => Vec::new(),
-            };
-            Some((id, decode_job(&fields)))
-        })
-        .collect()
 }
