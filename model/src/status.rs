@@ -84,6 +84,12 @@ pub enum ErrorClass {
     Panic,
     /// Attempts are exhausted; recorded on dead runs.
     Exhausted,
+    /// The attempt's result or error could not be stored (Postgres refused
+    /// it, or it exceeds [`Policy::value_bytes_max`]): the run fails at
+    /// once, since every retry would produce a value as unstorable.
+    ///
+    /// [`Policy::value_bytes_max`]: crate::protocol::Policy::value_bytes_max
+    Unstorable,
 }
 
 impl ErrorClass {
@@ -95,6 +101,7 @@ impl ErrorClass {
             ErrorClass::Terminal => "terminal",
             ErrorClass::Panic => "panic",
             ErrorClass::Exhausted => "exhausted",
+            ErrorClass::Unstorable => "unstorable",
         }
     }
 
@@ -106,6 +113,7 @@ impl ErrorClass {
             ErrorClass::Terminal,
             ErrorClass::Panic,
             ErrorClass::Exhausted,
+            ErrorClass::Unstorable,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)

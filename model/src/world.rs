@@ -14,7 +14,7 @@
 use crate::db::{Claimed, Db, RunRow};
 use crate::ids::{AttemptNo, EntryId, Fence, RunId, WorkerId};
 use crate::invariants::Guarantee;
-use crate::protocol::{DbOp, DbReply, DeadEntry, JobEntry, StreamOp, StreamReply};
+use crate::protocol::{DbOp, DbReply, DeadEntry, DeliveryEnd, JobEntry, StreamOp, StreamReply};
 use crate::status::RunStatus;
 use crate::stream::{AddId, Stream, StreamError};
 use serde::{Deserialize, Serialize};
@@ -176,6 +176,9 @@ pub enum Violation {
     CancelledRevived(RunId),
     /// S8: a deleted pending ID was dropped without recovery.
     TrimmedDropped(EntryId),
+    /// S6: an attempt whose outcome Postgres refused left its entry pending
+    /// (to be retried, and refused again) instead of failing the run.
+    RefusalRetried(RunId),
 }
 
 impl Violation {
@@ -188,6 +191,7 @@ impl Violation {
             Violation::AckBeforeDurable(_) => Guarantee::S4,
             Violation::EffectTwice(..) => Guarantee::S5,
             Violation::CancelledRevived(_) => Guarantee::S7,
+            Violation::RefusalRetried(_) => Guarantee::S6,
             Violation::TrimmedDropped(_) => Guarantee::S8,
         }
     }
@@ -496,6 +500,16 @@ impl World {
             .collect();
         for id in dropped {
             self.violations.insert(Violation::TrimmedDropped(id));
+        }
+    }
+
+    /// S6: delivery of `run` was just answered [`DbReply::Refused`] for
+    /// its outcome and came to `end` (`None`: it goes on). An outcome
+    /// Postgres refuses would be refused on every attempt, so the delivery
+    /// must fail the run at once; leaving the entry pending retries it.
+    pub fn check_refusal(&mut self, run: RunId, end: Option<DeliveryEnd>) {
+        if matches!(end, Some(DeliveryEnd::LeftPending(_))) {
+            self.violations.insert(Violation::RefusalRetried(run));
         }
     }
 

@@ -11,6 +11,7 @@
 //! | `fail` | `{"class": "retryable"\|"terminal", "times": N, "ms": M}` | after M ms, fails the first N attempts with that class, then succeeds |
 //! | `panic` | `{"times": N}` | panics in the first N attempts, then succeeds |
 //! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call) |
+//! | `echo` | `{"text": S}` | succeeds with S itself as its result text (not JSON-encoded): a handler's raw result, for tests of what Postgres stores |
 //!
 //! Handlers run at least once per attempt that reaches them and may run
 //! again after a crash: a handler's side effects must go through
@@ -127,6 +128,7 @@ impl Registry {
         r.register("fail", fail);
         r.register("panic", panic);
         r.register("effect", effect);
+        r.register("echo", echo);
         r
     }
 
@@ -185,6 +187,19 @@ async fn pause(ms: u64) {
 
 async fn noop(_: JobContext) -> JobOutcome {
     succeeded("null")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EchoInput {
+    text: String,
+}
+
+async fn echo(ctx: JobContext) -> JobOutcome {
+    match serde_json::from_str::<EchoInput>(&ctx.input) {
+        Ok(i) => succeeded(i.text),
+        Err(e) => bad_input("echo", &e),
+    }
 }
 
 #[derive(Deserialize)]

@@ -418,8 +418,9 @@ mod cli {
         }
         let seconds = started.elapsed().as_secs_f64();
         println!(
-            "mutants: {}/10 caught, {ran} seeds in {seconds:.1} s",
-            report.values().filter(|v| v["caught"] == true).count()
+            "mutants: {}/{} caught, {ran} seeds in {seconds:.1} s",
+            report.values().filter(|v| v["caught"] == true).count(),
+            Mutant::ALL.len()
         );
         if json {
             let caught = report.values().filter(|v| v["caught"] == true).count();

@@ -6,7 +6,8 @@ use crate::scenario::FaultMix;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::{self, Broken};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
+    Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, JobEntry, Policy, StreamOp,
+    StreamReply,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::StreamError;
@@ -48,6 +49,9 @@ pub struct Oracle {
     pub broken: Vec<Broken>,
     /// The event log, when recording.
     pub log: Option<Vec<LogLine>>,
+    /// Deliveries (by node and entry) whose last input was a refused
+    /// outcome write: what they do next is checked (S6).
+    refused: BTreeSet<(String, EntryId)>,
     hash: DefaultHasher,
     start_ms: u64,
 }
@@ -81,6 +85,7 @@ impl Oracle {
             counters: BTreeMap::new(),
             broken: Vec::new(),
             log: record.then(Vec::new),
+            refused: BTreeSet::new(),
             hash: DefaultHasher::new(),
             start_ms: sim_now_ms(),
         }
@@ -249,6 +254,15 @@ impl Oracle {
 
     /// A role of `worker` received an input.
     pub fn received(&mut self, node: &str, role: &RoleId, input: &Input) {
+        if let RoleId::Delivery(_, entry, _) = role {
+            let key = (node.to_owned(), *entry);
+            if *input == Input::Db(DbReply::Refused) {
+                self.count("refused");
+                self.refused.insert(key);
+            } else {
+                self.refused.remove(&key);
+            }
+        }
         match (role, input) {
             (RoleId::Reclaimer(w), Input::Stream(Ok(StreamReply::AutoClaimed(r))))
                 if !r.deleted.is_empty() =>
@@ -296,6 +310,13 @@ impl Oracle {
     /// A delivery ended.
     pub fn delivery_end(&mut self, node: &str, entry: EntryId, end: DeliveryEnd) {
         self.count(end.name());
+        if self.refused.remove(&(node.to_owned(), entry)) {
+            if let Some(JobEntry::Job { run, .. }) = self.world.entries.get(&entry) {
+                let run = *run;
+                self.world.check_refusal(run, Some(end));
+                self.check_state();
+            }
+        }
         self.event(node, &|| format!("delivery {entry} ended: {end:?}"), &|s| {
             entry.hash(s);
             end.hash(s);

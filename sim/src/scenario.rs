@@ -57,6 +57,7 @@ impl Scenario {
                     backoff_cap_ms: 2_000,
                     sweep_grace_ms: 4_000,
                     sweep_batch_max: 16,
+                    value_bytes_max: 1 << 20,
                     mutant: None,
                 },
                 in_flight_max: 2,

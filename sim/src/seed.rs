@@ -210,7 +210,9 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
                     ),
                 ),
                 91..98 => ("panic", format!("{{\"times\":{}}}", rng.gen_range(0..3))),
-                _ => ("no-such-kind", "{}".to_owned()),
+                98 => ("no-such-kind", "{}".to_owned()),
+                // A result Postgres refuses (a NUL byte).
+                _ => ("echo", r#"{"text":"poison\u0000"}"#.to_owned()),
             };
             Planned {
                 at_ms: rng.gen_range(0..window.max(1)),
@@ -289,6 +291,10 @@ async fn api_main(
                         } else {
                             "submitted_unpublished"
                         });
+                        break;
+                    }
+                    pelican_model::protocol::SubmitterEnd::Refused => {
+                        lock(&oracle).count("submit_refused");
                         break;
                     }
                     pelican_model::protocol::SubmitterEnd::Unavailable => {

@@ -174,5 +174,6 @@ mod mutants {
         mutant_ignore_trimmed => IgnoreTrimmed,
         mutant_revive_cancelled => ReviveCancelled,
         mutant_no_publish_recovery => NoPublishRecovery,
+        mutant_poison_retried => PoisonRetried,
     }
 }

@@ -270,6 +270,49 @@ pub fn terminal_error_is_not_retried(mutant: Option<&str>) {
     assert_eq!(db.runs[&run].attempts, 1);
 }
 
+/// Values Postgres cannot store fail their run alone, on its first attempt,
+/// as `unstorable`: a result holding a NUL byte, completed in the same
+/// batches as 200 other runs, and a bad input whose error message holds one
+/// (the field name serde quotes).
+pub fn poison_values_fail_alone(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let runs: Vec<RunId> = (0..200).map(|_| env.submit("noop", "{}", 5)).collect();
+    let poison = [
+        env.submit("echo", r#"{"text":"poison\u0000"}"#, 5),
+        env.submit("sleep", r#"{"\u0000x":1}"#, 5),
+    ];
+    let fast = [
+        "--in-flight-max",
+        "256",
+        "--lease-ms",
+        "2000",
+        "--heartbeat-ms",
+        "500",
+        "--reclaim-min-idle-ms",
+        "2500",
+    ];
+    let _w = env.worker(1, None, &fast);
+    env.settle();
+    let db = env.check(&[]);
+    for run in runs {
+        let r = &db.runs[&run];
+        assert_eq!((r.status, r.attempts), (RunStatus::Succeeded, 1), "{run}");
+    }
+    for run in poison {
+        let r = &db.runs[&run];
+        assert_eq!(
+            (r.status, r.attempts),
+            (RunStatus::Failed, 1),
+            "{run}: {r:?}"
+        );
+        assert_eq!(
+            r.error.as_ref().map(|e| e.0),
+            Some(ErrorClass::Unstorable),
+            "{run}"
+        );
+    }
+}
+
 /// A pending entry trimmed away is detected (XAUTOCLAIM's deleted IDs) and
 /// its run recovered from Postgres, without the sweeper's help.
 pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {

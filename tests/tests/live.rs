@@ -19,6 +19,7 @@ live! {
     late_worker_does_not_ack_a_reclaimed_entry,
     retryable_errors_back_off_then_dead_letter,
     terminal_error_is_not_retried,
+    poison_values_fail_alone,
     trimmed_pending_entry_is_recovered,
     redis_restart_with_aof,
     total_redis_data_loss,

@@ -65,6 +65,7 @@ mutants! {
     ignore_trimmed: "IgnoreTrimmed" => trimmed_pending_entry_is_recovered,
     revive_cancelled: "ReviveCancelled" => cancelled_before_delivery_never_runs,
     no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
+    poison_retried: "PoisonRetried" => poison_values_fail_alone,
 }
 
 /// The mutants' statements answer as their model twins: first on every

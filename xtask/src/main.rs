@@ -47,7 +47,7 @@ commands:
             as the last stdout line; --quick skips the model check and runs
             smaller live figures
   verify    the main job: check standard (complete, every guarantee holds,
-            every interesting path reached) and catch all ten mutants; then
+            every interesting path reached) and catch every mutant; then
             10,000 simulated seeds (and 2,000 busy ones) pass and every
             mutant fails within 1,000
   test      every test in the workspace, with the release-mode model checks,
@@ -422,7 +422,7 @@ fn verify(args: &[String]) -> Result<(), String> {
         simulator(true, &["sweep", "--seeds", "0..1000", "--mutant", "all"]),
     )?;
     eprintln!(
-        "xtask: verify: the model holds, 12,000 simulated seeds pass, and all ten mutants are caught by both"
+        "xtask: verify: the model holds, 12,000 simulated seeds pass, and every mutant is caught by both"
     );
     Ok(())
 }

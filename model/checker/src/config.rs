@@ -15,6 +15,8 @@ pub enum OutcomeKind {
     Terminal,
     /// The handler panics.
     Panic,
+    /// The handler returns a result Postgres refuses (a NUL byte).
+    Poison,
 }
 
 /// Faults a single path may contain, by kind.
@@ -84,6 +86,7 @@ impl Config {
             backoff_cap_ms: 8_000,
             sweep_grace_ms: 120_000,
             sweep_batch_max: 8,
+            value_bytes_max: 1 << 20,
             mutant: None,
         }
     }
@@ -144,9 +147,20 @@ impl Config {
         c.name = "large".into();
         c.workers = 3;
         c.outcomes.push(OutcomeKind::Panic);
+        c.outcomes.push(OutcomeKind::Poison);
         c.faults.crashes = 2;
         c.faults.lost = 2;
         c.faults.total = 3;
+        c
+    }
+
+    /// Small with a job whose result Postgres refuses, beside the others:
+    /// the run must fail on that attempt, not be retried.
+    #[must_use]
+    pub fn poison() -> Config {
+        let mut c = Self::small();
+        c.name = "poison".into();
+        c.outcomes.push(OutcomeKind::Poison);
         c
     }
 
@@ -156,8 +170,9 @@ impl Config {
             "small" => Ok(Self::small()),
             "standard" => Ok(Self::standard()),
             "large" => Ok(Self::large()),
+            "poison" => Ok(Self::poison()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large"
+                "unknown configuration {other:?}; known: small, standard, large, poison"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -203,10 +218,16 @@ impl Config {
         Ok(self)
     }
 
-    /// The same configuration with a mutant injected.
+    /// The same configuration with a mutant injected, and with what the
+    /// mutant's bug needs to show: PoisonRetried a job whose result
+    /// Postgres refuses.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::PoisonRetried) && !self.outcomes.contains(&OutcomeKind::Poison) {
+            self.outcomes.push(OutcomeKind::Poison);
+        }
         self
     }
 }

@@ -40,9 +40,9 @@ pub mod report;
 pub mod state;
 pub mod timeline;
 
-pub use config::Config;
+pub use config::{Config, OutcomeKind};
 use pelican_model::invariants::Guarantee;
-use pelican_model::status::RunStatus;
+use pelican_model::status::{ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
 use state::{Action, State};
 use stateright::{Model, Property};
@@ -196,6 +196,17 @@ impl Model for PelicanModel {
                 !s.world.quarantined.is_empty()
             }),
         ]);
+        if self.cfg.outcomes.contains(&OutcomeKind::Poison) {
+            properties.push(Property::sometimes(
+                "refused result fails its run",
+                |_, s: &State| {
+                    s.world.db.runs.values().any(|r| {
+                        r.status == RunStatus::Failed
+                            && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
+                    })
+                },
+            ));
+        }
         properties
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "pelican-check")]
 struct Args {
-    /// small, standard or large.
+    /// small, standard, large or poison.
     #[arg(long, default_value = "standard")]
     config: String,
     /// A mutant to inject (needs the `mutants` feature), or `all`.

@@ -219,6 +219,24 @@ fn standard_holds_and_reaches_every_interesting_path() {
     assert_correct(&report::check(&Config::standard(), &opts()));
 }
 
+/// A job whose result Postgres refuses fails its run on that attempt
+/// (class `unstorable`), and every guarantee still holds.
+#[test]
+fn poison_holds_and_fails_its_run() {
+    let r = report::check(&Config::poison(), &opts());
+    assert!(r.complete, "incomplete exploration");
+    for (name, v) in &r.properties {
+        assert_ne!(*v, Verdict::Violated, "{name}");
+    }
+    assert_eq!(
+        r.properties
+            .iter()
+            .find(|(name, _)| *name == "refused result fails its run")
+            .map(|(_, v)| *v),
+        Some(Verdict::Reached)
+    );
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -262,5 +280,6 @@ mod mutants {
         mutant_ignore_trimmed: IgnoreTrimmed on standard;
         mutant_revive_cancelled: ReviveCancelled on standard;
         mutant_no_publish_recovery: NoPublishRecovery on standard;
+        mutant_poison_retried: PoisonRetried on standard;
     }
 }

@@ -58,6 +58,11 @@ pub enum Column {
 pub trait ToParam {
     /// The bound value.
     fn to_param(&self) -> Param;
+
+    /// Whether Postgres refuses the value: text holding a NUL byte.
+    fn holds_nul(&self) -> bool {
+        false
+    }
 }
 
 fn int8(n: u64) -> Param {
@@ -87,9 +92,18 @@ to_param! {
     u64 => |v| int8(*v);
     u32 => |v| int4(*v);
     usize => |v| int8(u64::try_from(*v).unwrap_or(u64::MAX));
-    String => |v| Param::Text(v.clone());
     EntryId => |v| Param::Text(v.to_string());
     ErrorClass => |v| Param::Text(v.as_str().to_owned());
+}
+
+impl ToParam for String {
+    fn to_param(&self) -> Param {
+        Param::Text(self.clone())
+    }
+
+    fn holds_nul(&self) -> bool {
+        self.contains('\0')
+    }
 }
 
 /// Whether a statement reads or writes, and whether its write is fenced.
@@ -147,6 +161,10 @@ pub enum DbReply {
     DeadLetters(Vec<(RunId, super::DeadLetter)>),
     /// Runs by status.
     Counts(Vec<(RunStatus, u64)>),
+    /// Postgres refused the command's values and applied nothing: text
+    /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
+    /// The binding logs Postgres's own message.
+    Refused,
 }
 
 /// A source of field values for [`DbOp::draw`]: one [`Pick`] per field
@@ -339,9 +357,29 @@ macro_rules! statements {
             }
         }
 
+        impl DbOp {
+            /// Whether Postgres refuses this command's values: a text
+            /// parameter holding a NUL byte (`text` cannot store U+0000;
+            /// Postgres answers SQLSTATE 22021 and applies nothing).
+            #[must_use]
+            #[allow(unused_variables)]
+            pub fn refused(&self) -> bool {
+                match self {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        false $($(|| ToParam::holds_nul($field))*)?
+                    })*
+                }
+            }
+        }
+
         impl Db {
-            /// Executes one command against the reference database.
+            /// Executes one command against the reference database. Like
+            /// Postgres, it refuses a command whose text holds a NUL byte
+            /// and applies nothing ([`DbReply::Refused`]).
             pub fn execute(&mut self, op: &DbOp) -> DbReply {
+                if op.refused() {
+                    return DbReply::Refused;
+                }
                 match op {
                     $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
                         let $db = &mut *self;

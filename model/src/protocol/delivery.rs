@@ -146,6 +146,10 @@ enum Write {
     Result,
     /// Dead letter: notify the dead stream, then ack.
     Dead(ErrorClass),
+    /// The failure written because Postgres refused the outcome
+    /// ([`ErrorClass::Unstorable`]): ack when accepted; if it too is
+    /// refused, leave the entry pending.
+    Unstorable,
     /// AckBeforeCommit mutant: the ack already happened.
     #[cfg(feature = "mutants")]
     AckedFirst,
@@ -383,6 +387,7 @@ impl Delivery {
                 let fence = row.map_or(claimed.fence, |r| r.active_fence);
                 self.write_outcome(now, Claimed { fence, ..claimed }, outcome);
             }
+            (Phase::Writing(kind), Input::Db(DbReply::Refused)) => self.on_refused(now, kind),
             (Phase::Writing(kind), Input::Db(DbReply::Rows(rows))) => {
                 debug_assert!(rows <= 1, "a fenced write matches at most its run's row");
                 #[cfg(feature = "mutants")]
@@ -585,7 +590,19 @@ impl Delivery {
                 || crate::injects!(self.policy, NoTerminalCheck),
             "a fenced write carries this delivery's own fence (S3)"
         );
-        let (op, kind) = match outcome {
+        let (op, kind) = match self.policy.storable(outcome) {
+            JobOutcome::Failed {
+                class: ErrorClass::Unstorable,
+                message,
+            } => (
+                DbOp::Fail {
+                    run,
+                    fence,
+                    class: ErrorClass::Unstorable,
+                    message,
+                },
+                Write::Unstorable,
+            ),
             JobOutcome::Succeeded { result } => {
                 (DbOp::Complete { run, fence, result }, Write::Result)
             }
@@ -651,6 +668,30 @@ impl Delivery {
         }
         self.phase = Phase::Writing(kind);
         self.send(Command::Db(op));
+    }
+
+    /// Postgres refused the outcome's values (text holding a NUL byte).
+    /// Every retry would produce the same value, so the run fails now, as
+    /// `unstorable`, with a message of ours that Postgres stores.
+    fn on_refused(&mut self, now: Timestamp, kind: Write) {
+        let retry = matches!(kind, Write::Result | Write::Dead(_));
+        match self.own {
+            Some(claimed) if retry && !crate::injects!(self.policy, PoisonRetried) => {
+                let message = "Postgres refused to store this attempt's result or error \
+                               message (text holding a NUL byte); the worker's log has its \
+                               own error"
+                    .to_owned();
+                self.write_outcome(
+                    now,
+                    claimed,
+                    JobOutcome::Failed {
+                        class: ErrorClass::Unstorable,
+                        message,
+                    },
+                );
+            }
+            _ => self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable)),
+        }
     }
 
     fn notify_dead(&mut self, now: Timestamp, class: ErrorClass) {

@@ -81,6 +81,11 @@ pub struct Policy {
     pub sweep_grace_ms: u64,
     /// Rows per maintenance query.
     pub sweep_batch_max: usize,
+    /// The longest result or error message an attempt may store, in bytes:
+    /// a longer one fails its run as [`ErrorClass::Unstorable`].
+    ///
+    /// [`ErrorClass::Unstorable`]: crate::status::ErrorClass::Unstorable
+    pub value_bytes_max: usize,
     /// The protocol bug to inject (only with the `mutants` feature).
     pub mutant: Option<Mutant>,
 }
@@ -97,12 +102,35 @@ impl Default for Policy {
             backoff_cap_ms: 60_000,
             sweep_grace_ms: 120_000,
             sweep_batch_max: 64,
+            value_bytes_max: 4 << 20,
             mutant: None,
         }
     }
 }
 
 impl Policy {
+    /// The outcome an attempt writes: `outcome`, or, when its result or
+    /// error message is longer than [`Policy::value_bytes_max`], a failure
+    /// of class [`ErrorClass::Unstorable`] that says so.
+    #[must_use]
+    pub fn storable(&self, outcome: JobOutcome) -> JobOutcome {
+        let (what, len) = match &outcome {
+            JobOutcome::Succeeded { result } => ("result", result.len()),
+            JobOutcome::Failed { message, .. } => ("error message", message.len()),
+        };
+        if len <= self.value_bytes_max {
+            return outcome;
+        }
+        JobOutcome::Failed {
+            class: ErrorClass::Unstorable,
+            message: format!(
+                "the attempt's {what} has {len} bytes, over the limit of {} \
+                 (--value-bytes-max)",
+                self.value_bytes_max
+            ),
+        }
+    }
+
     /// The delay before retry `attempt + 1`: exponential from
     /// `backoff_base_ms`, capped at `backoff_cap_ms`, with "equal jitter" drawn
     /// from `entropy` (the driver's randomness, passed in).

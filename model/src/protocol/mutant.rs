@@ -1,7 +1,7 @@
 //! Known protocol bugs, injected on purpose to prove that every check has
 //! teeth (DESIGN.md, "Mutants").
 //!
-//! With the `mutants` feature, [`Mutant`] names the ten bugs and
+//! With the `mutants` feature, [`Mutant`] names the bugs and
 //! [`Policy::mutant`](super::Policy::mutant) may select one. Without it,
 //! [`Mutant`] is an enum with no variants: configurations, traces and
 //! reports still have a type to name (always `None`), but a production
@@ -83,6 +83,9 @@ mutants! {
     ReviveCancelled,
     /// Runs whose publish was lost are never published.
     NoPublishRecovery,
+    /// An outcome Postgres refuses (a NUL byte) is left pending, as if its
+    /// reply were lost: the run is retried until its attempts run out.
+    PoisonRetried,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -20,6 +20,9 @@ pub enum SubmitterEnd {
     /// 503: the run row could not be written (or its answer was lost: a
     /// retry with the same run id is idempotent).
     Unavailable,
+    /// 422: Postgres refused the run's values (text holding a NUL byte);
+    /// nothing was stored.
+    Refused,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -103,6 +106,7 @@ impl Submitter {
                     .push_back(Command::Stream(StreamOp::Publish { entry, now }));
                 Phase::Publishing
             }
+            (Phase::Inserting, Input::Db(DbReply::Refused)) => Phase::Done(SubmitterEnd::Refused),
             (Phase::Inserting, _) => Phase::Done(SubmitterEnd::Unavailable),
             (Phase::Publishing, Input::Stream(Ok(StreamReply::Added(entry)))) => {
                 let op = DbOp::MarkPublished {

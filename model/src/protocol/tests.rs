@@ -111,6 +111,42 @@ fn success_is_written_then_acked() {
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 
+/// Values Postgres cannot store fail the run at once, as `unstorable`: a
+/// result or message it refuses (a NUL byte), and one over the policy's
+/// size limit.
+#[test]
+fn unstorable_outcomes_fail_the_run_on_their_attempt() {
+    let too_long = "x".repeat(policy().value_bytes_max + 1);
+    let outcomes = [
+        JobOutcome::Succeeded {
+            result: "\"a\u{0}\"".into(),
+        },
+        JobOutcome::Failed {
+            class: ErrorClass::Retryable,
+            message: "a\u{0}".into(),
+        },
+        JobOutcome::Failed {
+            class: ErrorClass::Terminal,
+            message: "a\u{0}".into(),
+        },
+        JobOutcome::Succeeded { result: too_long },
+    ];
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let mut world = World::new();
+        submit(&mut world, 1);
+        let (_, end) = deliver(&mut world, 0, Some(outcome));
+        assert_eq!(end, DeliveryEnd::Acked(AckReason::Written), "case {i}");
+        let r = &world.db.runs[&RunId(1)];
+        assert_eq!((r.status, r.attempts), (RunStatus::Failed, 1), "case {i}");
+        assert_eq!(
+            r.error.as_ref().map(|e| e.0),
+            Some(ErrorClass::Unstorable),
+            "case {i}"
+        );
+        assert!(world.violations.is_empty(), "{:?}", world.violations);
+    }
+}
+
 #[test]
 fn a_redelivered_finished_run_is_acked_without_running() {
     let mut world = World::new();

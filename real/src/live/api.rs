@@ -177,6 +177,11 @@ async fn create_run(
             ))
         }
         SubmitterEnd::Unavailable => Err(unavailable("Postgres")),
+        SubmitterEnd::Refused => Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                .into(),
+        )),
     }
 }
 

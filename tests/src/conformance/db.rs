@@ -87,7 +87,8 @@ impl Pick<ErrorClass> for Words<'_> {
             ErrorClass::Terminal,
             ErrorClass::Panic,
             ErrorClass::Exhausted,
-        ][(self.word() % 4) as usize]
+            ErrorClass::Unstorable,
+        ][(self.word() % 5) as usize]
     }
 }
 impl Pick<String> for Words<'_> {
@@ -97,8 +98,12 @@ impl Pick<String> for Words<'_> {
             "kind" => "noop".into(),
             "input" => "{}".into(),
             "worker" => format!("w{}", w % 3),
+            // One in eight results and messages holds a NUL byte, which
+            // Postgres refuses: alone, and in fused batches beside others.
+            "result" if w % 8 == 7 => "\"r\u{0}\"".into(),
             "result" => format!("\"r{}\"", w % 3),
             "key" => format!("run-1/{}", w % 3),
+            _ if w % 8 == 7 => "bo\u{0}om".into(),
             _ => ["boom", "timeout"][(w % 2) as usize].into(),
         }
     }

@@ -211,6 +211,9 @@ impl State {
                 class: ErrorClass::Panic,
                 message: String::new(),
             },
+            OutcomeKind::Poison => JobOutcome::Succeeded {
+                result: "\0".into(),
+            },
         };
         if let Some(d) = wp.delivery.as_mut() {
             d.handle(NOW, Input::Executed(outcome));
@@ -321,7 +324,11 @@ impl State {
             },
             Source::Delivery => {
                 if let Some(d) = self.workers[wi].delivery.as_mut() {
+                    let refused = input == Input::Db(DbReply::Refused);
                     d.handle(NOW, input);
+                    if let (true, Some((run, _))) = (refused, d.run()) {
+                        self.world.check_refusal(run, d.end());
+                    }
                 }
                 self.drain_delivery(cfg, w);
             }

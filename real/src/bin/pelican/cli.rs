@@ -227,6 +227,11 @@ pub(crate) struct WorkerArgs {
     /// Back-off cap.
     #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
     pub(crate) backoff_cap_ms: u64,
+    /// The longest result or error message an attempt may store, in bytes;
+    /// a longer one fails its run with class `unstorable`.
+    #[arg(long, env = "PELICAN_VALUE_BYTES_MAX", default_value_t = 4 << 20,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) value_bytes_max: u64,
     /// How long a published run may wait, or a lease stay expired, before
     /// the sweeper checks its stream entry (the sweeper runs on the
     /// maintenance pass closest to every quarter of this).

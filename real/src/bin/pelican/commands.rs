@@ -150,6 +150,7 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         backoff_cap_ms: a.backoff_cap_ms,
         sweep_grace_ms: a.sweep_grace_ms,
         sweep_batch_max: 64,
+        value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         mutant: c.mutant()?,
     };
     let config = Config {
@@ -313,6 +314,9 @@ async fn submit_one(c: &Connection, kind: &str, input: &str, attempts_max: u32) 
         }
         SubmitterEnd::Unavailable => {
             bail!("Postgres did not accept the run; nothing was stored")
+        }
+        SubmitterEnd::Refused => {
+            bail!("Postgres refused the run's values (text holding a NUL byte); nothing was stored")
         }
     }
 }

@@ -184,12 +184,22 @@ impl PgDb {
                 Param::Text(v) => query.bind(v),
             };
         }
-        if statement.shape() == Shape::Rows {
-            let done = query.execute(&self.pool).await?;
-            return rows::reply(Shape::Rows, &[], done.rows_affected());
+        let answer = if statement.shape() == Shape::Rows {
+            query
+                .execute(&self.pool)
+                .await
+                .map(|done| (Vec::new(), done.rows_affected()))
+        } else {
+            query.fetch_all(&self.pool).await.map(|rows| (rows, 0))
+        };
+        match answer {
+            Ok((found, affected)) => rows::reply(statement.shape(), &found, affected),
+            Err(e) if is_refusal(&e) => {
+                tracing::warn!(error = %e, statement = statement.name(), "Postgres refused the values");
+                Ok(DbReply::Refused)
+            }
+            Err(e) => Err(e.into()),
         }
-        let found = query.fetch_all(&self.pool).await?;
-        rows::reply(statement.shape(), &found, 0)
     }
 
     /// Runs `ops` as [`pelican_model::Db::execute_batch`] defines a batch:
@@ -198,6 +208,13 @@ impl PgDb {
     /// distinct runs unless they only read, go out as that one statement;
     /// any other batch runs statement by statement.
     ///
+    /// A fused statement binds its commands in `run_id` order, so its row
+    /// locks are taken in that order and two batches cannot deadlock on
+    /// each other. When Postgres refuses a fused statement's values (one
+    /// command's text holds a NUL byte), nothing of it took effect, and the
+    /// batch runs again statement by statement: the refused command
+    /// answers [`DbReply::Refused`], every other one for itself.
+    ///
     /// # Errors
     /// When Postgres fails or answers something unexpected. For a fused
     /// batch, nothing took effect, or (a lost commit answer) everything did;
@@ -205,13 +222,21 @@ impl PgDb {
     /// effect. Either way each command is as uncertain as a lost reply.
     pub async fn execute_batch(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
         if let Some((statement, sql)) = batched_form(ops) {
-            let params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
+            let mut params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
             let runs: Vec<RunId> = params.iter().map(|p| batch_key(p)).collect();
             let mut seen = BTreeSet::new();
             if statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)) {
-                return self
+                params.sort_by_key(|p| batch_key(p));
+                match self
                     .execute_many(statement.shape(), sql, params, &runs)
-                    .await;
+                    .await
+                {
+                    Err(PgError::Sql(e)) if is_refusal(&e) => {
+                        tracing::warn!(error = %e, statement = statement.name(), commands = ops.len(),
+                            "Postgres refused a batch's values: running it statement by statement");
+                    }
+                    answer => return answer,
+                }
             }
         }
         let mut replies = Vec::with_capacity(ops.len());
@@ -247,6 +272,12 @@ impl PgDb {
             .map(|run| rows::reply_of(shape, by_run.get(run).copied()))
             .collect()
     }
+}
+
+/// Whether Postgres refused a statement's values (SQLSTATE class 22, data
+/// exception: text holding a NUL byte is 22021), having applied nothing.
+fn is_refusal(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22")))
 }
 
 /// The run a command of a batched form answers for: its first parameter.
