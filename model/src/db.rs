@@ -126,8 +126,30 @@ pub struct Candidate {
     pub entry_id: Option<EntryId>,
 }
 
+/// A client's idempotency key for a submission (`submit_keys`): the run it
+/// created, the request it was first used with, and when.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SubmitKey {
+    /// The run the key's first submission created.
+    pub run: RunId,
+    /// That submission's kind and input ([`SubmitKey::request`]).
+    pub request: String,
+    /// When that submission was made.
+    pub created_at: Timestamp,
+}
+
+impl SubmitKey {
+    /// A request as `submit_keys.request` holds it: the kind's length in
+    /// bytes, `:`, the kind, the input (unambiguous: the length says where
+    /// the kind ends).
+    #[must_use]
+    pub fn request(kind: &str, input: &str) -> String {
+        format!("{}:{kind}{input}", kind.len())
+    }
+}
+
 /// The database: `runs`, `attempts`, `effects` (the side-effect ledger of the
-/// demo tool service) and `dead_letters`.
+/// demo tool service), `dead_letters` and `submit_keys`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Db {
     /// `runs`.
@@ -140,6 +162,8 @@ pub struct Db {
     pub dead_letters: BTreeMap<RunId, DeadLetter>,
     /// The `run_ids` sequence: the last id handed out.
     pub run_ids: u64,
+    /// `submit_keys`: idempotency key → the run it made.
+    pub keys: BTreeMap<String, SubmitKey>,
 }
 
 impl Db {
@@ -190,6 +214,52 @@ impl Db {
             },
         );
         1
+    }
+
+    /// [`Statement::InsertRunKeyed`]: `insert_run` under the client's
+    /// idempotency `key`, made at `now`. A new key records `run` and
+    /// inserts it; a known key inserts nothing. Answers the key's run and
+    /// whether its request (kind and input) is this one.
+    pub fn insert_run_keyed(
+        &mut self,
+        run: RunId,
+        kind: &str,
+        input: &str,
+        attempts_max: u32,
+        key: &str,
+        now: Timestamp,
+    ) -> (RunId, bool) {
+        let request = SubmitKey::request(kind, input);
+        if let Some(k) = self.keys.get(key) {
+            return (k.run, k.request == request);
+        }
+        self.keys.insert(
+            key.to_owned(),
+            SubmitKey {
+                run,
+                request,
+                created_at: now,
+            },
+        );
+        self.insert_run(run, kind, input, attempts_max);
+        (run, true)
+    }
+
+    /// [`Statement::ExpireKeys`]: forgets up to `limit` idempotency keys
+    /// made at or before `before`, oldest first (ties by key, bytewise).
+    pub fn expire_keys(&mut self, before: Timestamp, limit: usize) -> u64 {
+        let mut old: Vec<(Timestamp, String)> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| k.created_at <= before)
+            .map(|(key, k)| (k.created_at, key.clone()))
+            .collect();
+        old.sort();
+        old.truncate(limit);
+        for (_, key) in &old {
+            self.keys.remove(key);
+        }
+        old.len() as u64
     }
 
     /// [`Statement::MarkPublished`]: the XADD of `dispatch` succeeded with `entry`.

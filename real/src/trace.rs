@@ -264,8 +264,17 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
                         m.start(now, task);
                         machines.insert(role, Machine::Maintenance(Box::new(m)));
                     }
-                    (RoleId::Submitter(_), Start::Submit { run, kind, input }) => {
-                        let s = Submitter::new(policy, run, &kind, &input);
+                    (
+                        RoleId::Submitter(_),
+                        Start::Submit {
+                            run,
+                            kind,
+                            input,
+                            key,
+                        },
+                    ) => {
+                        let key = key.as_ref().map(|(k, at)| (k.as_str(), *at));
+                        let s = Submitter::new(policy, run, &kind, &input, key);
                         machines.insert(role, Machine::Submitter(Box::new(s)));
                     }
                     (role, start) => {

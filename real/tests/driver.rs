@@ -126,7 +126,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
     let io = io(&mem);
     for (n, (kind, input, _)) in JOBS.iter().enumerate() {
         let run = RunId(n as u64 + 1);
-        let end = submit(&*io, run, kind, input).await;
+        let end = submit(&*io, run, kind, input, None).await;
         assert_eq!(end, SubmitterEnd::Accepted { published: true });
         mem.world().accepted.insert(run);
     }
@@ -168,7 +168,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
 async fn shutdown_leaves_a_long_job_pending_for_another_worker() {
     let mem = Mem(Arc::new(Mutex::new(World::new())));
     let io = io(&mem);
-    let end = submit(&*io, RunId(1), "sleep", r#"{"ms":60000}"#).await;
+    let end = submit(&*io, RunId(1), "sleep", r#"{"ms":60000}"#, None).await;
     assert_eq!(end, SubmitterEnd::Accepted { published: true });
     let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
     let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), false);
@@ -204,7 +204,7 @@ async fn traces_conform_and_tampering_is_caught() {
     let probe = TraceProbe::create(&path, &config().policy).expect("a temp file");
     let io = io_with(&mem, probe);
     for (n, (kind, input, _)) in JOBS.iter().enumerate() {
-        let end = submit(&*io, RunId(n as u64 + 1), kind, input).await;
+        let end = submit(&*io, RunId(n as u64 + 1), kind, input, None).await;
         assert!(matches!(end, SubmitterEnd::Accepted { .. }));
     }
     let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);

@@ -282,7 +282,7 @@ async fn api_main(
             // A client retries a submission that got no answer; the run id
             // makes the retry idempotent.
             for _ in 0..4 {
-                match submit(&*io, p.run, p.kind, &p.input).await {
+                match submit(&*io, p.run, p.kind, &p.input, None).await {
                     pelican_model::protocol::SubmitterEnd::Accepted { published } => {
                         let mut o = lock(&oracle);
                         o.world.accepted.insert(p.run);
@@ -293,9 +293,10 @@ async fn api_main(
                         });
                         break;
                     }
-                    pelican_model::protocol::SubmitterEnd::Refused => {
-                        lock(&oracle).count("submit_refused");
-                        break;
+                    end @ (pelican_model::protocol::SubmitterEnd::Refused
+                    | pelican_model::protocol::SubmitterEnd::Existing(_)
+                    | pelican_model::protocol::SubmitterEnd::KeyConflict(_)) => {
+                        unreachable!("unkeyed submissions of valid text answer no {end:?}")
                     }
                     pelican_model::protocol::SubmitterEnd::Unavailable => {
                         lock(&oracle).count("submit_retries");

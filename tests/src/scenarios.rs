@@ -313,6 +313,83 @@ pub fn poison_values_fail_alone(mutant: Option<&str>) {
     }
 }
 
+/// A `POST /runs` that waits on a lock on `runs` past the API's call
+/// timeout gets 504 with an unknown outcome (its statement may still
+/// commit, and here does). The client retries with the same
+/// `Idempotency-Key` and gets the first run back: one run, executed once.
+/// The same key with another body is refused (422).
+pub fn keyed_retry_through_a_lock_wait(mutant: Option<&str>) {
+    use sqlx::Connection;
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("sekret");
+    let agent = agent();
+    let post = |key: &str, body: &Value| {
+        let mut r = agent
+            .post(&format!("{base}/runs"))
+            .header("Authorization", "Bearer sekret")
+            .header("Idempotency-Key", key)
+            .send_json(body)
+            .expect("the API answers");
+        let status = r.status().as_u16();
+        let body: Value = r.body_mut().read_json().expect("a JSON body");
+        (status, body)
+    };
+    let body = json!({"kind": "effect", "input": {"calls": 1}});
+    // Hold an exclusive lock on `runs` for 3 s: past the 1 s call timeout.
+    let url = env.database_url.clone();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        crate::rt().block_on(async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.expect("Postgres");
+            let mut tx = c.begin().await.expect("BEGIN");
+            sqlx::query("LOCK TABLE runs IN EXCLUSIVE MODE")
+                .execute(&mut *tx)
+                .await
+                .expect("LOCK");
+            locked_tx.send(()).expect("the test waits");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tx.commit().await.expect("COMMIT");
+        });
+    });
+    locked_rx.recv().expect("the lock is held");
+    let (status, first) = post("order-42", &body);
+    assert_eq!(status, 504, "{first}");
+    assert_eq!(first["outcome"], "unknown", "{first}");
+    holder.join().expect("the lock holder ends");
+    // Once the lock is gone, the first statement commits.
+    let mut run = None;
+    wait_for("the retry answers the first run", || {
+        let (status, again) = post("order-42", &body);
+        if status == 200 {
+            run = again["run_id"].as_u64();
+            assert_eq!(again["existing"], true, "{again}");
+        }
+        status == 200
+    });
+    let run = RunId(run.expect("a run id"));
+    let (status, other) = post(
+        "order-42",
+        &json!({"kind": "effect", "input": {"calls": 2}}),
+    );
+    assert_eq!(status, 422, "{other}");
+    env.accepted.insert(run);
+    env.effects.insert(run, 1);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(
+        db.runs.len(),
+        1,
+        "one run for one key: {:?}",
+        db.runs.keys()
+    );
+    assert_eq!(
+        (db.runs[&run].status, db.runs[&run].attempts),
+        (RunStatus::Succeeded, 1)
+    );
+    assert_eq!(db.effects[&format!("{run}/0")], 1, "executed once");
+}
+
 /// A pending entry trimmed away is detected (XAUTOCLAIM's deleted IDs) and
 /// its run recovered from Postgres, without the sweeper's help.
 pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {
@@ -635,6 +712,17 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
     for (path, want) in [("/runs/abc", 400), ("/runs/424242", 404)] {
         let (status, json) = get(path, ok);
         assert_eq!(status, want, "GET {path}");
+        assert!(json["error"].is_string());
+    }
+    for key in ["", "has space", &"k".repeat(256)] {
+        let mut resp = agent
+            .post(format!("{base}/runs"))
+            .header("Authorization", "Bearer sekret")
+            .header("Idempotency-Key", key)
+            .send_json(json!({"kind": "noop"}))
+            .expect("the API answers");
+        let json: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        assert_eq!(resp.status().as_u16(), 400, "key {key:.20?}: {json}");
         assert!(json["error"].is_string());
     }
     assert!(env.db().runs.is_empty(), "no bad request stored a run");

@@ -20,6 +20,7 @@ live! {
     retryable_errors_back_off_then_dead_letter,
     terminal_error_is_not_retried,
     poison_values_fail_alone,
+    keyed_retry_through_a_lock_wait,
     trimmed_pending_entry_is_recovered,
     redis_restart_with_aof,
     total_redis_data_loss,

@@ -82,3 +82,21 @@ CREATE INDEX IF NOT EXISTS runs_unpublished ON runs (run_id) WHERE published_at 
 CREATE INDEX IF NOT EXISTS runs_retry_due ON runs (retry_at) WHERE retry_at IS NOT NULL;
 ALTER TABLE attempts DROP CONSTRAINT IF EXISTS attempts_run_id_fkey;
 "#;
+
+/// Migration 3: clients' idempotency keys for submissions
+/// ([`InsertRunKeyed`]), kept until [`ExpireKeys`] forgets them. `request`
+/// is the request the key was first used with ([`SubmitKey::request`]).
+///
+/// [`SubmitKey::request`]: super::SubmitKey::request
+///
+/// [`InsertRunKeyed`]: super::Statement::InsertRunKeyed
+/// [`ExpireKeys`]: super::Statement::ExpireKeys
+pub const SCHEMA_SUBMIT_KEYS: &str = r#"
+CREATE TABLE IF NOT EXISTS submit_keys (
+    key        text   PRIMARY KEY,
+    run_id     bigint NOT NULL,
+    request    text   NOT NULL,
+    created_at bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS submit_keys_created ON submit_keys (created_at);
+"#;

@@ -140,6 +140,9 @@ pub enum Shape {
     DeadLetters,
     /// Counts by status ([`DbReply::Counts`]).
     Counts,
+    /// An idempotency key's run, and whether its request is this one
+    /// ([`DbReply::Keyed`]).
+    Keyed,
 }
 
 /// The answer to a [`DbOp`].
@@ -161,6 +164,14 @@ pub enum DbReply {
     DeadLetters(Vec<(RunId, super::DeadLetter)>),
     /// Runs by status.
     Counts(Vec<(RunStatus, u64)>),
+    /// The run an idempotency key belongs to, and whether the request it
+    /// was first made with (kind and input) is this one.
+    Keyed {
+        /// The key's run: the one this command inserted, or an earlier one.
+        run: RunId,
+        /// Whether the earlier request was the same.
+        same: bool,
+    },
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -480,6 +491,44 @@ statements! {
               VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4) ON CONFLICT (run_id) DO NOTHING",
         show: [run],
         model: |db| Rows(db.insert_run(*run, kind, input, *attempts_max)),
+    }
+
+    /// `InsertRun` under a client's idempotency key, made at `now`: a new
+    /// key inserts the run; a known one inserts nothing and answers its
+    /// run. The key row is locked before the run is inserted, so a
+    /// concurrent retry with the same key waits for this one and then
+    /// answers its run (`DO UPDATE` returns the latest row version, which
+    /// a plain read in the same statement could not see).
+    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, key: String, now: Timestamp } => {
+        name: "insert_run_keyed",
+        access: Write,
+        reply: Keyed,
+        sql: "WITH k AS ( \
+                INSERT INTO submit_keys (key, run_id, request, created_at) \
+                VALUES ($5, $1, octet_length($2) || ':' || $2 || $3, $6) \
+                ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
+                RETURNING run_id, request), \
+              inserted AS ( \
+                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
+                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4 FROM k WHERE k.run_id = $1 \
+                ON CONFLICT (run_id) DO NOTHING) \
+              SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
+        show: [run, key],
+        model: |db| {
+            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, key, *now);
+            DbReply::Keyed { run, same }
+        },
+    }
+
+    /// Forget up to `limit` idempotency keys made at or before `before`.
+    ExpireKeys { before: Timestamp, limit: usize } => {
+        name: "expire_keys",
+        access: Write,
+        reply: Rows,
+        sql: "DELETE FROM submit_keys WHERE key IN (SELECT key FROM submit_keys \
+              WHERE created_at <= $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2)",
+        show: [],
+        model: |db| Rows(db.expire_keys(*before, *limit)),
     }
 
     /// The XADD of `dispatch` succeeded with `entry`.

@@ -17,8 +17,14 @@ pub enum SubmitterEnd {
         /// The XADD was confirmed and recorded.
         published: bool,
     },
-    /// 503: the run row could not be written (or its answer was lost: a
-    /// retry with the same run id is idempotent).
+    /// The client's idempotency key already belongs to this run, first
+    /// submitted with the same request: nothing new was stored.
+    Existing(RunId),
+    /// The client's idempotency key belongs to this run, first submitted
+    /// with another request (kind or input): nothing was stored.
+    KeyConflict(RunId),
+    /// No answer from Postgres: the run may or may not be stored. A retry
+    /// with the same idempotency key (or the same run id) is safe.
     Unavailable,
     /// 422: Postgres refused the run's values (text holding a NUL byte);
     /// nothing was stored.
@@ -42,19 +48,37 @@ pub struct Submitter {
 }
 
 impl Submitter {
-    /// Starts submitting `run`.
+    /// Starts submitting `run`; under the client's idempotency key, made
+    /// at that time, if `key` is given.
     #[must_use]
-    pub fn new(policy: &Policy, run: RunId, kind: &str, input: &str) -> Submitter {
+    pub fn new(
+        policy: &Policy,
+        run: RunId,
+        kind: &str,
+        input: &str,
+        key: Option<(&str, Timestamp)>,
+    ) -> Submitter {
         let attempts_max = if crate::injects!(policy, NoDeadLetter) {
             u32::MAX
         } else {
             policy.attempts_max
         };
-        let op = DbOp::InsertRun {
-            run,
-            kind: kind.to_owned(),
-            input: input.to_owned(),
-            attempts_max,
+        let (kind, input) = (kind.to_owned(), input.to_owned());
+        let op = match key {
+            None => DbOp::InsertRun {
+                run,
+                kind,
+                input,
+                attempts_max,
+            },
+            Some((key, now)) => DbOp::InsertRunKeyed {
+                run,
+                kind,
+                input,
+                attempts_max,
+                key: key.to_owned(),
+                now,
+            },
         };
         Submitter {
             run,
@@ -97,7 +121,14 @@ impl Submitter {
     pub fn handle(&mut self, now: Timestamp, input: Input) {
         let run = self.run;
         self.phase = match (self.phase, input) {
-            (Phase::Inserting, Input::Db(DbReply::Rows(_))) => {
+            (Phase::Inserting, Input::Db(DbReply::Keyed { run: other, same })) if other != run => {
+                Phase::Done(if same {
+                    SubmitterEnd::Existing(other)
+                } else {
+                    SubmitterEnd::KeyConflict(other)
+                })
+            }
+            (Phase::Inserting, Input::Db(DbReply::Rows(_) | DbReply::Keyed { .. })) => {
                 let entry = JobEntry::Job {
                     run,
                     dispatch: Dispatch(1),

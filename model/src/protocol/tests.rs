@@ -31,7 +31,7 @@ fn failed(class: ErrorClass) -> JobOutcome {
 
 /// Submits `run` through the Submitter; returns its entry.
 fn submit(world: &mut World, run: u64) -> EntryId {
-    let mut s = Submitter::new(&policy(), RunId(run), "noop", "{}");
+    let mut s = Submitter::new(&policy(), RunId(run), "noop", "{}", None);
     while let Some(c) = s.poll() {
         let input = exec(world, &c, Issuer::default());
         s.handle(T0, input);
@@ -406,9 +406,38 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
 }
 
 #[test]
+fn a_keyed_retry_answers_the_first_run() {
+    let mut world = World::new();
+    let keyed = |world: &mut World, run: u64, input: &str| {
+        let mut s = Submitter::new(&policy(), RunId(run), "noop", input, Some(("k1", T0)));
+        while let Some(c) = s.poll() {
+            let input = exec(world, &c, Issuer::default());
+            s.handle(T0, input);
+        }
+        s.end().expect("ended")
+    };
+    assert_eq!(
+        keyed(&mut world, 1, "{}"),
+        SubmitterEnd::Accepted { published: true }
+    );
+    assert_eq!(keyed(&mut world, 2, "{}"), SubmitterEnd::Existing(RunId(1)));
+    assert_eq!(
+        keyed(&mut world, 3, "{\"a\":1}"),
+        SubmitterEnd::KeyConflict(RunId(1))
+    );
+    assert_eq!(world.db.runs.len(), 1, "one run for one key");
+    assert_eq!(world.db.expire_keys(T0, 10), 1);
+    assert_eq!(
+        keyed(&mut world, 4, "{}"),
+        SubmitterEnd::Accepted { published: true },
+        "an expired key is new again"
+    );
+}
+
+#[test]
 fn a_lost_publish_is_left_to_the_outbox() {
     let mut world = World::new();
-    let mut s = Submitter::new(&policy(), RunId(1), "noop", "{}");
+    let mut s = Submitter::new(&policy(), RunId(1), "noop", "{}", None);
     let insert = s.poll().unwrap();
     let input = exec(&mut world, &insert, Issuer::default());
     s.handle(T0, input);

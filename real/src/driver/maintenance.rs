@@ -28,25 +28,31 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     debug_assert!(m.is_idle());
 }
 
-/// Submits run `run`: inserts it durably, then publishes it. `Accepted` means
-/// the row is durable (the API answers 202); a failed publish is left to the
-/// outbox.
+/// Submits run `run`, under the client's idempotency `key` if given:
+/// inserts it durably, then publishes it. `Accepted` means the row is
+/// durable (the API answers 202); a failed publish is left to the outbox.
+/// A key already used answers the run it made (`Existing`, or
+/// `KeyConflict` for another request) and stores nothing.
 pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
     io: &Io<S, D, P>,
     run: RunId,
     kind: &str,
     input: &str,
+    key: Option<&str>,
 ) -> SubmitterEnd {
     let role = RoleId::Submitter(run);
+    let key = key.map(|k| (k.to_owned(), now()));
     io.probe.started(
         &role,
         &super::Start::Submit {
             run,
             kind: kind.to_owned(),
             input: input.to_owned(),
+            key: key.clone(),
         },
     );
-    let mut s = Submitter::new(&io.config.policy, run, kind, input);
+    let key = key.as_ref().map(|(k, at)| (k.as_str(), *at));
+    let mut s = Submitter::new(&io.config.policy, run, kind, input, key);
     while let Some(command) = s.poll() {
         let (at, input) = io.run_at(&role, command, Issuer::default()).await;
         s.handle(at, input);

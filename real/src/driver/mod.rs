@@ -200,7 +200,7 @@ pub enum Start {
         /// Which pass.
         task: pelican_model::protocol::MaintenanceTask,
     },
-    /// `Submitter::new(policy, run, kind, input)`.
+    /// `Submitter::new(policy, run, kind, input, key)`.
     Submit {
         /// The run.
         run: RunId,
@@ -208,6 +208,9 @@ pub enum Start {
         kind: String,
         /// Its input.
         input: String,
+        /// The client's idempotency key and when it was used, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<(String, Timestamp)>,
     },
 }
 

@@ -2,7 +2,7 @@
 //!
 //! | route | does |
 //! |---|---|
-//! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes) |
+//! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes); with an `Idempotency-Key`, a key already used answers its run (200) or 422 for another request |
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
@@ -156,32 +156,126 @@ pub fn validate_kind(kind: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The header that carries a client's idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Checks an idempotency key's spelling: 1 to 255 visible ASCII characters.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{IDEMPOTENCY_KEY} must be 1 to 255 visible ASCII characters, got {key:?}"
+        ));
+    }
+    Ok(())
+}
+
 async fn create_run(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     body: Result<Json<NewRun>, JsonRejection>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     authorize(&state, &headers, Need::Write)?;
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(v) => {
+            let k = v
+                .to_str()
+                .map_err(|_| bad(format!("{IDEMPOTENCY_KEY} is not ASCII")))?;
+            validate_key(k).map_err(bad)?;
+            Some(k.to_owned())
+        }
+    };
     let Json(new) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
     let Ok(DbReply::NewRun(run)) = state.io.db.execute(&DbOp::NextRunId).await else {
-        return Err(unavailable("Postgres"));
+        // Nothing was sent that could store a run.
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Postgres is unavailable; nothing was stored; retry later".into(),
+        ));
     };
-    match submit(&state.io, run, &new.kind, &input).await {
-        SubmitterEnd::Accepted { published } => {
-            tracing::info!(%run, kind = %new.kind, published, "run accepted");
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({ "run_id": run.0, "status": "queued", "published": published })),
-            ))
+    Ok(
+        match submit(&state.io, run, &new.kind, &input, key.as_deref()).await {
+            SubmitterEnd::Accepted { published } => {
+                tracing::info!(%run, kind = %new.kind, published, "run accepted");
+                let body = json!({ "run_id": run.0, "status": "queued", "published": published });
+                (StatusCode::ACCEPTED, Json(body)).into_response()
+            }
+            SubmitterEnd::Existing(first) => {
+                let status = match state.io.db.execute(&DbOp::ReadRun { run: first }).await {
+                    Ok(DbReply::Run(Some(r))) => json!(r.status.as_str()),
+                    _ => Value::Null,
+                };
+                let body = json!({ "run_id": first.0, "status": status, "existing": true });
+                (StatusCode::OK, Json(body)).into_response()
+            }
+            SubmitterEnd::KeyConflict(first) => {
+                return Err(ApiError(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "{IDEMPOTENCY_KEY} {:?} was first used for run {} with another request",
+                        key.unwrap_or_default(),
+                        first.0
+                    ),
+                ));
+            }
+            SubmitterEnd::Unavailable => {
+                let advice = if key.is_some() {
+                    "retry with the same Idempotency-Key: it answers the run if it was stored"
+                } else {
+                    "a retry may store a second run; send an Idempotency-Key to retry safely"
+                };
+                let body = json!({
+                    "error": format!("Postgres did not answer in time: the run may or may not be stored; {advice}"),
+                    "outcome": "unknown",
+                });
+                (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response()
+            }
+            SubmitterEnd::Refused => {
+                return Err(ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                    .into(),
+            ));
+            }
+        },
+    )
+}
+
+/// Forgets idempotency keys older than `keep`, in batches, every
+/// `keep / 24` (at most once a minute); runs until the process ends.
+pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
+    const BATCH: usize = 1_000;
+    let every = (keep / 24).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(60),
+    );
+    loop {
+        tokio::time::sleep(every).await;
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let before = pelican_model::time::Timestamp(crate::now().0.saturating_sub(keep_ms));
+        loop {
+            match io
+                .io
+                .db
+                .execute(&DbOp::ExpireKeys {
+                    before,
+                    limit: BATCH,
+                })
+                .await
+            {
+                Ok(DbReply::Rows(n)) if n as usize == BATCH => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "expiring idempotency keys failed");
+                    break;
+                }
+            }
         }
-        SubmitterEnd::Unavailable => Err(unavailable("Postgres")),
-        SubmitterEnd::Refused => Err(ApiError(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
-                .into(),
-        )),
     }
 }
 

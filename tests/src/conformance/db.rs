@@ -96,7 +96,7 @@ impl Pick<String> for Words<'_> {
         let w = self.word();
         match field {
             "kind" => "noop".into(),
-            "input" => "{}".into(),
+            "input" => ["{}", "{\"a\":1}"][(w % 2) as usize].into(),
             "worker" => format!("w{}", w % 3),
             // One in eight results and messages holds a NUL byte, which
             // Postgres refuses: alone, and in fused batches beside others.
@@ -196,7 +196,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
-        "TRUNCATE runs, attempts, dead_letters, effects; ALTER SEQUENCE run_ids RESTART WITH 1",
+        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys; ALTER SEQUENCE run_ids RESTART WITH 1",
     )
     .await
     .map(|_| ())
@@ -247,6 +247,9 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     }
     if model.effects != live.effects {
         return differ("effects", &model.effects, &live.effects);
+    }
+    if model.keys != live.keys {
+        return differ("submit keys", &model.keys, &live.keys);
     }
     Ok(())
 }

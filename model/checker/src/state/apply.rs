@@ -275,7 +275,7 @@ impl State {
     }
 
     fn submit(&mut self, cfg: &Config, n: u8, mut fate: Fate) {
-        let mut s = Submitter::new(&cfg.policy, run_id(n), "", "");
+        let mut s = Submitter::new(&cfg.policy, run_id(n), "", "", None);
         while let Some(c) = s.poll() {
             let this = publish_fate(&c, &mut fate);
             let input = self.execute(&c, Issuer::default(), this);

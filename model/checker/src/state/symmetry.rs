@@ -214,8 +214,17 @@ impl State {
             effects: db_effects,
             dead_letters,
             run_ids,
+            keys,
         } = db;
-        (runs, db_effects, dead_letters, run_ids, attempts.len()).hash(h);
+        (
+            runs,
+            db_effects,
+            dead_letters,
+            run_ids,
+            keys,
+            attempts.len(),
+        )
+            .hash(h);
         for (key, a) in attempts {
             let pelican_model::db::AttemptRow {
                 fence,

@@ -118,6 +118,10 @@ pub(crate) enum Cmd {
         /// Attempts allowed.
         #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
         attempts_max: u32,
+        /// An idempotency key: a submission under a key already used
+        /// stores nothing and prints the key's run.
+        #[arg(long)]
+        key: Option<String>,
     },
     /// Show one run, or the queue's state when no run is given.
     Status {
@@ -192,6 +196,14 @@ pub(crate) struct ApiArgs {
     /// Write a protocol trace (JSON lines) of the submissions here.
     #[arg(long, env = "PELICAN_TRACE_FILE")]
     pub(crate) trace_file: Option<std::path::PathBuf>,
+    /// How long an Idempotency-Key is kept: a retry within this window
+    /// answers the key's run; after it, the key may start a new run.
+    #[arg(
+        long,
+        env = "PELICAN_SUBMIT_KEYS_KEEP_MS",
+        default_value_t = 86_400_000
+    )]
+    pub(crate) submit_keys_keep_ms: u64,
 }
 
 #[derive(Args)]

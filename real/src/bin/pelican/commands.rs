@@ -233,6 +233,10 @@ pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
         .await
         .with_context(|| format!("listening on {}", a.listen))?;
     tracing::info!(listen = %a.listen, "api started");
+    tokio::spawn(api::expire_keys(
+        state.clone(),
+        Duration::from_millis(a.submit_keys_keep_ms),
+    ));
     axum::serve(listener, api::router(state, a.body_limit_bytes))
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -261,7 +265,8 @@ pub(crate) async fn main_inner(cli: Cli) -> Result<()> {
             kind,
             input,
             attempts_max,
-        } => submit_one(c, &kind, &input, attempts_max).await,
+            key,
+        } => submit_one(c, &kind, &input, attempts_max, key.as_deref()).await,
         Cmd::Status { run: Some(r) } => {
             let view = api::run_view(&connect_db(c).await?, run_id(&r)?)
                 .await
@@ -298,8 +303,17 @@ async fn migrate(c: &Connection) -> Result<()> {
 }
 
 /// `pelican submit`: one run, through the submitter the API uses.
-async fn submit_one(c: &Connection, kind: &str, input: &str, attempts_max: u32) -> Result<()> {
+async fn submit_one(
+    c: &Connection,
+    kind: &str,
+    input: &str,
+    attempts_max: u32,
+    key: Option<&str>,
+) -> Result<()> {
     api::validate_kind(kind).map_err(anyhow::Error::msg)?;
+    if let Some(k) = key {
+        api::validate_key(k).map_err(anyhow::Error::msg)?;
+    }
     let input: serde_json::Value = serde_json::from_str(input).context("the input is not JSON")?;
     let clients = connect(c, 0).await?;
     let io = io(clients, c.config(attempts_max)?, NoProbe);
@@ -307,13 +321,31 @@ async fn submit_one(c: &Connection, kind: &str, input: &str, attempts_max: u32) 
         DbReply::NewRun(r) => r,
         other => bail!("unexpected answer {other:?}"),
     };
-    match submit(&io, run, kind, &input.to_string()).await {
+    match submit(&io, run, kind, &input.to_string(), key).await {
         SubmitterEnd::Accepted { published } => {
             print(&json!({ "run_id": run.0, "published": published }));
             Ok(())
         }
+        SubmitterEnd::Existing(first) => {
+            print(&json!({ "run_id": first.0, "existing": true }));
+            Ok(())
+        }
+        SubmitterEnd::KeyConflict(first) => {
+            bail!(
+                "key {:?} was first used for run {} with another request; nothing was stored",
+                key.unwrap_or_default(),
+                first.0
+            )
+        }
         SubmitterEnd::Unavailable => {
-            bail!("Postgres did not accept the run; nothing was stored")
+            bail!(
+                "Postgres did not answer: the run may or may not be stored; {}",
+                if key.is_some() {
+                    "retry with the same --key"
+                } else {
+                    "retrying may store a second run (use --key to retry safely)"
+                }
+            )
         }
         SubmitterEnd::Refused => {
             bail!("Postgres refused the run's values (text holding a NUL byte); nothing was stored")

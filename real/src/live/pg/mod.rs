@@ -6,7 +6,8 @@
 //! of its answer (`rows.rs`) into the same [`DbReply`] the reference twin in
 //! `pelican_model::Db` gives. Times are bound as `bigint` milliseconds, so
 //! no statement reads the server's clock. The schema is the model's
-//! `SCHEMA` and `SCHEMA_HOT_PATH`, applied as embedded sqlx migrations.
+//! migrations (`SCHEMA`, `SCHEMA_HOT_PATH`, `SCHEMA_SUBMIT_KEYS`), applied
+//! as embedded sqlx migrations.
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
@@ -47,7 +48,8 @@ pub enum PgError {
 }
 
 /// The embedded migrations: version 1 is the model's schema, version 2 its
-/// hot-path indexes (`sql::SCHEMA_HOT_PATH`).
+/// hot-path indexes (`sql::SCHEMA_HOT_PATH`), version 3 the submissions'
+/// idempotency keys (`sql::SCHEMA_SUBMIT_KEYS`).
 #[must_use]
 pub fn migrator() -> Migrator {
     let migration = |version, name: &str, sql: &'static str| {
@@ -62,6 +64,7 @@ pub fn migrator() -> Migrator {
     Migrator::with_migrations(vec![
         migration(1, "pelican schema", sql::SCHEMA),
         migration(2, "hot-path updates", sql::SCHEMA_HOT_PATH),
+        migration(3, "submission keys", sql::SCHEMA_SUBMIT_KEYS),
     ])
 }
 
@@ -157,6 +160,20 @@ impl PgDb {
         {
             let (run, d) = rows::dead_letter(r)?;
             db.dead_letters.insert(run, d);
+        }
+        for r in &sqlx::query("SELECT key, run_id, request, created_at FROM submit_keys")
+            .fetch_all(p)
+            .await?
+        {
+            let key = pelican_model::db::SubmitKey {
+                run: rows::run_id(r)?,
+                request: r.try_get("request")?,
+                created_at: pelican_model::time::Timestamp(rows::unsigned(
+                    "created_at",
+                    r.try_get("created_at")?,
+                )?),
+            };
+            db.keys.insert(r.try_get("key")?, key);
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
             .fetch_all(p)

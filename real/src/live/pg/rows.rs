@@ -161,6 +161,13 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
             let row = one.ok_or_else(|| corrupt("nextval", "no row"))?;
             DbReply::NewRun(RunId(unsigned("run_id", row.try_get(0)?)?))
         }
+        Shape::Keyed => {
+            let row = one.ok_or_else(|| corrupt("submit_keys", "no row"))?;
+            DbReply::Keyed {
+                run: run_id(row)?,
+                same: row.try_get("same")?,
+            }
+        }
         Shape::Attempts => DbReply::Attempts(all(rows, attempt_row)?),
         Shape::DeadLetters => DbReply::DeadLetters(all(rows, dead_letter)?),
         Shape::Counts => DbReply::Counts(
