@@ -9,8 +9,10 @@
 //! live attempt from being taken over, and the dispatch that makes old stream
 //! entries stale.
 //!
-//! Timestamps are passed in (`$now`) instead of `now()` so that the simulator
-//! and the checker control time; the binding passes the worker's clock.
+//! Each method takes the time it compares or stores as an argument; the
+//! statement table passes [`Db::clock`], Postgres's clock, which whoever
+//! runs the model sets (the checker, the simulator's Postgres node, the
+//! conformance suite).
 //!
 //! The file is long because it is the whole schema's semantics: one short
 //! method per statement, meant to be read beside its SQL.
@@ -164,6 +166,10 @@ pub struct Db {
     pub run_ids: u64,
     /// `submit_keys`: idempotency key → the run it made.
     pub keys: BTreeMap<String, SubmitKey>,
+    /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
+    /// or compares. Whoever runs the model sets it; a worker's clock never
+    /// reaches a statement.
+    pub clock: Timestamp,
 }
 
 impl Db {

@@ -176,6 +176,9 @@ pub enum Violation {
     CancelledRevived(RunId),
     /// S8: a deleted pending ID was dropped without recovery.
     TrimmedDropped(EntryId),
+    /// S3: a claim took over a running run whose lease had not expired by
+    /// Postgres's clock (its holder may still be heartbeating).
+    LiveLeaseTaken(RunId),
     /// S6: an attempt whose outcome Postgres refused left its entry pending
     /// (to be retried, and refused again) instead of failing the run.
     RefusalRetried(RunId),
@@ -187,7 +190,9 @@ impl Violation {
     pub fn guarantee(&self) -> Guarantee {
         match self {
             Violation::TerminalChanged(_) | Violation::ExecutedWithoutClaim(_) => Guarantee::S2,
-            Violation::StaleWriteAccepted(_) | Violation::FenceNotIncreasing(_) => Guarantee::S3,
+            Violation::StaleWriteAccepted(_)
+            | Violation::FenceNotIncreasing(_)
+            | Violation::LiveLeaseTaken(_) => Guarantee::S3,
             Violation::AckBeforeDurable(_) => Guarantee::S4,
             Violation::EffectTwice(..) => Guarantee::S5,
             Violation::CancelledRevived(_) => Guarantee::S7,
@@ -220,6 +225,15 @@ pub struct World {
 }
 
 impl World {
+    /// An empty world whose servers' clock reads `now`; the consumer group
+    /// exists (as after `pelican migrate`).
+    #[must_use]
+    pub fn at(now: crate::time::Timestamp) -> World {
+        let mut w = World::new();
+        w.db.clock = now;
+        w
+    }
+
     /// An empty world; the consumer group exists (as after `pelican migrate`).
     #[must_use]
     pub fn new() -> World {
@@ -235,7 +249,7 @@ impl World {
         let target = match op {
             DbOp::Claim { run, .. } => Some(*run),
             #[cfg(feature = "mutants")]
-            DbOp::ClaimReviving { run, .. } => Some(*run),
+            DbOp::ClaimReviving { run, .. } | DbOp::ClaimAt { run, .. } => Some(*run),
             _ => op.fenced_write().map(|(run, _)| run),
         };
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
@@ -271,6 +285,12 @@ impl World {
                 if before.status == RunStatus::Cancelled {
                     self.violations
                         .insert(Violation::CancelledRevived(before.run_id));
+                }
+                if before.status == RunStatus::Running
+                    && before.lease_until.is_some_and(|l| l > self.db.clock)
+                {
+                    self.violations
+                        .insert(Violation::LiveLeaseTaken(before.run_id));
                 }
                 self.debug_assert_claimed(op, before, c.claimed);
             }
@@ -328,10 +348,9 @@ impl World {
             return;
         }
         let at = match op {
-            DbOp::Claim { now, .. } => Some(*now),
             #[cfg(feature = "mutants")]
-            DbOp::ClaimReviving { now, .. } => Some(*now),
-            _ => None,
+            DbOp::ClaimAt { now, .. } => Some(*now),
+            _ => Some(self.db.clock),
         };
         let r = &self.db.runs[&before.run_id];
         debug_assert!(
@@ -360,8 +379,21 @@ impl World {
         );
     }
 
-    /// Executes a stream command, checking S4 at acknowledgements.
+    /// Executes a stream command, checking S4 at acknowledgements. Redis
+    /// reads its own clock, the servers' true time ([`Db::clock`]), not
+    /// the sender's ([`StreamOp::clock_mut`]).
     pub fn stream(&mut self, op: &StreamOp, by: Issuer) -> Result<StreamReply, StreamError> {
+        let mut own;
+        let op = match op.clock() {
+            Some(at) if at != self.db.clock => {
+                own = op.clone();
+                if let Some(at) = own.clock_mut() {
+                    *at = self.db.clock;
+                }
+                &own
+            }
+            _ => op,
+        };
         if let StreamOp::Ack { ids } = op {
             for id in ids {
                 if self.redis.jobs.pending(*id).is_some() && !self.durable_next_step(*id) {
@@ -546,9 +578,11 @@ mod tests {
         let mut w = World::new();
         for n in 1..=5 {
             let now = Timestamp(n * 10);
+            w.db.clock = now;
             w.stream(&StreamOp::Publish { entry: job(n), now }, Issuer::default())
                 .expect("XADD");
         }
+        w.db.clock = Timestamp(60);
         let read = StreamOp::Read {
             consumer: "w0".into(),
             count: 3,

@@ -259,9 +259,9 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
                             r.start(now, free);
                         }
                     }
-                    (RoleId::Maintenance(_), Start::Maintenance { now, task }) => {
+                    (RoleId::Maintenance(_), Start::Maintenance { task, .. }) => {
                         let mut m = Maintenance::new(policy);
-                        m.start(now, task);
+                        m.start(task);
                         machines.insert(role, Machine::Maintenance(Box::new(m)));
                     }
                     (
@@ -273,8 +273,7 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
                             key,
                         },
                     ) => {
-                        let key = key.as_ref().map(|(k, at)| (k.as_str(), *at));
-                        let s = Submitter::new(policy, run, &kind, &input, key);
+                        let s = Submitter::new(policy, run, &kind, &input, key.as_deref());
                         machines.insert(role, Machine::Submitter(Box::new(s)));
                     }
                     (role, start) => {

@@ -21,10 +21,14 @@ use std::time::Duration;
 struct Mem(Arc<Mutex<World>>);
 
 impl Mem {
+    /// The world, its servers' clock set to now.
     fn world(&self) -> std::sync::MutexGuard<'_, World> {
-        self.0
+        let mut w = self
+            .0
             .lock()
-            .expect("no test panics while holding the world")
+            .expect("no test panics while holding the world");
+        w.db.clock = pelican_real::now();
+        w
     }
 }
 
@@ -78,6 +82,7 @@ fn config() -> Config {
         shutdown_grace_ms: 100,
         job_timeout_ms: 10_000,
         retention_ms: 200,
+        clock_offset_ms: 0,
     }
 }
 

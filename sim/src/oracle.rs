@@ -11,6 +11,7 @@ use pelican_model::protocol::{
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::StreamError;
+use pelican_model::time::Timestamp;
 use pelican_model::world::{Issuer, Redis, World};
 use pelican_real::RoleId;
 use serde::{Deserialize, Serialize};
@@ -141,6 +142,7 @@ impl Oracle {
             DbOp::Cancel { run } => self.world.db.runs.get(run).map(|r| r.status),
             _ => None,
         };
+        self.world.db.clock = Timestamp(sim_now_ms());
         let reply = self.world.db(op, by);
         match (op, &reply) {
             // A claim (or, in a build with the mutants, `ClaimReviving`).
@@ -183,6 +185,7 @@ impl Oracle {
         // Deleted IDs are owed a recovery once the reclaimer *receives*
         // them (see `received`), not when Redis answers: a lost reply
         // leaves the run to the sweeper.
+        self.world.db.clock = Timestamp(sim_now_ms());
         let reply = self.world.stream(op, Issuer::default());
         match (op, &reply) {
             (StreamOp::AutoClaim { .. }, Ok(StreamReply::AutoClaimed(r)))
@@ -310,12 +313,12 @@ impl Oracle {
     /// A delivery ended.
     pub fn delivery_end(&mut self, node: &str, entry: EntryId, end: DeliveryEnd) {
         self.count(end.name());
-        if self.refused.remove(&(node.to_owned(), entry)) {
-            if let Some(JobEntry::Job { run, .. }) = self.world.entries.get(&entry) {
-                let run = *run;
-                self.world.check_refusal(run, Some(end));
-                self.check_state();
-            }
+        if self.refused.remove(&(node.to_owned(), entry))
+            && let Some(JobEntry::Job { run, .. }) = self.world.entries.get(&entry)
+        {
+            let run = *run;
+            self.world.check_refusal(run, Some(end));
+            self.check_state();
         }
         self.event(node, &|| format!("delivery {entry} ended: {end:?}"), &|s| {
             entry.hash(s);

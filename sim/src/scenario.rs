@@ -25,6 +25,11 @@ pub struct Scenario {
     pub redis_loss_weight: u32,
     /// Weight of worker kills among the faults (higher in `crashy`).
     pub kill_weight: u32,
+    /// How far worker clocks are off the servers' (ms): worker `i` runs
+    /// ahead by this for `i % 3 == 1`, behind for `i % 3 == 2`. More than a
+    /// lease: Postgres's clock alone may judge leases.
+    #[serde(default)]
+    pub clock_skew_ms: u64,
     /// The driver's knobs.
     pub driver: Config,
 }
@@ -46,6 +51,7 @@ impl Scenario {
             faults: true,
             redis_loss_weight: 2,
             kill_weight: 4,
+            clock_skew_ms: 6_000,
             driver: Config {
                 policy: Policy {
                     lease_ms: 2_000,
@@ -69,6 +75,7 @@ impl Scenario {
                 shutdown_grace_ms: 2_000,
                 job_timeout_ms: 20_000,
                 retention_ms: 3_000,
+                clock_offset_ms: 0,
             },
         }
     }

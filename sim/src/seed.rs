@@ -150,10 +150,12 @@ async fn io_for(
     node: &str,
     scenario: &Scenario,
     mutant: Option<Mutant>,
+    clock_offset_ms: i64,
 ) -> (Arc<SimIo>, Client) {
     let client = Client::bind(node).await;
     let mut config = scenario.driver.clone();
     config.policy.mutant = mutant;
+    config.clock_offset_ms = clock_offset_ms;
     let batch_max = config.in_flight_max;
     let timeout = Duration::from_millis(config.call_timeout_ms);
     let io = Io {
@@ -268,7 +270,7 @@ async fn api_main(
     plan: Vec<Planned>,
     mut commands: mpsc::UnboundedReceiver<ApiCommand>,
 ) {
-    let (io, _) = io_for(&oracle, "api", &scenario, mutant).await;
+    let (io, _) = io_for(&oracle, "api", &scenario, mutant, 0).await;
     let started = pelican_real::now().0;
     for p in plan {
         let io = io.clone();
@@ -393,7 +395,9 @@ async fn simulate(
                 let (o, sc) = (o.clone(), sc.clone());
                 async move {
                     let name = format!("w{i}");
-                    let (io, client) = io_for(&o, &name, &sc, mutant).await;
+                    let skew = i64::try_from(sc.clock_skew_ms).unwrap_or(i64::MAX);
+                    let offset = [0, skew, -skew][(i % 3) as usize];
+                    let (io, client) = io_for(&o, &name, &sc, mutant, offset).await;
                     let registry = Registry::with_builtins(Arc::new(client), &io.config.policy)
                         .with_tool_timeout(Duration::from_millis(io.config.call_timeout_ms));
                     Worker::new(io, Arc::new(registry), WorkerId(i), true)

@@ -175,5 +175,6 @@ mod mutants {
         mutant_revive_cancelled => ReviveCancelled,
         mutant_no_publish_recovery => NoPublishRecovery,
         mutant_poison_retried => PoisonRetried,
+        mutant_worker_clock => WorkerClock,
     }
 }

@@ -57,6 +57,11 @@ impl Proc {
         signal(self.child.id(), "-CONT");
     }
 
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
     /// Waits for the process to exit.
     ///
     /// # Panics

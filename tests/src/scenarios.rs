@@ -390,6 +390,38 @@ pub fn keyed_retry_through_a_lock_wait(mutant: Option<&str>) {
     assert_eq!(db.effects[&format!("{run}/0")], 1, "executed once");
 }
 
+/// Two workers whose clocks differ by ten minutes, far more than the 2 s
+/// lease. Worker 2, ahead, reads a duplicate entry of the run worker 1 is
+/// running; its claim is refused, because Postgres's clock judges the
+/// lease. One attempt, no takeover.
+pub fn skewed_clock_takes_no_live_lease(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("sleep", r#"{"ms":5000}"#, 3);
+    // One slot: worker 1 reads nothing more while it runs the job.
+    let mut flags = NO_SWEEP.to_vec();
+    flags.extend(["--in-flight-max", "1"]);
+    let _w1 = env.worker(1, None, &flags);
+    wait_for("worker 1 runs it", || {
+        env.db().runs[&run].status == RunStatus::Running
+    });
+    flags.extend(["--clock-offset-ms", "600000"]);
+    let mut w2 = env.worker(2, None, &flags);
+    let dispatch = env.db().runs[&run].dispatch.0.to_string();
+    env.xadd(&[("run_id", &run.0.to_string()), ("dispatch", &dispatch)]);
+    env.settle();
+    assert!(
+        w2.is_running(),
+        "worker 2 runs with its clock ten minutes ahead"
+    );
+    let db = env.check(&[]);
+    let r = &db.runs[&run];
+    assert_eq!(
+        (r.status, r.attempts),
+        (RunStatus::Succeeded, 1),
+        "no takeover"
+    );
+}
+
 /// A pending entry trimmed away is detected (XAUTOCLAIM's deleted IDs) and
 /// its run recovered from Postgres, without the sweeper's help.
 pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {

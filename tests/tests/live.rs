@@ -21,6 +21,7 @@ live! {
     terminal_error_is_not_retried,
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,
+    skewed_clock_takes_no_live_lease,
     trimmed_pending_entry_is_recovered,
     redis_restart_with_aof,
     total_redis_data_loss,

@@ -66,6 +66,7 @@ mutants! {
     revive_cancelled: "ReviveCancelled" => cancelled_before_delivery_never_runs,
     no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
     poison_retried: "PoisonRetried" => poison_values_fail_alone,
+    worker_clock: "WorkerClock" => skewed_clock_takes_no_live_lease,
 }
 
 /// The mutants' statements answer as their model twins: first on every
@@ -77,7 +78,7 @@ fn mutant_statements_answer_as_the_model() {
     use pelican_model::protocol::DbOp;
     use pelican_model::status::ErrorClass;
     use pelican_model::time::Timestamp;
-    use pelican_tests::conformance::{DbStep, db_case, migrated};
+    use pelican_tests::conformance::{DbStep, START, db_case, migrated};
 
     let db = pelican_tests::Database::create();
     let run = RunId;
@@ -95,7 +96,6 @@ fn mutant_statements_answer_as_the_model() {
         dispatch: Dispatch(1),
         entry: EntryId::new(r, 0),
         worker: "w1".into(),
-        now: Timestamp(1_000),
         lease_ms: 2_000,
     };
     let revive = |r, dispatch| {
@@ -104,7 +104,6 @@ fn mutant_statements_answer_as_the_model() {
             dispatch: Dispatch(dispatch),
             entry: EntryId::new(r, 1),
             worker: "w2".into(),
-            now: Timestamp(9_000),
             lease_ms: 2_000,
         })
     };
@@ -124,7 +123,7 @@ fn mutant_statements_answer_as_the_model() {
         fence: Fence(1),
         class: ErrorClass::Retryable,
         message: "later".into(),
-        retry_at: Timestamp(5_000),
+        backoff_ms: 4_000,
     }));
     steps.push(one(DbOp::Cancel { run: run(4) }));
     steps.push(one(DbOp::Complete {
@@ -133,7 +132,24 @@ fn mutant_statements_answer_as_the_model() {
         result: "\"done\"".into(),
     }));
     steps.extend((1..=5).map(failure_only));
+    steps.push(DbStep::Clock(Timestamp(9_000)));
     steps.extend((1..=5).flat_map(|r| [revive(r, 1), revive(r, 2)]));
+    // WorkerClock's claim judges the lease by the claimer's clock.
+    // Its lease runs to 3,000: refused by a clock at 2,500, taken at 3,500.
+    let runs = [6, 7];
+    steps.push(DbStep::Clock(START));
+    steps.extend(runs.map(insert));
+    steps.extend(runs.map(|r| one(claim(r))));
+    steps.extend(runs.map(|r| {
+        one(DbOp::ClaimAt {
+            run: run(r),
+            dispatch: Dispatch(1),
+            entry: EntryId::new(r, 2),
+            worker: "w3".into(),
+            now: Timestamp(if r == 6 { 2_500 } else { 3_500 }),
+            lease_ms: 2_000,
+        })
+    }));
     let pg = migrated(db.url());
     if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
         panic!("model::Db and Postgres differ on every status: {e}");

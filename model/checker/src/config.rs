@@ -61,6 +61,14 @@ pub struct Config {
     pub outcomes: Vec<OutcomeKind>,
     /// Fault budget per path.
     pub faults: Budget,
+    /// How far worker 1's clock runs ahead of the servers' (ms). No
+    /// statement takes a time from its sender (a unit test of the statement
+    /// table says so), so only a bug that lets a worker's clock judge a
+    /// lease can tell; WorkerClock's configuration sets it. A skewed
+    /// worker is not interchangeable with the others, so skew turns
+    /// symmetry reduction off.
+    #[serde(default)]
+    pub skew_ms: u64,
     /// Symmetry reduction over workers: states that differ only in which
     /// worker is which count once (see `State::fingerprint`). Every verdict
     /// is the same either way; on by default.
@@ -105,6 +113,7 @@ impl Config {
                 total: 1,
                 ..Budget::default()
             },
+            skew_ms: 0,
             symmetry: true,
         }
     }
@@ -136,6 +145,7 @@ impl Config {
                 malformed: 1,
                 total: 1,
             },
+            skew_ms: 0,
             symmetry: true,
         }
     }
@@ -220,7 +230,7 @@ impl Config {
 
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
-    /// Postgres refuses.
+    /// Postgres refuses, WorkerClock a worker whose clock runs ahead.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -228,6 +238,12 @@ impl Config {
         if mutant == Some(Mutant::PoisonRetried) && !self.outcomes.contains(&OutcomeKind::Poison) {
             self.outcomes.push(OutcomeKind::Poison);
         }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
+            self.skew_ms = 4 * self.policy.lease_ms;
+        }
+        // A skewed worker is not interchangeable with the others.
+        self.symmetry &= self.skew_ms == 0;
         self
     }
 }

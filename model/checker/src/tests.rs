@@ -281,5 +281,6 @@ mod mutants {
         mutant_revive_cancelled: ReviveCancelled on standard;
         mutant_no_publish_recovery: NoPublishRecovery on standard;
         mutant_poison_retried: PoisonRetried on standard;
+        mutant_worker_clock: WorkerClock on standard;
     }
 }

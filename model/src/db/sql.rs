@@ -100,3 +100,17 @@ CREATE TABLE IF NOT EXISTS submit_keys (
 );
 CREATE INDEX IF NOT EXISTS submit_keys_created ON submit_keys (created_at);
 "#;
+
+/// Migration 4: one clock for every statement. `pelican_now_ms()` is
+/// Postgres's clock when the statement started, in milliseconds since the
+/// epoch; leases, retries and publication times are stored and compared in
+/// it, so a worker whose clock is off cannot take a live lease. A session
+/// may pin it with `SET pelican.now_ms = N` (the conformance suite does, to
+/// run the model beside Postgres on the same clock); Pelican's own sessions
+/// never do.
+pub const SCHEMA_ONE_CLOCK: &str = r#"
+CREATE OR REPLACE FUNCTION pelican_now_ms() RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE AS $$
+  SELECT coalesce(nullif(current_setting('pelican.now_ms', true), '')::bigint,
+                  (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+$$;
+"#;

@@ -23,8 +23,10 @@
 //! Statements only a mutant sends carry `#[cfg(feature = "mutants")]`: a
 //! build without the feature has no variant, text, binding or name of them.
 //!
-//! Times are milliseconds (`bigint`) passed by the caller, as in the model,
-//! so that no statement reads the server's clock.
+//! Every time a statement stores or compares is Postgres's clock, in
+//! milliseconds (`pelican_now_ms()`, migration 4; [`Db::clock`] in the
+//! model): leases, retries and publication times are decided by one clock,
+//! whatever the clocks of the workers that send the statements say.
 
 use super::{Candidate, Db, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
@@ -493,19 +495,19 @@ statements! {
         model: |db| Rows(db.insert_run(*run, kind, input, *attempts_max)),
     }
 
-    /// `InsertRun` under a client's idempotency key, made at `now`: a new
+    /// `InsertRun` under a client's idempotency key: a new
     /// key inserts the run; a known one inserts nothing and answers its
     /// run. The key row is locked before the run is inserted, so a
     /// concurrent retry with the same key waits for this one and then
     /// answers its run (`DO UPDATE` returns the latest row version, which
     /// a plain read in the same statement could not see).
-    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, key: String, now: Timestamp } => {
+    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, key: String } => {
         name: "insert_run_keyed",
         access: Write,
         reply: Keyed,
         sql: "WITH k AS ( \
                 INSERT INTO submit_keys (key, run_id, request, created_at) \
-                VALUES ($5, $1, octet_length($2) || ':' || $2 || $3, $6) \
+                VALUES ($5, $1, octet_length($2) || ':' || $2 || $3, pelican_now_ms()) \
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
                 RETURNING run_id, request), \
               inserted AS ( \
@@ -515,57 +517,57 @@ statements! {
               SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
         show: [run, key],
         model: |db| {
-            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, key, *now);
+            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, key, db.clock);
             DbReply::Keyed { run, same }
         },
     }
 
-    /// Forget up to `limit` idempotency keys made at or before `before`.
-    ExpireKeys { before: Timestamp, limit: usize } => {
+    /// Forget up to `limit` idempotency keys made `keep_ms` or longer ago.
+    ExpireKeys { keep_ms: u64, limit: usize } => {
         name: "expire_keys",
         access: Write,
         reply: Rows,
         sql: "DELETE FROM submit_keys WHERE key IN (SELECT key FROM submit_keys \
-              WHERE created_at <= $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2)",
+              WHERE created_at <= pelican_now_ms() - $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2)",
         show: [],
-        model: |db| Rows(db.expire_keys(*before, *limit)),
+        model: |db| Rows(db.expire_keys(db.clock.sub_ms(*keep_ms), *limit)),
     }
 
     /// The XADD of `dispatch` succeeded with `entry`.
-    MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId, now: Timestamp } => {
+    MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId } => {
         name: "mark_published",
         access: Write,
         reply: Rows,
-        sql: "UPDATE runs SET published_at = $4, entry_id = $3 \
+        sql: "UPDATE runs SET published_at = pelican_now_ms(), entry_id = $3 \
               WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'",
         show: [run, dispatch, entry],
-        model: |db| Rows(db.mark_published(*run, *dispatch, *entry, *now)),
+        model: |db| Rows(db.mark_published(*run, *dispatch, *entry, db.clock)),
     }
 
     /// Start a new attempt of `run` for the delivery of `entry`: answers the
     /// new fence, attempt number and attempts_max, and the job to run.
-    Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
+    Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, lease_ms: u64 } => {
         name: "claim",
         access: Write,
         reply: Claimed,
         sql: "WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
-                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
-                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
                 RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
                 SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
               SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
         many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
-                  AS i(run_id, dispatch, entry_id, worker, now, lease_ms)), \
+                SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
+                  AS i(run_id, dispatch, entry_id, worker, lease_ms)), \
               claimed AS ( \
                 UPDATE runs r SET status = 'running', active_fence = r.active_fence + 1, attempts = r.attempts + 1, \
-                       lease_until = i.now + i.lease_ms, retry_at = NULL, entry_id = i.entry_id \
+                       lease_until = pelican_now_ms() + i.lease_ms, retry_at = NULL, entry_id = i.entry_id \
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
-                   AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= i.now)) \
+                   AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
                 RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.dispatch, r.kind, r.input, \
                           i.entry_id, i.worker), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
@@ -573,7 +575,7 @@ statements! {
               SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
-            db.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
+            db.claim(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
                 .map(|c| db.claimed_job(*run, c)),
         ),
     }
@@ -594,14 +596,14 @@ statements! {
     }
 
     /// Extend the lease of the attempt holding `fence`.
-    Heartbeat { run: RunId, fence: Fence, now: Timestamp, lease_ms: u64 } => {
+    Heartbeat { run: RunId, fence: Fence, lease_ms: u64 } => {
         name: "heartbeat",
         access: FencedWrite(run, fence),
         reply: Rows,
-        sql: "UPDATE runs SET lease_until = $3 + $4 \
+        sql: "UPDATE runs SET lease_until = pelican_now_ms() + $3 \
               WHERE run_id = $1 AND active_fence = $2 AND status = 'running'",
         show: [run, fence],
-        model: |db| Rows(db.heartbeat(*run, *fence, *now, *lease_ms)),
+        model: |db| Rows(db.heartbeat(*run, *fence, db.clock, *lease_ms)),
     }
 
     /// The attempt holding `fence` succeeded with `result`.
@@ -641,19 +643,19 @@ statements! {
         model: |db| Rows(db.fail(*run, *fence, *class, message)),
     }
 
-    /// The attempt holding `fence` failed retryably: the run waits until
-    /// `retry_at` under the next dispatch.
-    ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, retry_at: Timestamp } => {
+    /// The attempt holding `fence` failed retryably: the run waits
+    /// `backoff_ms` under the next dispatch.
+    ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, backoff_ms: u64 } => {
         name: "schedule_retry",
         access: FencedWrite(run, fence),
         reply: Rows,
         sql: "WITH done AS ( \
-                UPDATE runs SET status = 'retry_wait', retry_at = $5, dispatch = dispatch + 1, \
+                UPDATE runs SET status = 'retry_wait', retry_at = pelican_now_ms() + $5, dispatch = dispatch + 1, \
                        published_at = NULL, lease_until = NULL, error_class = $3, error_message = $4 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
               UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         show: [run, fence],
-        model: |db| Rows(db.schedule_retry(*run, *fence, *class, message, *retry_at)),
+        model: |db| Rows(db.schedule_retry(*run, *fence, *class, message, db.clock.add_ms(*backoff_ms))),
     }
 
     /// The attempt holding `fence` failed on the last attempt: the run is
@@ -677,7 +679,7 @@ statements! {
     }
 
     /// A delivered run with no attempts left is dead (class `exhausted`).
-    DeadLetterExhausted { run: RunId, dispatch: Dispatch, now: Timestamp } => {
+    DeadLetterExhausted { run: RunId, dispatch: Dispatch } => {
         name: "dead_letter_exhausted",
         access: Write,
         reply: Rows,
@@ -685,7 +687,8 @@ statements! {
                 UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
                        lease_until = NULL \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts >= attempts_max \
-                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $3)) RETURNING run_id, entry_id) \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
+                RETURNING run_id, entry_id) \
               INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
               SELECT d.run_id, d.entry_id, 'exhausted', 'attempts exhausted', (SELECT coalesce(jsonb_agg( \
                      jsonb_build_array(a.attempt, a.fence, a.outcome) ORDER BY a.attempt), '[]') \
@@ -693,7 +696,7 @@ statements! {
               ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
                      message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false",
         show: [run, dispatch],
-        model: |db| Rows(db.dead_letter_exhausted(*run, *dispatch, *now)),
+        model: |db| Rows(db.dead_letter_exhausted(*run, *dispatch, db.clock)),
     }
 
     /// Cancel a run that is not yet terminal (S7).
@@ -708,15 +711,15 @@ statements! {
     }
 
     /// Queue up to `limit` runs whose retry is due.
-    PromoteRetries { now: Timestamp, limit: usize } => {
+    PromoteRetries { limit: usize } => {
         name: "promote_retries",
         access: Write,
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', retry_at = NULL, published_at = NULL \
-              WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= $1 \
-                               ORDER BY retry_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+              WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
+                               ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED)",
         show: [],
-        model: |db| Rows(db.promote_retries(*now, *limit)),
+        model: |db| Rows(db.promote_retries(db.clock, *limit)),
     }
 
     /// The outbox: up to `limit` queued runs not yet published.
@@ -732,41 +735,41 @@ statements! {
 
     /// Runs published, or leased, longer than `grace_ms` ago: the sweeper
     /// checks that their entries still exist.
-    OrphanCandidates { now: Timestamp, grace_ms: u64, limit: usize } => {
+    OrphanCandidates { grace_ms: u64, limit: usize } => {
         name: "orphan_candidates",
         access: Read,
         reply: Candidates,
         sql: "SELECT run_id, dispatch, entry_id FROM runs \
-              WHERE (status = 'queued' AND published_at <= GREATEST($1 - $2, 0)) \
-                 OR (status = 'running' AND lease_until <= GREATEST($1 - $2, 0)) \
-              ORDER BY run_id LIMIT $3",
+              WHERE (status = 'queued' AND published_at <= GREATEST(pelican_now_ms() - $1, 0)) \
+                 OR (status = 'running' AND lease_until <= GREATEST(pelican_now_ms() - $1, 0)) \
+              ORDER BY run_id LIMIT $2",
         show: [],
-        model: |db| Candidates(db.orphan_candidates(*now, *grace_ms, *limit)),
+        model: |db| Candidates(db.orphan_candidates(db.clock, *grace_ms, *limit)),
     }
 
     /// Re-dispatch a run whose entry is gone.
-    RequeueRun { run: RunId, dispatch: Dispatch, now: Timestamp } => {
+    RequeueRun { run: RunId, dispatch: Dispatch } => {
         name: "requeue_run",
         access: Write,
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
                      lease_until = NULL, retry_at = NULL \
               WHERE run_id = $1 AND dispatch = $2 \
-                AND (status = 'queued' OR (status = 'running' AND lease_until <= $3))",
+                AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms()))",
         show: [run, dispatch],
-        model: |db| Rows(db.requeue_run(*run, *dispatch, *now)),
+        model: |db| Rows(db.requeue_run(*run, *dispatch, db.clock)),
     }
 
     /// Re-dispatch the run whose current entry is `entry` (S8).
-    RequeueEntry { entry: EntryId, now: Timestamp } => {
+    RequeueEntry { entry: EntryId } => {
         name: "requeue_entry",
         access: Write,
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
                      lease_until = NULL, retry_at = NULL \
-              WHERE entry_id = $1 AND (status = 'queued' OR (status = 'running' AND lease_until <= $2))",
+              WHERE entry_id = $1 AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms()))",
         show: [entry],
-        model: |db| Rows(db.requeue_entry(*entry, *now)),
+        model: |db| Rows(db.requeue_entry(*entry, db.clock)),
     }
 
     /// The demo tool service's ledger: 1 when `key` is new.
@@ -839,23 +842,46 @@ statements! {
     #[cfg(feature = "mutants")]
     /// Mutant twin of `Claim` (`ReviveCancelled`): also takes over
     /// cancelled runs.
-    ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
+    ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, lease_ms: u64 } => {
         name: "claim_reviving",
         access: Write,
         reply: Claimed,
         sql: "WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
-                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
-                        AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)))) \
+                        AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
                 RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
                 SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
               SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
-            db.claim_reviving(*run, *dispatch, *entry, worker, *now, *lease_ms)
+            db.claim_reviving(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
+                .map(|c| db.claimed_job(*run, c)),
+        ),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `Claim` (`WorkerClock`): the lease is judged by the
+    /// claiming worker's clock, `now`, not by Postgres's.
+    ClaimAt { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
+        name: "claim_at",
+        access: Write,
+        reply: Claimed,
+        sql: "WITH claimed AS ( \
+                UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                 WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
+              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+        show: [run, dispatch, entry],
+        model: |db| DbReply::Claimed(
+            db.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
                 .map(|c| db.claimed_job(*run, c)),
         ),
     }
@@ -893,21 +919,52 @@ mod tests {
         }
     }
 
+    /// Fixed field values; a time only where `times` allows it (the
+    /// WorkerClock mutant's claim always takes one).
+    struct Fixed {
+        times: bool,
+    }
+
+    macro_rules! fixed {
+        ($($t:ty => $v:expr),*) => {$(impl Pick<$t> for Fixed {
+            fn pick(&mut self, _: Statement, _: &'static str) -> $t { $v }
+        })*};
+    }
+    fixed!(RunId => RunId(1), Fence => Fence(1), Dispatch => Dispatch(1),
+           EntryId => EntryId::new(1, 0), String => String::new(),
+           ErrorClass => ErrorClass::Terminal, u64 => 1, u32 => 1, usize => 1);
+
+    impl Pick<Timestamp> for Fixed {
+        fn pick(&mut self, s: Statement, field: &'static str) -> Timestamp {
+            #[cfg(feature = "mutants")]
+            let times = self.times || s == Statement::ClaimAt;
+            #[cfg(not(feature = "mutants"))]
+            let times = self.times;
+            assert!(
+                times,
+                "{} takes `{field}`, a time from its sender",
+                s.name()
+            );
+            Timestamp(1)
+        }
+    }
+
+    /// One clock: no statement takes a time from its sender; Postgres's
+    /// clock (`pelican_now_ms()`) is the only one a statement reads. Only
+    /// the WorkerClock mutant's claim breaks this.
+    #[test]
+    fn no_statement_takes_its_senders_clock() {
+        for &s in Statement::ALL {
+            let _ = DbOp::draw(s, &mut Fixed { times: false });
+        }
+    }
+
     #[test]
     fn each_statement_binds_exactly_its_placeholders() {
         // Every $n from 1 to the parameter count appears, and no higher one.
-        struct Zero;
-        macro_rules! zero {
-            ($($t:ty => $v:expr),*) => {$(impl Pick<$t> for Zero {
-                fn pick(&mut self, _: Statement, _: &'static str) -> $t { $v }
-            })*};
-        }
-        zero!(RunId => RunId(1), Fence => Fence(1), Dispatch => Dispatch(1),
-              EntryId => EntryId::new(1, 0), Timestamp => Timestamp(1),
-              String => String::new(), ErrorClass => ErrorClass::Terminal,
-              u64 => 1, u32 => 1, usize => 1);
+        let mut fixed = Fixed { times: true };
         for &s in Statement::ALL {
-            let n = DbOp::draw(s, &mut Zero).params().len();
+            let n = DbOp::draw(s, &mut fixed).params().len();
             for text in std::iter::once(s.sql()).chain(s.many_sql()) {
                 for i in 1..=n {
                     assert!(text.contains(&format!("${i}")), "{}: no ${i}", s.name());
@@ -922,7 +979,7 @@ mod tests {
             if s.many_sql().is_some() {
                 assert!(
                     matches!(
-                        DbOp::draw(s, &mut Zero).params().first(),
+                        DbOp::draw(s, &mut fixed).params().first(),
                         Some(Param::Int8(_))
                     ),
                     "{}: a batched form is keyed by its first parameter, the run",

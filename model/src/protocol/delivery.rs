@@ -213,7 +213,6 @@ impl Delivery {
                     dispatch,
                     entry,
                     worker,
-                    now,
                     lease_ms,
                 };
                 #[cfg(feature = "mutants")]
@@ -223,9 +222,21 @@ impl Delivery {
                         dispatch,
                         entry,
                         worker,
-                        now,
                         lease_ms,
                     } if crate::injects!(d.policy, ReviveCancelled) => DbOp::ClaimReviving {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        lease_ms,
+                    },
+                    DbOp::Claim {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        lease_ms,
+                    } if crate::injects!(d.policy, WorkerClock) => DbOp::ClaimAt {
                         run,
                         dispatch,
                         entry,
@@ -385,9 +396,9 @@ impl Delivery {
             (Phase::ReadingFence { claimed, outcome }, Input::Db(DbReply::Run(row))) => {
                 // NoFence: write with whatever fence the run has now.
                 let fence = row.map_or(claimed.fence, |r| r.active_fence);
-                self.write_outcome(now, Claimed { fence, ..claimed }, outcome);
+                self.write_outcome(Claimed { fence, ..claimed }, outcome);
             }
-            (Phase::Writing(kind), Input::Db(DbReply::Refused)) => self.on_refused(now, kind),
+            (Phase::Writing(kind), Input::Db(DbReply::Refused)) => self.on_refused(kind),
             (Phase::Writing(kind), Input::Db(DbReply::Rows(rows))) => {
                 debug_assert!(rows <= 1, "a fenced write matches at most its run's row");
                 #[cfg(feature = "mutants")]
@@ -491,11 +502,7 @@ impl Delivery {
         if row.dispatch == dispatch && gone && row.attempts >= row.attempts_max {
             self.phase = Phase::Burying;
             let run = row.run_id;
-            return self.send(Command::Db(DbOp::DeadLetterExhausted {
-                run,
-                dispatch,
-                now,
-            }));
+            return self.send(Command::Db(DbOp::DeadLetterExhausted { run, dispatch }));
         }
         self.finish(DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
     }
@@ -528,7 +535,6 @@ impl Delivery {
                 self.send(Command::Db(DbOp::Heartbeat {
                     run,
                     fence,
-                    now,
                     lease_ms,
                 }));
             }
@@ -552,14 +558,14 @@ impl Delivery {
                 // A failed renewal is retried at the next tick; the lease
                 // may still hold.
                 match outcome {
-                    Some(outcome) => self.write(now, claimed, outcome),
+                    Some(outcome) => self.write(claimed, outcome),
                     None => {
                         next(self, Heartbeat::Idle, None);
                         self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
                     }
                 }
             }
-            (Heartbeat::Idle, Input::Executed(outcome)) => self.write(now, claimed, outcome),
+            (Heartbeat::Idle, Input::Executed(outcome)) => self.write(claimed, outcome),
             (hb, Input::Executed(outcome)) => next(self, hb, Some(outcome)),
             (hb, input) => {
                 debug_assert!(
@@ -571,17 +577,17 @@ impl Delivery {
         }
     }
 
-    fn write(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
+    fn write(&mut self, claimed: Claimed, outcome: JobOutcome) {
         #[cfg(feature = "mutants")]
         if crate::injects!(self.policy, NoFence) {
             let (run, _) = self.run().expect("executing a well-formed entry");
             self.phase = Phase::ReadingFence { claimed, outcome };
             return self.send(Command::Db(DbOp::ReadRun { run }));
         }
-        self.write_outcome(now, claimed, outcome);
+        self.write_outcome(claimed, outcome);
     }
 
-    fn write_outcome(&mut self, now: Timestamp, claimed: Claimed, outcome: JobOutcome) {
+    fn write_outcome(&mut self, claimed: Claimed, outcome: JobOutcome) {
         let (run, _) = self.run().expect("executing a well-formed entry");
         let fence = claimed.fence;
         debug_assert!(
@@ -637,14 +643,13 @@ impl Delivery {
             }
             JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
                 let backoff_ms = self.policy.backoff_ms(claimed.attempt.0, self.entropy);
-                let retry_at = now.add_ms(backoff_ms);
                 (
                     DbOp::ScheduleRetry {
                         run,
                         fence,
                         class,
                         message,
-                        retry_at,
+                        backoff_ms,
                     },
                     Write::Result,
                 )
@@ -673,7 +678,7 @@ impl Delivery {
     /// Postgres refused the outcome's values (text holding a NUL byte).
     /// Every retry would produce the same value, so the run fails now, as
     /// `unstorable`, with a message of ours that Postgres stores.
-    fn on_refused(&mut self, now: Timestamp, kind: Write) {
+    fn on_refused(&mut self, kind: Write) {
         let retry = matches!(kind, Write::Result | Write::Dead(_));
         match self.own {
             Some(claimed) if retry && !crate::injects!(self.policy, PoisonRetried) => {
@@ -682,7 +687,6 @@ impl Delivery {
                                own error"
                     .to_owned();
                 self.write_outcome(
-                    now,
                     claimed,
                     JobOutcome::Failed {
                         class: ErrorClass::Unstorable,

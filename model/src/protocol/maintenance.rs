@@ -87,24 +87,20 @@ impl Maintenance {
     }
 
     /// Starts a pass; ignored while one is running.
-    pub fn start(&mut self, now: Timestamp, task: MaintenanceTask) {
+    pub fn start(&mut self, task: MaintenanceTask) {
         if self.phase != Phase::Idle {
             return;
         }
         let limit = self.policy.sweep_batch_max;
         let (phase, op) = match task {
-            MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { now, limit }),
+            MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { limit }),
             MaintenanceTask::Outbox if crate::injects!(self.policy, NoPublishRecovery) => return,
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::Unpublished { limit }),
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;
                 (
                     Phase::ListingOrphans,
-                    DbOp::OrphanCandidates {
-                        now,
-                        grace_ms,
-                        limit,
-                    },
+                    DbOp::OrphanCandidates { grace_ms, limit },
                 )
             }
         };
@@ -141,15 +137,14 @@ impl Maintenance {
         } else if let Some(id) = c.entry_id {
             self.send(Phase::Locating(c), Command::Stream(StreamOp::Locate { id }));
         } else {
-            self.requeue(now, c);
+            self.requeue(c);
         }
     }
 
-    fn requeue(&mut self, now: Timestamp, c: Candidate) {
+    fn requeue(&mut self, c: Candidate) {
         let op = DbOp::RequeueRun {
             run: c.run_id,
             dispatch: c.dispatch,
-            now,
         };
         self.send(Phase::Requeuing(c), Command::Db(op));
     }
@@ -168,7 +163,6 @@ impl Maintenance {
                     run: c.run_id,
                     dispatch: c.dispatch,
                     entry,
-                    now,
                 };
                 self.send(Phase::Marking(c), Command::Db(op));
             }
@@ -184,7 +178,7 @@ impl Maintenance {
                     // Still to be read, or the reclaimer's to take over.
                     self.next(now, false);
                 } else {
-                    self.requeue(now, c);
+                    self.requeue(c);
                 }
             }
             (Phase::Requeuing(_), Input::Db(DbReply::Rows(_))) => {

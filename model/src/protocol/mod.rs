@@ -85,9 +85,14 @@ pub struct Policy {
     /// a longer one fails its run as [`ErrorClass::Unstorable`].
     ///
     /// [`ErrorClass::Unstorable`]: crate::status::ErrorClass::Unstorable
+    #[serde(default = "value_bytes_max")]
     pub value_bytes_max: usize,
     /// The protocol bug to inject (only with the `mutants` feature).
     pub mutant: Option<Mutant>,
+}
+
+fn value_bytes_max() -> usize {
+    4 << 20
 }
 
 impl Default for Policy {
@@ -102,7 +107,7 @@ impl Default for Policy {
             backoff_cap_ms: 60_000,
             sweep_grace_ms: 120_000,
             sweep_batch_max: 64,
-            value_bytes_max: 4 << 20,
+            value_bytes_max: value_bytes_max(),
             mutant: None,
         }
     }
@@ -238,6 +243,42 @@ pub enum StreamOp {
     /// ID: only delivered, acknowledged entries older than `before` go.
     /// Nothing is trimmed without the group.
     Retain { before: Timestamp },
+}
+
+impl StreamOp {
+    /// The time the model's Redis reads for this command: the sender's
+    /// clock, which real Redis ignores (it stamps IDs, delivery times and
+    /// idle times with its own). [`crate::world::World::stream`] replaces it
+    /// with the server's.
+    #[must_use]
+    pub fn clock(&self) -> Option<Timestamp> {
+        match self {
+            StreamOp::Publish { now, .. }
+            | StreamOp::PublishDead { now, .. }
+            | StreamOp::Read { now, .. }
+            | StreamOp::AutoClaim { now, .. }
+            | StreamOp::Touch { now, .. } => Some(*now),
+            StreamOp::EnsureGroup
+            | StreamOp::Ack { .. }
+            | StreamOp::Locate { .. }
+            | StreamOp::Retain { .. } => None,
+        }
+    }
+
+    /// [`StreamOp::clock`], to change.
+    pub fn clock_mut(&mut self) -> Option<&mut Timestamp> {
+        match self {
+            StreamOp::Publish { now, .. }
+            | StreamOp::PublishDead { now, .. }
+            | StreamOp::Read { now, .. }
+            | StreamOp::AutoClaim { now, .. }
+            | StreamOp::Touch { now, .. } => Some(now),
+            StreamOp::EnsureGroup
+            | StreamOp::Ack { .. }
+            | StreamOp::Locate { .. }
+            | StreamOp::Retain { .. } => None,
+        }
+    }
 }
 
 /// The answer to a [`StreamOp`].

@@ -86,6 +86,9 @@ mutants! {
     /// An outcome Postgres refuses (a NUL byte) is left pending, as if its
     /// reply were lost: the run is retried until its attempts run out.
     PoisonRetried,
+    /// A claim judges the lease by the claiming worker's clock: a worker
+    /// whose clock runs ahead takes over a live attempt.
+    WorkerClock,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

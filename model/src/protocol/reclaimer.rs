@@ -83,7 +83,7 @@ impl Reclaimer {
         if self.phase != Phase::Idle {
             return;
         }
-        if self.next_recovery(now) {
+        if self.next_recovery() {
             return;
         }
         if free == 0 {
@@ -99,13 +99,13 @@ impl Reclaimer {
         }));
     }
 
-    fn next_recovery(&mut self, now: Timestamp) -> bool {
+    fn next_recovery(&mut self) -> bool {
         let Some(&entry) = self.deleted.front() else {
             return false;
         };
         self.phase = Phase::Recovering(entry);
         self.outbox
-            .push_back(Command::Db(DbOp::RequeueEntry { entry, now }));
+            .push_back(Command::Db(DbOp::RequeueEntry { entry }));
         true
     }
 
@@ -122,7 +122,7 @@ impl Reclaimer {
     }
 
     /// Feeds the answer to the outstanding command.
-    pub fn handle(&mut self, now: Timestamp, input: Input) {
+    pub fn handle(&mut self, _now: Timestamp, input: Input) {
         match (self.phase, input) {
             (Phase::Claiming, Input::Stream(Ok(StreamReply::AutoClaimed(reply)))) => {
                 self.cursor = reply.next;
@@ -137,7 +137,7 @@ impl Reclaimer {
                     self.events.push_back(ReclaimerEvent::Deliver(id, job));
                 }
                 self.phase = Phase::Idle;
-                self.next_recovery(now);
+                self.next_recovery();
             }
             (Phase::Claiming, Input::Stream(Err(StreamError::NoGroup))) => {
                 // Redis lost the group (restart without persistence, or a
@@ -151,7 +151,7 @@ impl Reclaimer {
                 let done = self.deleted.pop_front();
                 debug_assert_eq!(done, Some(entry));
                 self.phase = Phase::Idle;
-                self.next_recovery(now);
+                self.next_recovery();
             }
             (_, _) => self.phase = Phase::Idle,
         }

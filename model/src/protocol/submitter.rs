@@ -48,15 +48,15 @@ pub struct Submitter {
 }
 
 impl Submitter {
-    /// Starts submitting `run`; under the client's idempotency key, made
-    /// at that time, if `key` is given.
+    /// Starts submitting `run`; under the client's idempotency key if
+    /// `key` is given.
     #[must_use]
     pub fn new(
         policy: &Policy,
         run: RunId,
         kind: &str,
         input: &str,
-        key: Option<(&str, Timestamp)>,
+        key: Option<&str>,
     ) -> Submitter {
         let attempts_max = if crate::injects!(policy, NoDeadLetter) {
             u32::MAX
@@ -71,13 +71,12 @@ impl Submitter {
                 input,
                 attempts_max,
             },
-            Some((key, now)) => DbOp::InsertRunKeyed {
+            Some(key) => DbOp::InsertRunKeyed {
                 run,
                 kind,
                 input,
                 attempts_max,
                 key: key.to_owned(),
-                now,
             },
         };
         Submitter {
@@ -144,7 +143,6 @@ impl Submitter {
                     run,
                     dispatch: Dispatch(1),
                     entry,
-                    now,
                 };
                 self.outbox.push_back(Command::Db(op));
                 Phase::Marking

@@ -98,7 +98,7 @@ fn deliver(world: &mut World, w: u32, outcome: Option<JobOutcome>) -> (EntryId, 
 
 #[test]
 fn success_is_written_then_acked() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     submit(&mut world, 1);
     let (_, end) = deliver(&mut world, 0, Some(ok()));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
@@ -132,7 +132,7 @@ fn unstorable_outcomes_fail_the_run_on_their_attempt() {
         JobOutcome::Succeeded { result: too_long },
     ];
     for (i, outcome) in outcomes.into_iter().enumerate() {
-        let mut world = World::new();
+        let mut world = World::at(T0);
         submit(&mut world, 1);
         let (_, end) = deliver(&mut world, 0, Some(outcome));
         assert_eq!(end, DeliveryEnd::Acked(AckReason::Written), "case {i}");
@@ -149,7 +149,7 @@ fn unstorable_outcomes_fail_the_run_on_their_attempt() {
 
 #[test]
 fn a_redelivered_finished_run_is_acked_without_running() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let id = submit(&mut world, 1);
     let (_, end) = deliver(&mut world, 0, Some(ok()));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
@@ -166,7 +166,7 @@ fn a_redelivered_finished_run_is_acked_without_running() {
 
 #[test]
 fn retryable_failure_schedules_a_durable_retry_with_backoff() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     submit(&mut world, 1);
     let (_, end) = deliver(&mut world, 0, Some(failed(ErrorClass::Retryable)));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
@@ -179,8 +179,9 @@ fn retryable_failure_schedules_a_durable_retry_with_backoff() {
     );
     // Maintenance promotes it when due and publishes the new dispatch.
     let mut m = Maintenance::new(&policy());
+    world.db.clock = r.retry_at.unwrap();
     for task in [MaintenanceTask::Retries, MaintenanceTask::Outbox] {
-        m.start(r.retry_at.unwrap(), task);
+        m.start(task);
         while let Some(c) = m.poll() {
             let input = exec(&mut world, &c, Issuer::default());
             m.handle(T0, input);
@@ -198,7 +199,7 @@ fn retryable_failure_schedules_a_durable_retry_with_backoff() {
 
 #[test]
 fn the_last_attempt_dead_letters_and_notifies() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     world.db.insert_run(RunId(1), "noop", "{}", 1);
     let entry = JobEntry::Job {
         run: RunId(1),
@@ -217,7 +218,7 @@ fn the_last_attempt_dead_letters_and_notifies() {
 
 #[test]
 fn terminal_failure_is_not_retried() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     submit(&mut world, 1);
     deliver(&mut world, 0, Some(failed(ErrorClass::Terminal)));
     let r = &world.db.runs[&RunId(1)];
@@ -226,7 +227,7 @@ fn terminal_failure_is_not_retried() {
 
 #[test]
 fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let id = submit(&mut world, 1);
     let (_, job) = read(&mut world, 0);
     let mut late = Delivery::new(T0, &policy(), WorkerId(0), id, job.clone(), 0);
@@ -237,6 +238,7 @@ fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
     assert!(late.is_executing());
     // Long past the lease, another worker reclaims and takes over.
     let later = T0.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
+    world.db.clock = later;
     let mut r = Reclaimer::new(&policy(), WorkerId(1));
     r.start(later, 1);
     let c = r.poll().unwrap();
@@ -263,7 +265,7 @@ fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
 
 #[test]
 fn malformed_entries_and_unknown_runs_are_quarantined() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let bad = JobEntry::Malformed {
         reason: "missing run_id".into(),
     };
@@ -300,7 +302,7 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
 
 #[test]
 fn a_duplicate_publication_is_acked_while_the_original_runs() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     submit(&mut world, 1);
     let dup = JobEntry::Job {
         run: RunId(1),
@@ -327,7 +329,7 @@ fn a_duplicate_publication_is_acked_while_the_original_runs() {
 
 #[test]
 fn a_cancelled_run_stops_at_its_heartbeat() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     submit(&mut world, 1);
     let (id, job) = read(&mut world, 0);
     let mut d = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
@@ -356,7 +358,7 @@ fn a_cancelled_run_stops_at_its_heartbeat() {
 
 #[test]
 fn the_reclaimer_holds_deleted_ids_until_recovered() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let id = submit(&mut world, 1);
     let (_, job) = read(&mut world, 0);
     let mut d = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
@@ -366,6 +368,7 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
     // The worker dies; the stream is trimmed below its pending entry.
     world.redis.jobs.xtrim(Trim::MaxLen(0));
     let later = T0.add_ms(policy().lease_ms + 1);
+    world.db.clock = later;
     let mut r = Reclaimer::new(&policy(), WorkerId(1));
     r.start(later, 1);
     let c = r.poll().unwrap();
@@ -407,9 +410,9 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
 
 #[test]
 fn a_keyed_retry_answers_the_first_run() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let keyed = |world: &mut World, run: u64, input: &str| {
-        let mut s = Submitter::new(&policy(), RunId(run), "noop", input, Some(("k1", T0)));
+        let mut s = Submitter::new(&policy(), RunId(run), "noop", input, Some("k1"));
         while let Some(c) = s.poll() {
             let input = exec(world, &c, Issuer::default());
             s.handle(T0, input);
@@ -436,7 +439,7 @@ fn a_keyed_retry_answers_the_first_run() {
 
 #[test]
 fn a_lost_publish_is_left_to_the_outbox() {
-    let mut world = World::new();
+    let mut world = World::at(T0);
     let mut s = Submitter::new(&policy(), RunId(1), "noop", "{}", None);
     let insert = s.poll().unwrap();
     let input = exec(&mut world, &insert, Issuer::default());
@@ -446,7 +449,7 @@ fn a_lost_publish_is_left_to_the_outbox() {
     s.handle(T0, Input::Unavailable);
     assert_eq!(s.end(), Some(SubmitterEnd::Accepted { published: false }));
     let mut m = Maintenance::new(&policy());
-    m.start(T0, MaintenanceTask::Outbox);
+    m.start(MaintenanceTask::Outbox);
     while let Some(c) = m.poll() {
         let input = exec(&mut world, &c, Issuer::default());
         m.handle(T0, input);
@@ -501,7 +504,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 10);
+    assert_eq!(Mutant::ALL.len(), 12);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 

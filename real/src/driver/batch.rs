@@ -266,7 +266,6 @@ mod tests {
     use super::{Db, Sink, Stream};
     use pelican_model::ids::{Dispatch, EntryId, RunId, WorkerId};
     use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
-    use pelican_model::time::Timestamp;
     use pelican_model::world::Issuer;
 
     /// A client that is never called: only the batching rules are tested.
@@ -291,7 +290,6 @@ mod tests {
             dispatch: Dispatch(1),
             entry: EntryId::new(1, 0),
             worker: WorkerId(1).consumer(),
-            now: Timestamp(0),
             lease_ms: 2_000,
         };
         assert_eq!(<Db<Never> as Sink<_, _>>::run(&claim), Some(RunId(7)));

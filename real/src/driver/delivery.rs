@@ -1,6 +1,6 @@
 //! Driving one [`Delivery`]: its server calls, its job and its heartbeat timer.
 
-use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe, now, sleep_until};
+use super::{DbClient, Io, Probe, RoleId, StreamClient, maybe};
 use crate::jobs::Executor;
 use futures_util::FutureExt;
 use futures_util::future::{Fuse, FusedFuture};
@@ -30,7 +30,7 @@ where
 {
     let role = RoleId::Delivery(worker, entry, nth);
     let entropy = io.entropy.next_u64();
-    let start = now();
+    let start = io.now();
     io.probe.started(
         &role,
         &super::Start::Delivery {
@@ -132,13 +132,13 @@ where
                 });
                 io.probe.job_ended(&role, &outcome, started.elapsed());
                 let input = Input::Executed(outcome);
-                let at = now();
+                let at = io.now();
                 io.probe.received(&role, at, &input);
                 (at, input)
             }
-            () = sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
+            () = io.sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
                 timer = None;
-                let at = now();
+                let at = io.now();
                 io.probe.received(&role, at, &Input::Timer);
                 (at, Input::Timer)
             }

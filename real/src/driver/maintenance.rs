@@ -1,6 +1,6 @@
 //! Driving the short-lived roles: a maintenance pass, a submission, a cancel.
 
-use super::{DbClient, Io, Probe, RoleId, StreamClient, now};
+use super::{DbClient, Io, Probe, RoleId, StreamClient};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, Submitter, SubmitterEnd,
@@ -17,10 +17,10 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     let role = RoleId::Maintenance(worker);
     let by = Issuer::worker(worker);
     let mut m = Maintenance::new(&io.config.policy);
-    let start = now();
+    let start = io.now();
     io.probe
         .started(&role, &super::Start::Maintenance { now: start, task });
-    m.start(start, task);
+    m.start(task);
     while let Some(command) = m.poll() {
         let (at, input) = io.run_at(&role, command, by).await;
         m.handle(at, input);
@@ -41,17 +41,15 @@ pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
     key: Option<&str>,
 ) -> SubmitterEnd {
     let role = RoleId::Submitter(run);
-    let key = key.map(|k| (k.to_owned(), now()));
     io.probe.started(
         &role,
         &super::Start::Submit {
             run,
             kind: kind.to_owned(),
             input: input.to_owned(),
-            key: key.clone(),
+            key: key.map(str::to_owned),
         },
     );
-    let key = key.as_ref().map(|(k, at)| (k.as_str(), *at));
     let mut s = Submitter::new(&io.config.policy, run, kind, input, key);
     while let Some(command) = s.poll() {
         let (at, input) = io.run_at(&role, command, Issuer::default()).await;

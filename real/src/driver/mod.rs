@@ -208,9 +208,9 @@ pub enum Start {
         kind: String,
         /// Its input.
         input: String,
-        /// The client's idempotency key and when it was used, if any.
+        /// The client's idempotency key, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        key: Option<(String, Timestamp)>,
+        key: Option<String>,
     },
 }
 
@@ -327,6 +327,11 @@ pub struct Config {
     /// Stream retention: each maintenance pass trims delivered, acknowledged
     /// entries older than this (0: keep every entry).
     pub retention_ms: u64,
+    /// Shifts this process's clock (ms, may be negative): for tests of
+    /// skewed clocks. Leases are Postgres's to judge, so a shifted worker
+    /// takes no live lease.
+    #[serde(default)]
+    pub clock_offset_ms: i64,
 }
 
 impl Default for Config {
@@ -342,6 +347,7 @@ impl Default for Config {
             shutdown_grace_ms: 30_000,
             job_timeout_ms: 3_600_000,
             retention_ms: 86_400_000,
+            clock_offset_ms: 0,
         }
     }
 }
@@ -362,6 +368,19 @@ pub struct Io<S, D, P> {
 }
 
 impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
+    /// This process's clock: [`now`], shifted by
+    /// [`Config::clock_offset_ms`].
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        Timestamp(now().0.saturating_add_signed(self.config.clock_offset_ms))
+    }
+
+    /// Sleeps until `at` on [`Io::now`]'s clock (at once if it has passed).
+    pub async fn sleep_until(&self, at: Timestamp) {
+        let left = at.0.saturating_sub(self.now().0);
+        tokio::time::sleep(Duration::from_millis(left)).await;
+    }
+
     /// Runs one server command of `role` and turns its answer into the
     /// role's next input. Any other command is the caller's to run.
     ///
@@ -397,7 +416,7 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
             }
             other => panic!("not a server command: {other:?}"),
         };
-        let at = now();
+        let at = self.now();
         self.probe.received(role, at, &input);
         (at, input)
     }
@@ -411,12 +430,6 @@ pub fn now() -> Timestamp {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     Timestamp(u64::try_from(ms).unwrap_or(u64::MAX))
-}
-
-/// Sleeps until `at` (at once if it has passed).
-pub async fn sleep_until(at: Timestamp) {
-    let left = at.0.saturating_sub(now().0);
-    tokio::time::sleep(Duration::from_millis(left)).await;
 }
 
 /// Awaits the future if there is one, else never completes: for `select!`

@@ -1,7 +1,7 @@
 //! The worker process: a reader, a reclaimer and a maintenance loop sharing
 //! `in_flight_max` job slots, each delivery in its own task.
 
-use super::{Config, DbClient, Io, Probe, RoleId, StreamClient, now};
+use super::{Config, DbClient, Io, Probe, RoleId, StreamClient};
 use crate::jobs::Executor;
 use pelican_model::ids::WorkerId;
 use pelican_model::protocol::{
@@ -140,7 +140,7 @@ async fn read_loop<S, D, P, X>(
         let read = Command::Stream(StreamOp::Read {
             consumer: worker.consumer(),
             count: room.min(io.config.read_count_max),
-            now: now(),
+            now: io.now(),
         });
         match io.run(&role, read, by).await {
             Input::Stream(Ok(StreamReply::Entries(got))) => {
@@ -195,7 +195,7 @@ async fn reclaim_loop<S, D, P, X>(
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }
-        let (start, free) = (now(), slots.available_permits());
+        let (start, free) = (io.now(), slots.available_permits());
         io.probe
             .started(&role, &super::Start::Reclaim { now: start, free });
         r.start(start, free);
@@ -245,7 +245,7 @@ async fn maintenance_loop<S, D, P>(
             super::maintain(&io, worker, MaintenanceTask::Sweep).await;
         }
         if io.config.retention_ms > 0 {
-            let before = Timestamp(now().0.saturating_sub(io.config.retention_ms));
+            let before = Timestamp(io.now().0.saturating_sub(io.config.retention_ms));
             let by = Issuer::worker(worker);
             let retain = Command::Stream(StreamOp::Retain { before });
             let _ = io.run(&RoleId::Retention(worker), retain, by).await;

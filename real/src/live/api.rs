@@ -257,13 +257,12 @@ pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
         let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-        let before = pelican_model::time::Timestamp(crate::now().0.saturating_sub(keep_ms));
         loop {
             match io
                 .io
                 .db
                 .execute(&DbOp::ExpireKeys {
-                    before,
+                    keep_ms,
                     limit: BATCH,
                 })
                 .await

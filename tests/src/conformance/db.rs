@@ -21,6 +21,20 @@ pub enum DbStep {
     One(DbOp),
     /// A batch ([`Db::execute_batch`]).
     Batch(Vec<DbOp>),
+    /// Postgres's clock moves to this time ([`Db::clock`]; in Postgres,
+    /// `SET pelican.now_ms`, which `pelican_now_ms()` reads).
+    Clock(Timestamp),
+}
+
+/// The clock a sequence starts at.
+pub const START: Timestamp = Timestamp(1_000);
+
+/// Pins the clock of Postgres's session (the suite's pool has one).
+async fn set_clock(db: &PgDb, at: Timestamp) -> Result<(), String> {
+    pelican_real::live::pg::raw_execute(db, &format!("SET pelican.now_ms = '{}'", at.0))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("setting the clock: {e}"))
 }
 
 /// How often a statement is drawn, against 1 for the rest: runs must exist
@@ -184,7 +198,8 @@ fn step() -> impl Strategy<Value = DbStep> {
                 .collect(),
         )
     });
-    prop_oneof![9 => one, 2 => fused, 1 => mixed]
+    let clock = any::<u64>().prop_map(|w| DbStep::Clock(Timestamp(1_000 * (w % 13) + 1_000)));
+    prop_oneof![9 => one, 2 => fused, 1 => mixed, 1 => clock]
 }
 
 /// A random database sequence.
@@ -210,9 +225,16 @@ async fn reset(db: &PgDb) -> Result<(), String> {
 /// The first statement whose answer differs, or the final rows.
 pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     reset(db).await?;
+    set_clock(db, START).await?;
     let mut model = Db::new();
+    model.clock = START;
     for (i, step) in steps.iter().enumerate() {
         let (want, got) = match step {
+            DbStep::Clock(at) => {
+                model.clock = *at;
+                set_clock(db, *at).await?;
+                continue;
+            }
             DbStep::One(op) => (
                 vec![model.execute(op)],
                 db.execute(op).await.map(|r| vec![r]),
@@ -262,7 +284,8 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
 #[must_use]
 pub fn migrated(url: &str) -> PgDb {
     crate::rt().block_on(async {
-        let db = PgDb::connect(url, 2, Duration::from_secs(10))
+        // One connection: the clock is pinned per session (`DbStep::Clock`).
+        let db = PgDb::connect(url, 1, Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| panic!("cannot reach Postgres at {url}: {e}"));
         db.migrate().await.expect("migrations apply");

@@ -19,7 +19,7 @@
 pub mod db;
 pub mod stream;
 
-pub use db::{DbStep, db_case, db_sequence, migrated, run_db};
+pub use db::{DbStep, START, db_case, db_sequence, migrated, run_db};
 pub use stream::{run_stream, stream_case};
 
 use proptest::test_runner::{Config, TestError, TestRunner};

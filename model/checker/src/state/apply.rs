@@ -12,6 +12,7 @@ use pelican_model::protocol::{
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
+use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
 use std::collections::BTreeSet;
 
@@ -63,7 +64,7 @@ impl State {
             Action::Finish(w, kind) => self.finish(cfg, w, kind),
             Action::Maintain(task, mut fate) => {
                 let mut m = Maintenance::new(&cfg.policy);
-                m.start(NOW, task);
+                m.start(task);
                 while let Some(c) = m.poll() {
                     let this = publish_fate(&c, &mut fate);
                     let input = self.execute(&c, Issuer::default(), this);
@@ -155,7 +156,7 @@ impl State {
         let op = StreamOp::Read {
             consumer,
             count: 1,
-            now: NOW,
+            now: clock(cfg, w),
         };
         self.workers[usize::from(w)]
             .outstanding
@@ -166,7 +167,7 @@ impl State {
     /// Worker `w` starts a reclaim round and executes its first command.
     fn reclaim(&mut self, cfg: &Config, w: u8, fate: Fate) {
         let wp = &mut self.workers[usize::from(w)];
-        wp.reclaimer.start(NOW, 1);
+        wp.reclaimer.start(clock(cfg, w), 1);
         self.drain_reclaimer(cfg, w);
         if self.workers[usize::from(w)]
             .outstanding
@@ -216,7 +217,7 @@ impl State {
             },
         };
         if let Some(d) = wp.delivery.as_mut() {
-            d.handle(NOW, Input::Executed(outcome));
+            d.handle(clock(cfg, w), Input::Executed(outcome));
         }
         self.drain_delivery(cfg, w);
     }
@@ -325,7 +326,7 @@ impl State {
             Source::Delivery => {
                 if let Some(d) = self.workers[wi].delivery.as_mut() {
                     let refused = input == Input::Db(DbReply::Refused);
-                    d.handle(NOW, input);
+                    d.handle(clock(cfg, w), input);
                     if let (true, Some((run, _))) = (refused, d.run()) {
                         self.world.check_refusal(run, d.end());
                     }
@@ -333,7 +334,7 @@ impl State {
                 self.drain_delivery(cfg, w);
             }
             Source::Reclaimer => {
-                self.workers[wi].reclaimer.handle(NOW, input);
+                self.workers[wi].reclaimer.handle(clock(cfg, w), input);
                 self.drain_reclaimer(cfg, w);
             }
         }
@@ -357,7 +358,7 @@ impl State {
             .delivery
             .as_mut()
             .expect("would heartbeat");
-        d.handle(NOW, Input::Timer);
+        d.handle(clock(cfg, w), Input::Timer);
         self.drain_delivery(cfg, w);
         if self.workers[usize::from(w)]
             .outstanding
@@ -371,7 +372,14 @@ impl State {
     }
 
     fn start_delivery(&mut self, cfg: &Config, w: u8, id: EntryId, job: JobEntry) {
-        let d = Delivery::new(NOW, &cfg.policy, WorkerId(u32::from(w)), id, job, 0);
+        let d = Delivery::new(
+            clock(cfg, w),
+            &cfg.policy,
+            WorkerId(u32::from(w)),
+            id,
+            job,
+            0,
+        );
         self.workers[usize::from(w)].delivery = Some(d);
         self.drain_delivery(cfg, w);
     }
@@ -393,7 +401,7 @@ impl State {
                     };
                     let reply = self.world.stream(op, Issuer::default());
                     if let Some(d) = self.workers[wi].delivery.as_mut() {
-                        d.handle(NOW, Input::Stream(reply));
+                        d.handle(clock(cfg, w), Input::Stream(reply));
                     }
                 }
                 Command::Db(DbOp::ReadRun { .. }) => {
@@ -407,7 +415,7 @@ impl State {
                     let Command::Db(op) = &c else { unreachable!() };
                     let reply = self.world.db(op, by);
                     if let Some(d) = self.workers[wi].delivery.as_mut() {
-                        d.handle(NOW, Input::Db(reply));
+                        d.handle(clock(cfg, w), Input::Db(reply));
                     }
                 }
                 Command::Db(_) | Command::Stream(_) => {
@@ -460,4 +468,12 @@ impl State {
             }
         }
     }
+}
+
+/// Worker `w`'s clock: the servers' [`NOW`], but worker 1's runs
+/// `cfg.skew_ms` ahead. No statement reads a worker's clock (Postgres's
+/// decides every lease) and Redis stamps with its own, so a correct build
+/// explores the same states with or without skew.
+fn clock(cfg: &Config, w: u8) -> Timestamp {
+    if w == 1 { NOW.add_ms(cfg.skew_ms) } else { NOW }
 }

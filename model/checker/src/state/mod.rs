@@ -118,7 +118,7 @@ impl State {
     /// The initial state: empty Redis (with the group), empty Postgres.
     #[must_use]
     pub fn initial(cfg: &Config) -> State {
-        let mut world = World::new();
+        let mut world = World::at(NOW);
         for _ in 0..cfg.faults.malformed {
             // Malformed entries are there from the start: where they stand
             // among the runs' entries changes nothing but the interleaving.

@@ -215,7 +215,9 @@ impl State {
             dead_letters,
             run_ids,
             keys,
+            clock,
         } = db;
+        clock.hash(h);
         (
             runs,
             db_effects,

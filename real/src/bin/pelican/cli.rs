@@ -265,6 +265,10 @@ pub(crate) struct WorkerArgs {
     /// trimmed by the maintenance pass (0: keep every entry).
     #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
     pub(crate) retention_ms: u64,
+    /// Shift this worker's clock by this many ms (may be negative), to test
+    /// skewed clocks: leases are judged by Postgres's clock alone.
+    #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true)]
+    pub(crate) clock_offset_ms: i64,
     /// Do not run the retry scheduler, outbox and sweeper in this worker.
     #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
     pub(crate) no_maintenance: bool,

@@ -164,6 +164,7 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         shutdown_grace_ms: a.shutdown_grace_ms,
         job_timeout_ms: a.job_timeout_ms,
         retention_ms: if a.no_maintenance { 0 } else { a.retention_ms },
+        clock_offset_ms: a.clock_offset_ms,
     };
     if c.call_timeout_ms <= a.read_block_ms {
         bail!(

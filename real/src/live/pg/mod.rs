@@ -4,10 +4,10 @@
 //! declared text ([`Statement::sql`]) with its parameters
 //! ([`DbOp::params`]) bound in order, and its rows are decoded by the shape
 //! of its answer (`rows.rs`) into the same [`DbReply`] the reference twin in
-//! `pelican_model::Db` gives. Times are bound as `bigint` milliseconds, so
-//! no statement reads the server's clock. The schema is the model's
-//! migrations (`SCHEMA`, `SCHEMA_HOT_PATH`, `SCHEMA_SUBMIT_KEYS`), applied
-//! as embedded sqlx migrations.
+//! `pelican_model::Db` gives. Every time is Postgres's own clock
+//! (`pelican_now_ms()`). The schema is the model's
+//! migrations (`SCHEMA`, `SCHEMA_HOT_PATH`, `SCHEMA_SUBMIT_KEYS`,
+//! `SCHEMA_ONE_CLOCK`), applied as embedded sqlx migrations.
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
@@ -49,7 +49,8 @@ pub enum PgError {
 
 /// The embedded migrations: version 1 is the model's schema, version 2 its
 /// hot-path indexes (`sql::SCHEMA_HOT_PATH`), version 3 the submissions'
-/// idempotency keys (`sql::SCHEMA_SUBMIT_KEYS`).
+/// idempotency keys (`sql::SCHEMA_SUBMIT_KEYS`), version 4 the clock every
+/// statement reads (`sql::SCHEMA_ONE_CLOCK`).
 #[must_use]
 pub fn migrator() -> Migrator {
     let migration = |version, name: &str, sql: &'static str| {
@@ -65,6 +66,7 @@ pub fn migrator() -> Migrator {
         migration(1, "pelican schema", sql::SCHEMA),
         migration(2, "hot-path updates", sql::SCHEMA_HOT_PATH),
         migration(3, "submission keys", sql::SCHEMA_SUBMIT_KEYS),
+        migration(4, "one clock", sql::SCHEMA_ONE_CLOCK),
     ])
 }
 
