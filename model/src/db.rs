@@ -17,7 +17,7 @@
 //! The file is long because it is the whole schema's semantics: one short
 //! method per statement, meant to be read beside its SQL.
 
-use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{AttemptOutcome, ErrorClass, RunStatus};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -166,6 +166,8 @@ pub struct Db {
     pub run_ids: u64,
     /// `submit_keys`: idempotency key → the run it made.
     pub keys: BTreeMap<String, SubmitKey>,
+    /// `workers`: registered worker numbers → host name, pid, start time.
+    pub workers: BTreeMap<u32, (String, u32, Timestamp)>,
     /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
     /// or compares. Whoever runs the model sets it; a worker's clock never
     /// reaches a statement.
@@ -618,6 +620,14 @@ impl Db {
             }
             _ => 0,
         }
+    }
+
+    /// [`Statement::RegisterWorker`]: a worker number never handed out
+    /// before, recorded with the process's host name and pid.
+    pub fn register_worker(&mut self, host: &str, pid: u32, now: Timestamp) -> WorkerId {
+        let n = u32::try_from(self.workers.len() + 1).unwrap_or(u32::MAX);
+        self.workers.insert(n, (host.to_owned(), pid, now));
+        WorkerId(n)
     }
 
     /// [`Statement::NextRunId`]: a run id never handed out before.

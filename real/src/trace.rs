@@ -27,10 +27,17 @@ use std::sync::Mutex;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Line {
-    /// The first line: the process's policy.
+    /// The first line: the process's policy and clock.
     Header {
         /// The policy (its `mutant` is ignored by the check).
         policy: Policy,
+        /// How far the process's clock, which every `now` of the trace
+        /// reads, is shifted (`Config::clock_offset_ms`; 0 but in tests of
+        /// skewed clocks): subtract it to compare times across traces.
+        ///
+        /// [`Config::clock_offset_ms`]: crate::Config::clock_offset_ms
+        #[serde(default)]
+        clock_offset_ms: i64,
     },
     /// A role instance started.
     Started {
@@ -63,17 +70,23 @@ pub struct TraceProbe {
 }
 
 impl TraceProbe {
-    /// Creates (or truncates) `path` and writes the header.
+    /// Creates (or truncates) `path` and writes the header: `policy`, and
+    /// the shift of the process's clock.
     ///
     /// # Errors
     /// The file cannot be written.
-    pub fn create(path: &Path, policy: &Policy) -> std::io::Result<TraceProbe> {
+    pub fn create(
+        path: &Path,
+        policy: &Policy,
+        clock_offset_ms: i64,
+    ) -> std::io::Result<TraceProbe> {
         let file = std::fs::File::create(path)?;
         let probe = TraceProbe {
             out: Mutex::new(std::io::BufWriter::new(file)),
         };
         probe.write(&Line::Header {
             policy: policy.clone(),
+            clock_offset_ms,
         });
         Ok(probe)
     }
@@ -209,7 +222,7 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
             Err(e) => return Err(reject(format!("not a trace line: {e}"), None, &history)),
         };
         events += 1;
-        if let Line::Header { policy: p } = line {
+        if let Line::Header { policy: p, .. } = line {
             policy = Some(Policy { mutant: None, ..p });
             continue;
         }

@@ -126,7 +126,8 @@ impl Env {
 /// received before it, whose time the trace records, so the write left
 /// after the newer claim had committed, and a fenced database must have
 /// refused it. (With one wall clock for all processes; the comparison is
-/// strict, in milliseconds.)
+/// strict, in milliseconds, after each trace's times are moved back by
+/// its process's clock shift, from its header.)
 #[must_use]
 pub fn stale_writes_in_traces(paths: &[PathBuf]) -> Vec<String> {
     use serde_json::Value;
@@ -147,11 +148,14 @@ pub fn stale_writes_in_traces(paths: &[PathBuf]) -> Vec<String> {
             continue;
         };
         let mut roles: BTreeMap<String, Role> = BTreeMap::new();
+        let mut offset: i64 = 0;
         for line in text.lines() {
             let Ok(v) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
-            if let Some(sent) = v.get("sent") {
+            if let Some(header) = v.get("header") {
+                offset = header["clock_offset_ms"].as_i64().unwrap_or(0);
+            } else if let Some(sent) = v.get("sent") {
                 let role = roles.entry(sent["role"].to_string()).or_default();
                 let Some(db) = sent["command"].get("Db").and_then(Value::as_object) else {
                     continue;
@@ -168,7 +172,9 @@ pub fn stale_writes_in_traces(paths: &[PathBuf]) -> Vec<String> {
                 }
             } else if let Some(recv) = v.get("received") {
                 let role = roles.entry(recv["role"].to_string()).or_default();
-                let now = recv["now"].as_u64().unwrap_or(role.last_now);
+                let now = recv["now"]
+                    .as_u64()
+                    .map_or(role.last_now, |t| t.saturating_add_signed(-offset));
                 role.last_now = now;
                 let db = recv["input"].get("Db");
                 if let Some(run) = role.claiming.take()

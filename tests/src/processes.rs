@@ -98,7 +98,21 @@ impl Drop for Proc {
 
 impl Env {
     fn command(&self) -> Command {
-        let mut c = Command::new(self.bin.clone().unwrap_or_else(pelican_bin));
+        self.command_in(false)
+    }
+
+    /// `pelican`, or, `contained`, `pelican` as the first process of a PID
+    /// namespace of its own (process id 1, as in a container; killed with
+    /// its `unshare`).
+    fn command_in(&self, contained: bool) -> Command {
+        let bin = self.bin.clone().unwrap_or_else(pelican_bin);
+        let mut c = if contained {
+            let mut c = Command::new("unshare");
+            c.args(["--pid", "--fork", "--kill-child"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
         c.env("REDIS_URL", self.redis.url())
             .env("DATABASE_URL", &self.database_url)
             .env("PELICAN_STREAM", &self.stream)
@@ -125,8 +139,22 @@ impl Env {
     /// crash point `failpoint` armed if given (or, for `name=action`, that
     /// failpoint with that action, e.g. `before_write=1*sleep(6000)`).
     pub fn worker(&mut self, id: u32, failpoint: Option<&str>, flags: &[&str]) -> Proc {
-        let mut c = self.command();
-        c.args(["worker", "--id", &id.to_string()]);
+        self.spawn_worker(Some(id), failpoint, flags)
+    }
+
+    /// Starts a worker as a container would: process id 1 in a PID
+    /// namespace of its own, and no `--id` (it registers for a number).
+    pub fn contained_worker(&mut self, flags: &[&str]) -> Proc {
+        self.spawn_worker(None, None, flags)
+    }
+
+    fn spawn_worker(&mut self, id: Option<u32>, failpoint: Option<&str>, flags: &[&str]) -> Proc {
+        let mut c = self.command_in(id.is_none());
+        c.arg("worker");
+        if let Some(id) = id {
+            c.args(["--id", &id.to_string()]);
+        }
+        let id = id.map_or_else(|| format!("c{}", self.procs.len()), |n| n.to_string());
         let defaults = [
             ("--lease-ms", "2000"),
             ("--heartbeat-ms", "400"),

@@ -422,6 +422,32 @@ pub fn skewed_clock_takes_no_live_lease(mutant: Option<&str>) {
     );
 }
 
+/// Two workers started as containers start them, each process id 1 in
+/// its own PID namespace and without `--id`, get distinct consumer names
+/// from the worker registry, and both take work.
+pub fn contained_workers_get_unique_names(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let runs: Vec<RunId> = (0..8)
+        .map(|_| env.submit("sleep", r#"{"ms":600}"#, 3))
+        .collect();
+    let _a = env.contained_worker(&["--in-flight-max", "2"]);
+    let _b = env.contained_worker(&["--in-flight-max", "2"]);
+    env.settle();
+    let db = env.check(&[]);
+    let names: std::collections::BTreeSet<String> = runs
+        .iter()
+        .flat_map(|r| db.read_attempts(*r))
+        .map(|(_, a)| a.worker)
+        .collect();
+    assert_eq!(names.len(), 2, "two workers, two consumer names: {names:?}");
+    assert_eq!(db.workers.len(), 2, "{:?}", db.workers);
+    assert!(
+        db.workers.values().all(|(_, pid, _)| *pid == 1),
+        "{:?}",
+        db.workers
+    );
+}
+
 /// A pending entry trimmed away is detected (XAUTOCLAIM's deleted IDs) and
 /// its run recovered from Postgres, without the sweeper's help.
 pub fn trimmed_pending_entry_is_recovered(mutant: Option<&str>) {

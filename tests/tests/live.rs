@@ -22,6 +22,7 @@ live! {
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,
     skewed_clock_takes_no_live_lease,
+    contained_workers_get_unique_names,
     trimmed_pending_entry_is_recovered,
     redis_restart_with_aof,
     total_redis_data_loss,

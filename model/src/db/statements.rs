@@ -29,7 +29,7 @@
 //! whatever the clocks of the workers that send the statements say.
 
 use super::{Candidate, Db, RunRow};
-use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -136,6 +136,8 @@ pub enum Shape {
     Candidates,
     /// One new id ([`DbReply::NewRun`]).
     NewRun,
+    /// One new worker number ([`DbReply::NewWorker`]).
+    NewWorker,
     /// Attempt rows ([`DbReply::Attempts`]).
     Attempts,
     /// Dead-letter rows ([`DbReply::DeadLetters`]).
@@ -160,6 +162,8 @@ pub enum DbReply {
     Candidates(Vec<Candidate>),
     /// A fresh run id.
     NewRun(RunId),
+    /// A fresh worker number.
+    NewWorker(WorkerId),
     /// A run's attempts.
     Attempts(Vec<(AttemptNo, super::AttemptRow)>),
     /// Dead letters by run.
@@ -781,6 +785,18 @@ statements! {
               ON CONFLICT (key) DO UPDATE SET requests = effects.requests + 1 RETURNING (requests = 1) AS applied",
         show: [key],
         model: |db| Rows(db.apply_effect(key)),
+    }
+
+    /// A worker process that starts without an id of its own (host name
+    /// and pid, for operators): its number, unique among all workers ever
+    /// registered, which names its consumer (`w<n>`).
+    RegisterWorker { host: String, pid: u32 } => {
+        name: "register_worker",
+        access: Write,
+        reply: NewWorker,
+        sql: "INSERT INTO workers (host, pid, started_at) VALUES ($1, $2, pelican_now_ms()) RETURNING worker_id",
+        show: [host, pid],
+        model: |db| DbReply::NewWorker(db.register_worker(host, *pid, db.clock)),
     }
 
     /// A fresh run id.

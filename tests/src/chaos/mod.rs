@@ -63,7 +63,16 @@ pub struct Progress {
     pub open: u64,
 }
 
-const WORKER_FLAGS: &[&str] = &["--in-flight-max", "32"];
+/// Starts worker `w` (numbered from 1). Worker clocks are off by five
+/// leases: one in three runs ahead, one in three behind.
+fn worker(env: &mut Env, w: u32) -> crate::Proc {
+    let offset = ["0", "10000", "-10000"][(w % 3) as usize];
+    env.worker(
+        w,
+        None,
+        &["--in-flight-max", "32", "--clock-offset-ms", offset],
+    )
+}
 
 /// Runs the soak described by `plan`, reporting progress to `progress`.
 ///
@@ -80,7 +89,7 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
     let (_api, base) = env.api_with(TOKEN, plan.attempts_max);
     let mut slots: Vec<Slot> = (0..plan.workers)
         .map(|w| Slot {
-            proc: Some(env.worker(w + 1, None, WORKER_FLAGS)),
+            proc: Some(worker(&mut env, w + 1)),
             paused_until: None,
             restart_at: None,
         })
@@ -120,7 +129,7 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
             }
             if slot.restart_at.is_some_and(|u| u <= now) {
                 slot.restart_at = None;
-                slot.proc = Some(env.worker(w as u32 + 1, None, WORKER_FLAGS));
+                slot.proc = Some(worker(&mut env, w as u32 + 1));
             }
         }
         while next < faults.len() && Duration::from_millis(faults[next].0) <= t {
@@ -172,7 +181,7 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
         }
         if slot.proc.is_none() {
             slot.restart_at = None;
-            slot.proc = Some(env.worker(w as u32 + 1, None, WORKER_FLAGS));
+            slot.proc = Some(worker(&mut env, w as u32 + 1));
         }
     }
     let accepted: Vec<RunId> = shared.accepted.lock().expect("not poisoned").clone();
@@ -379,12 +388,16 @@ mod tests {
             designed_outcome("panic", r#"{"times":1}"#, 5),
             RunStatus::Succeeded
         );
+        assert_eq!(
+            designed_outcome("echo", r#"{"text":"poison\u0000"}"#, 5),
+            RunStatus::Failed
+        );
         // Every job of the workload is one of these.
         let plan = Plan::short();
         let kinds: BTreeSet<&str> = (0..plan.jobs).map(|i| job(&plan, i).kind).collect();
         assert_eq!(
             kinds,
-            ["effect", "fail", "noop", "panic", "sleep"]
+            ["echo", "effect", "fail", "noop", "panic", "sleep"]
                 .into_iter()
                 .collect()
         );

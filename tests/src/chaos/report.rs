@@ -45,7 +45,8 @@ pub struct Report {
     pub exhausted_by_faults: u64,
     /// Bad API requests answered with the wrong status.
     pub bad_input_mishandled: u64,
-    /// Run rows nobody submitted.
+    /// Run rows no client was told about: every submission is retried
+    /// under its idempotency key until the API names its run, so none.
     pub phantom_runs: u64,
     /// Processes whose protocol trace the model rejects.
     pub trace_violations: u64,
@@ -285,12 +286,18 @@ pub(super) fn verdict(
         }
         note(report, line);
     }
-    let phantom = db.runs.keys().filter(|r| !accepted_set.contains(r)).count() as u64;
-    report.phantom_runs = phantom.saturating_sub(report.submit_errors);
-    if report.phantom_runs > 0 {
+    let phantom: Vec<RunId> = db
+        .runs
+        .keys()
+        .filter(|r| !accepted_set.contains(r))
+        .copied()
+        .collect();
+    report.phantom_runs = phantom.len() as u64;
+    if !phantom.is_empty() {
         let line = format!(
-            "{phantom} runs nobody was told were accepted, but only {} submissions failed",
-            report.submit_errors
+            "{} runs no client was told about (a keyed retry made a second run?): {:?}",
+            phantom.len(),
+            &phantom[..phantom.len().min(10)]
         );
         note(report, line);
     }

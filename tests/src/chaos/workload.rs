@@ -31,7 +31,9 @@ pub fn job(plan: &Plan, i: u32) -> Job {
     let roll = rng.random_range(0..1000);
     let mut cancel_after_ms = None;
     let (kind, input) = match roll {
-        0..400 => ("noop", json!({})),
+        0..390 => ("noop", json!({})),
+        // A result Postgres refuses: the run fails alone, as unstorable.
+        390..400 => ("echo", json!({ "text": "poison\u{0}" })),
         400..550 => ("sleep", json!({ "ms": rng.random_range(5..400) })),
         // Longer than the lease: kept alive by heartbeats.
         550..580 => ("sleep", json!({ "ms": rng.random_range(2200..3500) })),
@@ -65,6 +67,7 @@ pub fn designed_outcome(kind: &str, input: &str, attempts_max: u32) -> RunStatus
     let times = v["times"].as_u64().unwrap_or(0);
     match kind {
         "fail" if v["class"] == "terminal" => RunStatus::Failed,
+        "echo" if v["text"].as_str().is_some_and(|t| t.contains('\0')) => RunStatus::Failed,
         "fail" | "panic" if times >= u64::from(attempts_max) => RunStatus::Dead,
         _ => RunStatus::Succeeded,
     }
@@ -90,7 +93,9 @@ pub(super) fn agent() -> ureq::Agent {
 }
 
 /// Submits jobs `lane, lane + lanes, …` through the API on their pace, and
-/// cancels the ones the workload cancels.
+/// cancels the ones the workload cancels. Job `i` goes out under the
+/// idempotency key `chaos-<seed>-<i>`, and is retried under it until the
+/// API names its run: a retry never makes a second run.
 pub(super) fn submitter(
     plan: &Plan,
     base: &str,
@@ -130,9 +135,11 @@ pub(super) fn submitter(
         let answer = agent
             .post(format!("{base}/runs"))
             .header("Authorization", format!("Bearer {TOKEN}"))
+            .header("Idempotency-Key", format!("chaos-{}-{i}", plan.seed))
             .send_json(&body);
         let accepted = match answer {
-            Ok(mut resp) if resp.status().as_u16() == 202 => resp
+            // 202: stored now; 200: stored by an earlier try of this key.
+            Ok(mut resp) if matches!(resp.status().as_u16(), 200 | 202) => resp
                 .body_mut()
                 .read_json::<Value>()
                 .ok()
@@ -142,7 +149,7 @@ pub(super) fn submitter(
         };
         let Some(run) = accepted else {
             // Postgres restarting, or the answer lost: the run may or may
-            // not exist; a client retries (a new run).
+            // not exist; the retry under the same key finds out.
             shared.submit_errors.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(100));
             continue;

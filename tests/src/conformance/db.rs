@@ -211,7 +211,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
-        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys; ALTER SEQUENCE run_ids RESTART WITH 1",
+        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
     )
     .await
     .map(|_| ())
@@ -272,6 +272,9 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     }
     if model.keys != live.keys {
         return differ("submit keys", &model.keys, &live.keys);
+    }
+    if model.workers != live.workers {
+        return differ("workers", &model.workers, &live.workers);
     }
     Ok(())
 }

@@ -216,7 +216,9 @@ impl State {
             run_ids,
             keys,
             clock,
+            workers: registered,
         } = db;
+        registered.hash(h);
         clock.hash(h);
         (
             runs,

@@ -209,7 +209,10 @@ pub(crate) struct ApiArgs {
 #[derive(Args)]
 pub(crate) struct WorkerArgs {
     /// This worker's number; its consumer name is `w<id>`. Give each
-    /// running worker its own (default: the process id).
+    /// running worker its own (a StatefulSet ordinal, say). Without it the
+    /// worker takes the next number from Postgres's worker registry (the
+    /// `workers` table, with its host name and pid), unique among every
+    /// worker ever registered. Do not mix the two on one group.
     #[arg(long, env = "PELICAN_WORKER_ID")]
     pub(crate) id: Option<u32>,
     /// Jobs run at once.

@@ -175,12 +175,30 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     }
     config.validate().map_err(anyhow::Error::msg)?;
     install_metrics(a.metrics_listen)?;
-    let id = WorkerId(a.id.unwrap_or_else(std::process::id));
     let clients = connect(c, a.read_block_ms).await?;
+    let id = match a.id {
+        Some(n) => WorkerId(n),
+        None => {
+            let host = host_name();
+            let op = DbOp::RegisterWorker {
+                host: host.clone(),
+                pid: std::process::id(),
+            };
+            match clients.db.execute(&op).await {
+                Ok(DbReply::NewWorker(id)) => id,
+                Ok(other) => bail!("registering the worker: unexpected answer {other:?}"),
+                Err(e) => bail!("registering the worker (host {host}) in Postgres: {e}"),
+            }
+        }
+    };
     let tools = Arc::new(PgTools(clients.db.clone()));
     let registry = Registry::with_builtins(tools, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
-    let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
+    let trace = trace_probe(
+        a.trace_file.as_deref(),
+        &config.policy,
+        config.clock_offset_ms,
+    )?;
     let io = Arc::new(Io {
         stream: Batching::stream(
             clients.stream,
@@ -223,7 +241,7 @@ pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     let handle = install_metrics(None)?;
     let clients = connect(c, 0).await?;
     let config = c.config(a.attempts_max)?;
-    let trace = trace_probe(a.trace_file.as_deref(), &config.policy)?;
+    let trace = trace_probe(a.trace_file.as_deref(), &config.policy, 0)?;
     let state = Arc::new(ApiState {
         io: io(clients, config, trace),
         token: a.api_token,
@@ -248,9 +266,10 @@ pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
 pub(crate) fn trace_probe(
     path: Option<&std::path::Path>,
     policy: &Policy,
+    clock_offset_ms: i64,
 ) -> Result<Option<pelican_real::trace::TraceProbe>> {
     path.map(|p| {
-        pelican_real::trace::TraceProbe::create(p, policy)
+        pelican_real::trace::TraceProbe::create(p, policy, clock_offset_ms)
             .with_context(|| format!("creating the trace file {}", p.display()))
     })
     .transpose()
@@ -474,3 +493,14 @@ async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32) -> Result<(
 // malloc was a fifth of its CPU time in the drain benchmark's profile.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// This machine's host name (a container's is its pod name), for the
+/// worker registry.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

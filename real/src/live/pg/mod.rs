@@ -7,7 +7,8 @@
 //! `pelican_model::Db` gives. Every time is Postgres's own clock
 //! (`pelican_now_ms()`). The schema is the model's
 //! migrations (`SCHEMA`, `SCHEMA_HOT_PATH`, `SCHEMA_SUBMIT_KEYS`,
-//! `SCHEMA_ONE_CLOCK`), applied as embedded sqlx migrations.
+//! `SCHEMA_ONE_CLOCK`, `SCHEMA_WORKERS`), applied as embedded sqlx
+//! migrations.
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
@@ -50,7 +51,8 @@ pub enum PgError {
 /// The embedded migrations: version 1 is the model's schema, version 2 its
 /// hot-path indexes (`sql::SCHEMA_HOT_PATH`), version 3 the submissions'
 /// idempotency keys (`sql::SCHEMA_SUBMIT_KEYS`), version 4 the clock every
-/// statement reads (`sql::SCHEMA_ONE_CLOCK`).
+/// statement reads (`sql::SCHEMA_ONE_CLOCK`), version 5 the worker
+/// registry (`sql::SCHEMA_WORKERS`).
 #[must_use]
 pub fn migrator() -> Migrator {
     let migration = |version, name: &str, sql: &'static str| {
@@ -67,6 +69,7 @@ pub fn migrator() -> Migrator {
         migration(2, "hot-path updates", sql::SCHEMA_HOT_PATH),
         migration(3, "submission keys", sql::SCHEMA_SUBMIT_KEYS),
         migration(4, "one clock", sql::SCHEMA_ONE_CLOCK),
+        migration(5, "worker registry", sql::SCHEMA_WORKERS),
     ])
 }
 
@@ -176,6 +179,22 @@ impl PgDb {
                 )?),
             };
             db.keys.insert(r.try_get("key")?, key);
+        }
+        for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
+            .fetch_all(p)
+            .await?
+        {
+            let id: i32 = r.try_get("worker_id")?;
+            let pid: i32 = r.try_get("pid")?;
+            let at: i64 = r.try_get("started_at")?;
+            db.workers.insert(
+                u32::try_from(id).map_err(|_| rows::corrupt("worker_id", id.to_string()))?,
+                (
+                    r.try_get("host")?,
+                    u32::try_from(pid).map_err(|_| rows::corrupt("pid", pid.to_string()))?,
+                    pelican_model::time::Timestamp(rows::unsigned("started_at", at)?),
+                ),
+            );
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
             .fetch_all(p)

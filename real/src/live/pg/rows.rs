@@ -5,13 +5,13 @@ use super::PgError;
 use pelican_model::db::{
     AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape,
 };
-use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId};
+use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-fn corrupt(column: &'static str, value: impl ToString) -> PgError {
+pub(super) fn corrupt(column: &'static str, value: impl ToString) -> PgError {
     PgError::Corrupt {
         column,
         value: value.to_string(),
@@ -160,6 +160,13 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
         Shape::NewRun => {
             let row = one.ok_or_else(|| corrupt("nextval", "no row"))?;
             DbReply::NewRun(RunId(unsigned("run_id", row.try_get(0)?)?))
+        }
+        Shape::NewWorker => {
+            let row = one.ok_or_else(|| corrupt("worker_id", "no row"))?;
+            let id: i32 = row.try_get("worker_id")?;
+            DbReply::NewWorker(WorkerId(
+                u32::try_from(id).map_err(|_| corrupt("worker_id", id.to_string()))?,
+            ))
         }
         Shape::Keyed => {
             let row = one.ok_or_else(|| corrupt("submit_keys", "no row"))?;
