@@ -206,7 +206,7 @@ async fn traces_conform_and_tampering_is_caught() {
     use pelican_real::trace::{TraceProbe, check, check_file};
     let mem = Mem(Arc::new(Mutex::new(World::new())));
     let path = std::env::temp_dir().join(format!("pelican-trace-{}.jsonl", std::process::id()));
-    let probe = TraceProbe::create(&path, &config().policy).expect("a temp file");
+    let probe = TraceProbe::create(&path, &config().policy, 0).expect("a temp file");
     let io = io_with(&mem, probe);
     for (n, (kind, input, _)) in JOBS.iter().enumerate() {
         let end = submit(&*io, RunId(n as u64 + 1), kind, input, None).await;
