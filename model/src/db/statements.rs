@@ -484,6 +484,18 @@ pub fn columns(params: Vec<Vec<Param>>) -> Vec<Column> {
     columns
 }
 
+/// The end every single-run claim statement shares (`Claim` and its mutant
+/// twins): the new attempt's row, and the answer. `claimed` is the updated
+/// run, `RETURNING run_id, active_fence, attempts, attempts_max, dispatch,
+/// kind, input`; `$3` is the entry and `$4` the worker.
+macro_rules! claim_tail {
+    () => {
+        "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
+           SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+         SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed"
+    };
+}
+
 use DbReply::{Candidates, Rows};
 
 statements! {
@@ -554,15 +566,13 @@ statements! {
         name: "claim",
         access: Write,
         reply: Claimed,
-        sql: "WITH claimed AS ( \
+        sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
                        lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
-              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+              claim_tail!()),
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
                   AS i(run_id, dispatch, entry_id, worker, lease_ms)), \
@@ -862,16 +872,14 @@ statements! {
         name: "claim_reviving",
         access: Write,
         reply: Claimed,
-        sql: "WITH claimed AS ( \
+        sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
                        lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
-              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+              claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
             db.claim_reviving(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
@@ -886,15 +894,13 @@ statements! {
         name: "claim_at",
         access: Write,
         reply: Claimed,
-        sql: "WITH claimed AS ( \
+        sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
                        lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), \
-              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-                SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+              claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
             db.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)

@@ -208,35 +208,17 @@ impl Delivery {
             JobEntry::Malformed { reason } => d.quarantine(now, reason),
             JobEntry::Job { run, dispatch } => {
                 let (worker, lease_ms) = (d.worker.consumer(), d.policy.lease_ms);
-                let op = DbOp::Claim {
-                    run,
-                    dispatch,
-                    entry,
-                    worker,
-                    lease_ms,
-                };
-                #[cfg(feature = "mutants")]
-                let op = match op {
-                    DbOp::Claim {
-                        run,
-                        dispatch,
-                        entry,
-                        worker,
-                        lease_ms,
-                    } if crate::injects!(d.policy, ReviveCancelled) => DbOp::ClaimReviving {
+                let op = match () {
+                    #[cfg(feature = "mutants")]
+                    () if crate::injects!(d.policy, ReviveCancelled) => DbOp::ClaimReviving {
                         run,
                         dispatch,
                         entry,
                         worker,
                         lease_ms,
                     },
-                    DbOp::Claim {
-                        run,
-                        dispatch,
-                        entry,
-                        worker,
-                        lease_ms,
-                    } if crate::injects!(d.policy, WorkerClock) => DbOp::ClaimAt {
+                    #[cfg(feature = "mutants")]
+                    () if crate::injects!(d.policy, WorkerClock) => DbOp::ClaimAt {
                         run,
                         dispatch,
                         entry,
@@ -244,7 +226,13 @@ impl Delivery {
                         now,
                         lease_ms,
                     },
-                    op => op,
+                    () => DbOp::Claim {
+                        run,
+                        dispatch,
+                        entry,
+                        worker,
+                        lease_ms,
+                    },
                 };
                 d.send(Command::Db(op));
             }
