@@ -53,8 +53,14 @@ pub struct RunRow {
     pub lease_until: Option<Timestamp>,
     /// While waiting for a retry: when it is due.
     pub retry_at: Option<Timestamp>,
-    /// When the current dispatch was published (NULL: not yet, the outbox).
+    /// When the current dispatch was published, or taken by the outbox to
+    /// publish (NULL: queued and waiting for the outbox). Set once a run
+    /// leaves `queued`, so the outbox's index holds only its work.
     pub published_at: Option<Timestamp>,
+    /// When the run became terminal (NULL: not yet). Runs without one are
+    /// the live runs (index `runs_live`); retention deletes by it.
+    #[serde(default)]
+    pub finished_at: Option<Timestamp>,
     /// The stream entry that announced the current dispatch, or that the
     /// current attempt was claimed from.
     pub entry_id: Option<EntryId>,
@@ -216,6 +222,7 @@ impl Db {
                 lease_until: None,
                 retry_at: None,
                 published_at: None,
+                finished_at: None,
                 entry_id: None,
                 result: None,
                 error: None,
@@ -329,6 +336,7 @@ impl Db {
         r.lease_until = Some(now.add_ms(lease_ms));
         r.retry_at = None;
         r.entry_id = Some(entry);
+        r.published_at.get_or_insert(now);
         let claimed = Claimed {
             fence: r.active_fence,
             attempt: AttemptNo(r.attempts),
@@ -387,12 +395,14 @@ impl Db {
 
     /// [`Statement::Complete`]: the attempt holding `fence` succeeded.
     pub fn complete(&mut self, run: RunId, fence: Fence, result: &str) -> u64 {
+        let now = self.clock;
         let Some(r) = self.fenced(run, fence) else {
             return 0;
         };
         r.status = RunStatus::Succeeded;
         r.result = Some(result.to_owned());
         r.lease_until = None;
+        r.finished_at = Some(now);
         self.set_outcome(run, fence, AttemptOutcome::Succeeded);
         1
     }
@@ -405,12 +415,14 @@ impl Db {
 
     /// [`Statement::Fail`]: the attempt holding `fence` failed terminally.
     pub fn fail(&mut self, run: RunId, fence: Fence, class: ErrorClass, message: &str) -> u64 {
+        let now = self.clock;
         let Some(r) = self.fenced(run, fence) else {
             return 0;
         };
         r.status = RunStatus::Failed;
         r.error = Some((class, message.to_owned()));
         r.lease_until = None;
+        r.finished_at = Some(now);
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
         1
     }
@@ -432,7 +444,6 @@ impl Db {
         r.status = RunStatus::RetryWait;
         r.retry_at = Some(retry_at);
         r.dispatch = Dispatch(r.dispatch.0 + 1);
-        r.published_at = None;
         r.lease_until = None;
         r.error = Some((class, message.to_owned()));
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
@@ -459,9 +470,12 @@ impl Db {
     }
 
     fn bury(&mut self, run: RunId, class: ErrorClass, message: &str) {
+        let now = self.clock;
         let r = self.runs.get_mut(&run).expect("caller checked the row");
         r.status = RunStatus::Dead;
         r.lease_until = None;
+        r.published_at.get_or_insert(now);
+        r.finished_at = Some(now);
         r.error = Some((class, message.to_owned()));
         let source_entry = r.entry_id;
         let attempts = self
@@ -520,11 +534,14 @@ impl Db {
     /// [`Statement::Cancel`]: the first terminal write wins; cancelling a running
     /// run makes every later write of its attempt fail the status check.
     pub fn cancel(&mut self, run: RunId) -> u64 {
+        let now = self.clock;
         match self.runs.get_mut(&run) {
             Some(r) if !r.status.is_terminal() => {
                 r.status = RunStatus::Cancelled;
                 r.lease_until = None;
                 r.retry_at = None;
+                r.published_at.get_or_insert(now);
+                r.finished_at = Some(now);
                 1
             }
             _ => 0,
@@ -551,27 +568,41 @@ impl Db {
         due.len() as u64
     }
 
-    /// [`Statement::Unpublished`]: the outbox — queued runs whose current dispatch
-    /// has no confirmed XADD, lowest run id first.
-    #[must_use]
-    pub fn unpublished(&self, limit: usize) -> Vec<Candidate> {
+    /// [`Statement::ClaimOutbox`]: the outbox — takes up to `limit` queued
+    /// runs whose current dispatch nobody has published, lowest run id
+    /// first, and marks them taken at `now`, so no other worker publishes
+    /// them. A taker that dies before its XADD leaves the run to the
+    /// sweeper, which finds it published long ago with no entry.
+    pub fn claim_outbox(&mut self, now: Timestamp, limit: usize) -> Vec<Candidate> {
         self.runs
-            .values()
+            .values_mut()
             .filter(|r| r.status == RunStatus::Queued && r.published_at.is_none())
             .take(limit)
-            .map(candidate)
+            .map(|r| {
+                r.published_at = Some(now);
+                candidate(r)
+            })
             .collect()
     }
 
     /// [`Statement::OrphanCandidates`]: runs that should have been picked up long
     /// ago: queued and published at least `grace_ms` ago, or running with a
-    /// lease expired at least `grace_ms` ago. The sweeper checks whether
+    /// lease expired at least `grace_ms` ago; of those, the first `limit`
+    /// above run `after` (the sweeper's cursor). The sweeper checks whether
     /// their entry still exists in the stream or the PEL.
     #[must_use]
-    pub fn orphan_candidates(&self, now: Timestamp, grace_ms: u64, limit: usize) -> Vec<Candidate> {
+    pub fn orphan_candidates(
+        &self,
+        now: Timestamp,
+        grace_ms: u64,
+        after: RunId,
+        limit: usize,
+    ) -> Vec<Candidate> {
         let cutoff = now.sub_ms(grace_ms);
         self.runs
-            .values()
+            .range(RunId(after.0.saturating_add(1))..)
+            .map(|(_, r)| r)
+            .filter(|r| r.finished_at.is_none())
             .filter(|r| match r.status {
                 RunStatus::Queued => r.published_at.is_some_and(|t| t <= cutoff),
                 RunStatus::Running => r.lease_until.is_some_and(|t| t <= cutoff),
@@ -659,11 +690,39 @@ impl Db {
     /// none are left out).
     #[must_use]
     pub fn count_runs(&self) -> Vec<(RunStatus, u64)> {
-        let mut counts: BTreeMap<&'static str, (RunStatus, u64)> = BTreeMap::new();
-        for r in self.runs.values() {
-            counts.entry(r.status.as_str()).or_insert((r.status, 0)).1 += 1;
+        count_by_status(self.runs.values())
+    }
+
+    /// [`Statement::CountLive`]: as [`Db::count_runs`], for the runs not
+    /// finished (the `runs_live` index; finished runs are never scanned).
+    #[must_use]
+    pub fn count_live(&self) -> Vec<(RunStatus, u64)> {
+        count_by_status(self.runs.values().filter(|r| r.finished_at.is_none()))
+    }
+
+    /// [`Statement::DeleteFinished`]: retention. Deletes up to `limit` runs
+    /// that finished at or before `before`, lowest run id first, with
+    /// everything Pelican keeps about them: attempts, dead letter,
+    /// idempotency keys. Answers the runs.
+    ///
+    /// Not the effects ledger: it stands for the tool service's own, and a
+    /// zombie attempt (paused past the window) that calls the service
+    /// after its run is deleted must still find its key there (S5).
+    pub fn delete_finished(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
+        let gone: Vec<RunId> = self
+            .runs
+            .values()
+            .filter(|r| r.finished_at.is_some_and(|t| t <= before))
+            .take(limit)
+            .map(|r| r.run_id)
+            .collect();
+        for run in &gone {
+            self.runs.remove(run);
+            self.attempts.retain(|(r, _), _| r != run);
+            self.dead_letters.remove(run);
+            self.keys.retain(|_, k| k.run != *run);
         }
-        counts.into_values().collect()
+        gone
     }
 
     /// [`Statement::ApplyEffect`]: the demo tool service's ledger. Returns 1 when
@@ -678,14 +737,27 @@ impl Db {
     /// retry times, publication times). See [`crate::stream::Stream::age_all`].
     pub fn age_all(&mut self) {
         for r in self.runs.values_mut() {
-            for t in [&mut r.lease_until, &mut r.retry_at, &mut r.published_at]
-                .into_iter()
-                .flatten()
+            for t in [
+                &mut r.lease_until,
+                &mut r.retry_at,
+                &mut r.published_at,
+                &mut r.finished_at,
+            ]
+            .into_iter()
+            .flatten()
             {
                 *t = Timestamp::ZERO;
             }
         }
     }
+}
+
+fn count_by_status<'a>(runs: impl Iterator<Item = &'a RunRow>) -> Vec<(RunStatus, u64)> {
+    let mut counts: BTreeMap<&'static str, (RunStatus, u64)> = BTreeMap::new();
+    for r in runs {
+        counts.entry(r.status.as_str()).or_insert((r.status, 0)).1 += 1;
+    }
+    counts.into_values().collect()
 }
 
 fn candidate(r: &RunRow) -> Candidate {
@@ -708,6 +780,7 @@ fn redispatch(r: &mut RunRow) {
     r.status = RunStatus::Queued;
     r.dispatch = Dispatch(r.dispatch.0 + 1);
     r.published_at = None;
+    r.finished_at = None;
     r.lease_until = None;
     r.retry_at = None;
 }

@@ -199,9 +199,16 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
 pub fn quiescent(world: &World, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken> {
     let mut out = Vec::new();
     for run in &world.accepted {
-        match terminal_row(&world.db, *run) {
-            Err(b) => out.push(b),
-            Ok(r) if r.status == RunStatus::Succeeded => {
+        let status = match (world.retired.get(run), terminal_row(&world.db, *run)) {
+            (Some(s), _) => *s,
+            (None, Ok(r)) => r.status,
+            (None, Err(b)) => {
+                out.push(b);
+                continue;
+            }
+        };
+        match status {
+            RunStatus::Succeeded => {
                 for call in 0..effects_of(*run) {
                     let n = world.effects.get(&(*run, call)).copied().unwrap_or(0);
                     if n != 1 {
@@ -212,7 +219,7 @@ pub fn quiescent(world: &World, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken
                     }
                 }
             }
-            Ok(_) => {}
+            _ => {}
         }
     }
     let pel = world.redis.jobs.pel_len();

@@ -182,6 +182,8 @@ pub enum Violation {
     /// S6: an attempt whose outcome Postgres refused left its entry pending
     /// (to be retried, and refused again) instead of failing the run.
     RefusalRetried(RunId),
+    /// S1: retention deleted a run that was not terminal.
+    LiveRunDeleted(RunId),
 }
 
 impl Violation {
@@ -198,6 +200,7 @@ impl Violation {
             Violation::CancelledRevived(_) => Guarantee::S7,
             Violation::RefusalRetried(_) => Guarantee::S6,
             Violation::TrimmedDropped(_) => Guarantee::S8,
+            Violation::LiveRunDeleted(_) => Guarantee::S1,
         }
     }
 }
@@ -218,6 +221,8 @@ pub struct World {
     pub quarantined: BTreeSet<EntryId>,
     /// External applications of each logical side effect (run, tool call).
     pub effects: BTreeMap<(RunId, u32), u32>,
+    /// Runs retention deleted, with the status each ended in.
+    pub retired: BTreeMap<RunId, RunStatus>,
     /// Deleted IDs reported to each live reclaimer and not yet recovered.
     pub trimmed_owed: BTreeMap<WorkerId, BTreeSet<EntryId>>,
     /// Every violation seen.
@@ -255,23 +260,44 @@ impl World {
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
         let terminal_before: Vec<_> = match op {
             // Set-based statements: snapshot every terminal run.
-            DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. } => {
-                self.db
-                    .runs
-                    .values()
-                    .filter(|r| r.status.is_terminal())
-                    .map(|r| (r.run_id, r.status, r.result.clone()))
-                    .collect()
-            }
+            DbOp::PromoteRetries { .. }
+            | DbOp::RequeueEntry { .. }
+            | DbOp::RequeueRun { .. }
+            | DbOp::DeleteFinished { .. } => self
+                .db
+                .runs
+                .values()
+                .filter(|r| r.status.is_terminal())
+                .map(|r| (r.run_id, r.status, r.result.clone()))
+                .collect(),
             _ => before
                 .iter()
                 .filter(|r| r.status.is_terminal())
                 .map(|r| (r.run_id, r.status, r.result.clone()))
                 .collect(),
         };
+        let live_before: Vec<RunId> = match op {
+            DbOp::DeleteFinished { .. } => self
+                .db
+                .runs
+                .values()
+                .filter(|r| !r.status.is_terminal())
+                .map(|r| r.run_id)
+                .collect(),
+            _ => Vec::new(),
+        };
         let reply = self.db.execute(op);
+        for run in live_before {
+            if !self.db.runs.contains_key(&run) {
+                self.violations.insert(Violation::LiveRunDeleted(run));
+            }
+        }
         for (run, status, result) in terminal_before {
-            let now = &self.db.runs[&run];
+            let Some(now) = self.db.runs.get(&run) else {
+                // Deleted by retention: what it ended as is history now.
+                self.retired.insert(run, status);
+                continue;
+            };
             if now.status != status || now.result != result {
                 self.violations.insert(Violation::TerminalChanged(run));
             }
@@ -458,17 +484,29 @@ impl World {
         reply
     }
 
+    /// Whether `run` is over: its row is terminal, or retention deleted it.
+    #[must_use]
+    pub fn finished(&self, run: RunId) -> bool {
+        self.retired.contains_key(&run)
+            || self
+                .db
+                .runs
+                .get(&run)
+                .is_some_and(|r| r.status.is_terminal())
+    }
+
     /// S4: may entry `id` be acknowledged now? Yes if its run is terminal, has
     /// moved to a newer dispatch, or is running under an attempt claimed from
     /// another entry of the same dispatch (a duplicate publication); and for a
-    /// malformed entry or an unknown run, once it is quarantined.
+    /// malformed entry or an unknown run, once it is quarantined; and for a
+    /// run retention deleted (it was terminal).
     #[must_use]
     pub fn durable_next_step(&self, id: EntryId) -> bool {
         match self.entries.get(&id) {
             None => true, // not a job entry this world published: nothing to lose
             Some(JobEntry::Malformed { .. }) => self.quarantined.contains(&id),
             Some(JobEntry::Job { run, dispatch }) => match self.db.runs.get(run) {
-                None => self.quarantined.contains(&id),
+                None => self.retired.contains_key(run) || self.quarantined.contains(&id),
                 Some(r) => {
                     r.status.is_terminal()
                         || r.dispatch > *dispatch

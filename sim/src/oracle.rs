@@ -159,6 +159,10 @@ impl Oracle {
             (DbOp::PromoteRetries { .. }, DbReply::Rows(n)) if *n > 0 => {
                 self.count("retries_promoted");
             }
+            (DbOp::DeleteFinished { .. }, DbReply::Rows(n)) if *n > 0 => {
+                self.count("runs_deleted");
+            }
+            (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.count("deleted_run_delivered"),
             (DbOp::Cancel { .. }, DbReply::Rows(n)) => match cancel_hits {
                 Some(RunStatus::Running) if *n == 1 => self.count("cancel_races"),
                 Some(s) if s.is_terminal() => self.count("cancel_races"),
@@ -365,11 +369,7 @@ impl Oracle {
                 .is_some_and(|next| jobs.entries.range(next..).next().is_some()),
             None => !jobs.entries.is_empty(),
         };
-        !undelivered
-            && jobs.pel_len() == 0
-            && w.accepted
-                .iter()
-                .all(|r| w.db.runs.get(r).is_some_and(|r| r.status.is_terminal()))
+        !undelivered && jobs.pel_len() == 0 && w.accepted.iter().all(|r| w.finished(*r))
     }
 
     /// The end-of-seed checks: S1, S5, S9, S10 ([`invariants::quiescent`]),

@@ -64,6 +64,7 @@ impl Scenario {
                     sweep_grace_ms: 4_000,
                     sweep_batch_max: 16,
                     value_bytes_max: 1 << 20,
+                    keep_finished_ms: 2_000,
                     mutant: None,
                 },
                 in_flight_max: 2,

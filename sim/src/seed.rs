@@ -351,6 +351,8 @@ async fn simulate(
     let oracle: Shared = Arc::new(Mutex::new(Oracle::new(policy, faults.clone(), record)));
     {
         let mut o = lock(&oracle);
+        // The plan's ids (1..=runs) were handed out by the sequence.
+        o.world.db.run_ids = u64::from(scenario.runs);
         let f = format!("{faults:?}");
         o.note(
             "nemesis",

@@ -95,6 +95,7 @@ impl Config {
             sweep_grace_ms: 120_000,
             sweep_batch_max: 8,
             value_bytes_max: 1 << 20,
+            keep_finished_ms: 0,
             mutant: None,
         }
     }
@@ -174,6 +175,27 @@ impl Config {
         c
     }
 
+    /// Two runs whose finished rows retention deletes once time passes,
+    /// beside a crash, a pause (a zombie attempt that outlives its run's
+    /// row), a Redis wipe and a duplicate publication (whose entry may be
+    /// delivered after its run is gone).
+    #[must_use]
+    pub fn retention() -> Config {
+        let mut c = Self::small();
+        c.name = "retention".into();
+        c.runs = 2;
+        c.policy.keep_finished_ms = 1;
+        c.faults = Budget {
+            crashes: 1,
+            pauses: 1,
+            redis_wipes: 1,
+            duplicates: 1,
+            total: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -181,8 +203,9 @@ impl Config {
             "standard" => Ok(Self::standard()),
             "large" => Ok(Self::large()),
             "poison" => Ok(Self::poison()),
+            "retention" => Ok(Self::retention()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison"
+                "unknown configuration {other:?}; known: small, standard, large, poison, retention"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {

@@ -207,6 +207,12 @@ impl Model for PelicanModel {
                 },
             ));
         }
+        if self.cfg.policy.keep_finished_ms > 0 {
+            properties.push(Property::sometimes(
+                "entry of a deleted run acknowledged",
+                |_, s: &State| s.seen.retired_delivered,
+            ));
+        }
         properties
     }
 }

@@ -27,9 +27,9 @@ fn assert_correct(r: &Report) {
 
 /// Pinned: a change to the model or the protocol that changes how many
 /// states `small` has must update these numbers on purpose.
-const SMALL_UNIQUE_STATES: usize = 1086;
+const SMALL_UNIQUE_STATES: usize = 1110;
 /// The same, with symmetry reduction over workers (the default).
-const SMALL_SYMMETRIC_STATES: usize = 544;
+const SMALL_SYMMETRIC_STATES: usize = 556;
 
 fn plain(cfg: Config) -> Config {
     Config {
@@ -205,7 +205,7 @@ fn reachable_states_are_closed_under_relabeling() {
             }
         }
     }
-    assert!(seen.len() > 50_000, "{} states", seen.len());
+    assert!(seen.len() > 40_000, "{} states", seen.len());
     let unreachable = swapped.iter().filter(|fp| !seen.contains(fp)).count();
     assert_eq!(unreachable, 0, "states whose relabeling is unreachable");
 }
@@ -232,6 +232,26 @@ fn poison_holds_and_fails_its_run() {
         r.properties
             .iter()
             .find(|(name, _)| *name == "refused result fails its run")
+            .map(|(_, v)| *v),
+        Some(Verdict::Reached)
+    );
+}
+
+/// Retention deletes finished runs (and everything kept about them)
+/// while entries of theirs may still be delivered: every guarantee holds,
+/// and such an entry is acknowledged.
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn retention_holds_and_acks_entries_of_deleted_runs() {
+    let r = report::check(&Config::retention(), &opts());
+    assert!(r.complete, "incomplete exploration");
+    for (name, v) in &r.properties {
+        assert_ne!(*v, Verdict::Violated, "{name}");
+    }
+    assert_eq!(
+        r.properties
+            .iter()
+            .find(|(name, _)| *name == "entry of a deleted run acknowledged")
             .map(|(_, v)| *v),
         Some(Verdict::Reached)
     );

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS effects (
 /// `published_at` and `retry_at`, which the hot path leaves alone (a claim
 /// writes NULL over NULL and `entry_id` over the same ID; an unchanged value
 /// does not break HOT), and the fill factors leave each page room for the
-/// new versions. The queries that use these indexes ([`Unpublished`],
+/// new versions. The queries that use these indexes ([`ClaimOutbox`],
 /// [`PromoteRetries`]) filter on `status` themselves.
 ///
 /// `attempts.run_id` loses its foreign key: an attempt row is only ever
@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS effects (
 /// lookup per inserted row, was a third of a batched claim's time under
 /// `EXPLAIN ANALYZE`.
 ///
-/// [`Unpublished`]: super::Statement::Unpublished
+/// [`ClaimOutbox`]: super::Statement::ClaimOutbox
 /// [`PromoteRetries`]: super::Statement::PromoteRetries
 pub const SCHEMA_HOT_PATH: &str = r#"
 ALTER TABLE runs SET (fillfactor = 50);
@@ -127,4 +127,30 @@ CREATE TABLE IF NOT EXISTS workers (
     pid        integer NOT NULL,
     started_at bigint  NOT NULL
 );
+"#;
+
+/// Migration 6: live runs apart from finished ones, and retention.
+///
+/// * `finished_at` is when a run became terminal. The live runs are those
+///   without one (`runs_live`): the sweeper and `/metrics` read that index
+///   and never scan finished runs. A claim and a heartbeat leave the column
+///   alone, so they stay HOT; the one write that finishes a run moves it out.
+/// * `published_at` is set once a run leaves `queued` ([`Claim`], the
+///   terminal writes) and no longer cleared by [`ScheduleRetry`] (a promotion
+///   clears it): `runs_unpublished` holds only the outbox's work.
+/// * Submit keys are found by run, for [`DeleteFinished`].
+///
+/// Existing rows are brought to the same rules; finished runs count from
+/// now, so retention spares them one window.
+///
+/// [`Claim`]: super::Statement::Claim
+/// [`ScheduleRetry`]: super::Statement::ScheduleRetry
+/// [`DeleteFinished`]: super::Statement::DeleteFinished
+pub const SCHEMA_LIVE: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS finished_at bigint;
+UPDATE runs SET finished_at = pelican_now_ms()
+ WHERE finished_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled', 'dead');
+UPDATE runs SET published_at = pelican_now_ms() WHERE published_at IS NULL AND status <> 'queued';
+CREATE INDEX IF NOT EXISTS runs_live ON runs (run_id) WHERE finished_at IS NULL;
+CREATE INDEX IF NOT EXISTS submit_keys_run ON submit_keys (run_id);
 "#;

@@ -543,8 +543,9 @@ statements! {
         name: "expire_keys",
         access: Write,
         reply: Rows,
-        sql: "DELETE FROM submit_keys WHERE key IN (SELECT key FROM submit_keys \
-              WHERE created_at <= pelican_now_ms() - $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2)",
+        sql: "WITH old AS MATERIALIZED (SELECT key FROM submit_keys \
+                WHERE created_at <= pelican_now_ms() - $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2) \
+              DELETE FROM submit_keys s USING old o WHERE s.key = o.key",
         show: [],
         model: |db| Rows(db.expire_keys(db.clock.sub_ms(*keep_ms), *limit)),
     }
@@ -568,7 +569,8 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
-                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
+                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3, \
+                       published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
                 RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
@@ -578,7 +580,8 @@ statements! {
                   AS i(run_id, dispatch, entry_id, worker, lease_ms)), \
               claimed AS ( \
                 UPDATE runs r SET status = 'running', active_fence = r.active_fence + 1, attempts = r.attempts + 1, \
-                       lease_until = pelican_now_ms() + i.lease_ms, retry_at = NULL, entry_id = i.entry_id \
+                       lease_until = pelican_now_ms() + i.lease_ms, retry_at = NULL, entry_id = i.entry_id, \
+                       published_at = coalesce(r.published_at, pelican_now_ms()) \
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
                    AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
@@ -600,10 +603,10 @@ statements! {
         access: Read,
         reply: Run,
         sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message \
               FROM runs WHERE run_id = $1",
         many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, entry_id, result, error_class, error_message \
+               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message \
                FROM runs WHERE run_id = ANY($1::bigint[])",
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run)),
@@ -626,14 +629,15 @@ statements! {
         access: FencedWrite(run, fence),
         reply: Rows,
         sql: "WITH done AS ( \
-                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL \
+                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms() \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
               UPDATE attempts SET outcome = 'succeeded' \
                WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result)), \
               done AS ( \
-                UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL \
+                UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL, \
+                       finished_at = pelican_now_ms() \
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
                 RETURNING r.run_id, i.fence), \
@@ -650,7 +654,8 @@ statements! {
         access: FencedWrite(run, fence),
         reply: Rows,
         sql: "WITH done AS ( \
-                UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL \
+                UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL, \
+                       finished_at = pelican_now_ms() \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
               UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         show: [run, fence],
@@ -665,7 +670,7 @@ statements! {
         reply: Rows,
         sql: "WITH done AS ( \
                 UPDATE runs SET status = 'retry_wait', retry_at = pelican_now_ms() + $5, dispatch = dispatch + 1, \
-                       published_at = NULL, lease_until = NULL, error_class = $3, error_message = $4 \
+                       lease_until = NULL, error_class = $3, error_message = $4 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
               UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         show: [run, fence],
@@ -679,7 +684,8 @@ statements! {
         access: FencedWrite(run, fence),
         reply: Rows,
         sql: "WITH done AS ( \
-                UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL \
+                UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL, \
+                       published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms() \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, entry_id), \
               outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2) \
               INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
@@ -699,7 +705,8 @@ statements! {
         reply: Rows,
         sql: "WITH done AS ( \
                 UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
-                       lease_until = NULL \
+                       lease_until = NULL, published_at = coalesce(published_at, pelican_now_ms()), \
+                       finished_at = pelican_now_ms() \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts >= attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
                 RETURNING run_id, entry_id) \
@@ -718,7 +725,8 @@ statements! {
         name: "cancel",
         access: Write,
         reply: Rows,
-        sql: "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL \
+        sql: "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
+                     published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms() \
               WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')",
         show: [run],
         model: |db| Rows(db.cancel(*run)),
@@ -729,36 +737,46 @@ statements! {
         name: "promote_retries",
         access: Write,
         reply: Rows,
-        sql: "UPDATE runs SET status = 'queued', retry_at = NULL, published_at = NULL \
-              WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
-                               ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        sql: "WITH due AS MATERIALIZED ( \
+                SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
+                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+              UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = NULL \
+                FROM due d WHERE r.run_id = d.run_id",
         show: [],
         model: |db| Rows(db.promote_retries(db.clock, *limit)),
     }
 
-    /// The outbox: up to `limit` queued runs not yet published.
-    Unpublished { limit: usize } => {
-        name: "unpublished",
-        access: Read,
+    /// The outbox: takes up to `limit` queued runs nobody has published,
+    /// so that no other worker publishes them (rows another session holds
+    /// are skipped, not waited for).
+    ClaimOutbox { limit: usize } => {
+        name: "claim_outbox",
+        access: Write,
         reply: Candidates,
-        sql: "SELECT run_id, dispatch, entry_id FROM runs \
-              WHERE status = 'queued' AND published_at IS NULL ORDER BY run_id LIMIT $1",
+        sql: "WITH picked AS MATERIALIZED ( \
+                SELECT run_id FROM runs WHERE status = 'queued' AND published_at IS NULL \
+                 ORDER BY run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+              taken AS ( \
+                UPDATE runs r SET published_at = pelican_now_ms() FROM picked p WHERE r.run_id = p.run_id \
+                RETURNING r.run_id, r.dispatch, r.entry_id) \
+              SELECT run_id, dispatch, entry_id FROM taken ORDER BY run_id",
         show: [],
-        model: |db| Candidates(db.unpublished(*limit)),
+        model: |db| Candidates(db.claim_outbox(db.clock, *limit)),
     }
 
     /// Runs published, or leased, longer than `grace_ms` ago: the sweeper
     /// checks that their entries still exist.
-    OrphanCandidates { grace_ms: u64, limit: usize } => {
+    OrphanCandidates { grace_ms: u64, after: RunId, limit: usize } => {
         name: "orphan_candidates",
         access: Read,
         reply: Candidates,
         sql: "SELECT run_id, dispatch, entry_id FROM runs \
-              WHERE (status = 'queued' AND published_at <= GREATEST(pelican_now_ms() - $1, 0)) \
-                 OR (status = 'running' AND lease_until <= GREATEST(pelican_now_ms() - $1, 0)) \
-              ORDER BY run_id LIMIT $2",
-        show: [],
-        model: |db| Candidates(db.orphan_candidates(db.clock, *grace_ms, *limit)),
+              WHERE finished_at IS NULL AND run_id > $2 \
+                AND ((status = 'queued' AND published_at <= GREATEST(pelican_now_ms() - $1, 0)) \
+                  OR (status = 'running' AND lease_until <= GREATEST(pelican_now_ms() - $1, 0))) \
+              ORDER BY run_id LIMIT $3",
+        show: [after],
+        model: |db| Candidates(db.orphan_candidates(db.clock, *grace_ms, *after, *limit)),
     }
 
     /// Re-dispatch a run whose entry is gone.
@@ -851,6 +869,55 @@ statements! {
         model: |db| DbReply::Counts(db.count_runs()),
     }
 
+    /// How many live (unfinished) runs have each status.
+    CountLive => {
+        name: "count_live",
+        access: Read,
+        reply: Counts,
+        sql: "SELECT status, count(*) AS n FROM runs WHERE finished_at IS NULL GROUP BY status ORDER BY status",
+        show: [],
+        model: |db| DbReply::Counts(db.count_live()),
+    }
+
+    /// Whether run id `run` was ever handed out: a run without a row whose
+    /// id was is one retention deleted.
+    RunIssued { run: RunId } => {
+        name: "run_issued",
+        access: Read,
+        reply: Applied,
+        sql: "SELECT $1 <= (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM run_ids) AS applied",
+        show: [run],
+        model: |db| Rows(u64::from(run.0 <= db.run_ids)),
+    }
+
+    /// Whether Postgres answers (`/healthz`).
+    Ping => {
+        name: "ping",
+        access: Read,
+        reply: Rows,
+        sql: "SELECT 1",
+        show: [],
+        model: |_db| Rows(1),
+    }
+
+    /// Retention: delete up to `limit` runs finished `keep_ms` or longer
+    /// ago, with their attempts, dead letters and idempotency keys.
+    DeleteFinished { keep_ms: u64, limit: usize } => {
+        name: "delete_finished",
+        access: Write,
+        reply: Rows,
+        sql: "WITH picked AS MATERIALIZED ( \
+                SELECT run_id FROM runs WHERE finished_at <= GREATEST(pelican_now_ms() - $1, 0) \
+                 ORDER BY run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
+              gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
+              a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
+              d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
+              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)) \
+              SELECT run_id FROM gone",
+        show: [],
+        model: |db| Rows(db.delete_finished(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
+    }
+
     /// An operator's re-run of a dead run, with `extra_attempts` more.
     DlqRequeue { run: RunId, extra_attempts: u32 } => {
         name: "dlq_requeue",
@@ -859,7 +926,7 @@ statements! {
         sql: "WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
                 RETURNING run_id) \
               UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
-                     published_at = NULL, lease_until = NULL, retry_at = NULL \
+                     published_at = NULL, finished_at = NULL, lease_until = NULL, retry_at = NULL \
               WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead'",
         show: [run],
         model: |db| Rows(db.dlq_requeue(*run, *extra_attempts)),
@@ -874,7 +941,8 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
-                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3 \
+                       lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3, \
+                       published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
@@ -896,7 +964,8 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
-                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3 \
+                       lease_until = $5 + $6, retry_at = NULL, entry_id = $3, \
+                       published_at = coalesce(published_at, $5) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",

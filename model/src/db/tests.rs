@@ -27,10 +27,54 @@ fn insert_is_idempotent_and_starts_queued_unpublished() {
         (r.status, r.dispatch, r.active_fence, r.kind.as_str()),
         (RunStatus::Queued, Dispatch(1), Fence(0), "noop")
     );
-    assert_eq!(db.unpublished(10).len(), 1);
+    assert_eq!(db.claim_outbox(t(1), 10).len(), 1);
+    assert!(db.claim_outbox(t(2), 10).is_empty(), "taken: one publisher");
     assert_eq!(db.mark_published(RunId(1), Dispatch(2), e(1), t(5)), 0);
     assert_eq!(db.mark_published(RunId(1), Dispatch(1), e(1), t(5)), 1);
-    assert!(db.unpublished(10).is_empty());
+    assert!(db.claim_outbox(t(6), 10).is_empty());
+}
+
+/// The outbox's index (`published_at IS NULL`) holds queued runs only: a
+/// run claimed before its publication was marked, or cancelled before it
+/// was published, leaves it.
+#[test]
+fn only_queued_runs_wait_for_the_outbox() {
+    let mut db = db_with(1, 3);
+    db.insert_run(RunId(2), "noop", "{}", 3);
+    db.claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
+    db.cancel(RunId(2));
+    assert!(db.runs.values().all(|r| r.published_at.is_some()));
+    assert!(db.claim_outbox(t(1), 10).is_empty());
+}
+
+#[test]
+fn retention_deletes_old_finished_runs_with_their_rows() {
+    let mut db = db_with(1, 1);
+    db.insert_run_keyed(RunId(2), "noop", "{}", 1, "k2", t(0));
+    db.insert_run(RunId(3), "noop", "{}", 1);
+    let c1 = db
+        .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
+        .unwrap();
+    let c2 = db
+        .claim(RunId(2), Dispatch(1), e(2), "w0", t(0), LEASE)
+        .unwrap();
+    db.apply_effect("run-1/0");
+    db.apply_effect("run-10/0");
+    db.clock = t(100);
+    db.complete(RunId(1), c1.fence, "ok");
+    db.dead_letter(RunId(2), c2.fence, ErrorClass::Terminal, "boom");
+    assert_eq!(db.runs[&RunId(1)].finished_at, Some(t(100)));
+    assert!(db.delete_finished(t(99), 10).is_empty(), "not old enough");
+    assert_eq!(db.delete_finished(t(100), 1), vec![RunId(1)], "a batch");
+    assert_eq!(db.delete_finished(t(100), 10), vec![RunId(2)]);
+    assert_eq!(
+        db.runs.keys().copied().collect::<Vec<_>>(),
+        vec![RunId(3)],
+        "run 3 is live"
+    );
+    assert!(db.attempts.is_empty() && db.dead_letters.is_empty() && db.keys.is_empty());
+    assert_eq!(db.effects.len(), 2, "the tool service's ledger is its own");
 }
 
 #[test]
@@ -118,7 +162,7 @@ fn retry_moves_to_a_new_dispatch_and_the_scheduler_requeues_when_due() {
     );
     assert_eq!(db.promote_retries(t(499), 10), 0);
     assert_eq!(db.promote_retries(t(500), 10), 1);
-    assert_eq!(db.unpublished(10)[0].dispatch, Dispatch(2));
+    assert_eq!(db.claim_outbox(t(500), 10)[0].dispatch, Dispatch(2));
     assert!(
         db.claim(RunId(1), Dispatch(2), e(2), "w1", t(600), LEASE)
             .is_some()
@@ -216,11 +260,16 @@ fn orphans_are_found_after_the_grace_and_requeued_once() {
     let c = db
         .claim(RunId(2), Dispatch(1), e(2), "w0", t(100), LEASE)
         .unwrap();
-    assert!(db.orphan_candidates(t(150), 100, 10).is_empty());
-    let found = db.orphan_candidates(t(1_200), 100, 10);
+    assert!(db.orphan_candidates(t(150), 100, RunId(0), 10).is_empty());
+    let found = db.orphan_candidates(t(1_200), 100, RunId(0), 10);
     assert_eq!(
         found.iter().map(|c| c.run_id).collect::<Vec<_>>(),
         vec![RunId(1), RunId(2)]
+    );
+    let after = db.orphan_candidates(t(1_200), 100, RunId(1), 10);
+    assert_eq!(
+        after.iter().map(|c| c.run_id).collect::<Vec<_>>(),
+        vec![RunId(2)]
     );
     assert_eq!(db.requeue_run(RunId(1), Dispatch(1), t(1_200)), 1);
     assert_eq!(

@@ -77,7 +77,8 @@ pub enum AckReason {
     Written,
     /// The run was already terminal.
     Terminal,
-    /// The entry's dispatch is older than the run's.
+    /// The entry's dispatch is older than the run's, or its run was
+    /// finished and then deleted by retention.
     Stale,
     /// A duplicate publication: the run is running under an attempt claimed
     /// from another entry of the same dispatch.
@@ -112,6 +113,8 @@ enum Phase {
     Claiming,
     /// ReadRun outstanding; `refused_claim` when it follows a refused claim.
     Reading { refused_claim: bool },
+    /// RunIssued outstanding: the run has no row.
+    CheckingIssued,
     /// The job runs.
     Executing {
         claimed: Claimed,
@@ -380,6 +383,10 @@ impl Delivery {
             (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
                 self.decide(now, row, refused_claim);
             }
+            (Phase::CheckingIssued, Input::Db(DbReply::Rows(1))) => self.ack(AckReason::Stale),
+            (Phase::CheckingIssued, Input::Db(DbReply::Rows(_))) => {
+                self.quarantine(now, "unknown run".to_owned());
+            }
             #[cfg(feature = "mutants")]
             (Phase::ReadingFence { claimed, outcome }, Input::Db(DbReply::Run(row))) => {
                 // NoFence: write with whatever fence the run has now.
@@ -462,7 +469,10 @@ impl Delivery {
     fn decide(&mut self, now: Timestamp, row: Option<RunRow>, refused_claim: bool) {
         let (_, dispatch) = self.run().expect("only well-formed entries are read");
         let Some(row) = row else {
-            return self.quarantine(now, "unknown run".to_owned());
+            // Deleted by retention (its id was handed out), or never made.
+            self.phase = Phase::CheckingIssued;
+            let (run, _) = self.run().expect("only well-formed entries are read");
+            return self.send(Command::Db(DbOp::RunIssued { run }));
         };
         if row.status.is_terminal() {
             if refused_claim && crate::injects!(self.policy, NoTerminalCheck) {

@@ -9,9 +9,14 @@
 //!   published, or running with a long-expired lease — are checked against
 //!   Redis; if their entry is neither in the stream nor pending (Redis lost
 //!   it, or it was trimmed before delivery), they are re-dispatched (S1, S8).
+//!   A cursor walks the candidates a batch per pass, so none starves behind
+//!   others that stay candidates (a backlog older than the grace).
+//! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
+//!   ago are deleted with everything kept about them.
 
 use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::db::Candidate;
+use crate::ids::RunId;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -45,6 +50,8 @@ pub enum MaintenanceTask {
     Outbox,
     /// Re-dispatch runs whose entry is gone.
     Sweep,
+    /// Delete runs finished long ago.
+    Retention,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,6 +64,7 @@ enum Phase {
     ListingOrphans,
     Locating(Candidate),
     Requeuing(Candidate),
+    Deleting,
 }
 
 /// The maintenance loop (each worker runs one; they are safe to overlap).
@@ -66,6 +74,9 @@ pub struct Maintenance {
     phase: Phase,
     todo: VecDeque<Candidate>,
     outbox: VecDeque<Command>,
+    /// The sweeper's cursor: the next pass lists candidates above this run
+    /// (0: from the start).
+    swept: RunId,
 }
 
 impl Maintenance {
@@ -77,6 +88,7 @@ impl Maintenance {
             phase: Phase::Idle,
             todo: VecDeque::new(),
             outbox: VecDeque::new(),
+            swept: RunId(0),
         }
     }
 
@@ -95,13 +107,23 @@ impl Maintenance {
         let (phase, op) = match task {
             MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { limit }),
             MaintenanceTask::Outbox if crate::injects!(self.policy, NoPublishRecovery) => return,
-            MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::Unpublished { limit }),
+            MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::ClaimOutbox { limit }),
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;
+                let after = self.swept;
                 (
                     Phase::ListingOrphans,
-                    DbOp::OrphanCandidates { grace_ms, limit },
+                    DbOp::OrphanCandidates {
+                        grace_ms,
+                        after,
+                        limit,
+                    },
                 )
+            }
+            MaintenanceTask::Retention if self.policy.keep_finished_ms == 0 => return,
+            MaintenanceTask::Retention => {
+                let keep_ms = self.policy.keep_finished_ms;
+                (Phase::Deleting, DbOp::DeleteFinished { keep_ms, limit })
             }
         };
         self.phase = phase;
@@ -170,6 +192,12 @@ impl Maintenance {
                 self.next(now, true);
             }
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
+                // A full batch: the next pass goes on after it; else from
+                // the start.
+                self.swept = match cs.last() {
+                    Some(c) if cs.len() >= self.policy.sweep_batch_max => c.run_id,
+                    _ => RunId(0),
+                };
                 self.todo = cs.into();
                 self.next(now, false);
             }
@@ -184,7 +212,7 @@ impl Maintenance {
             (Phase::Requeuing(_), Input::Db(DbReply::Rows(_))) => {
                 self.next(now, false);
             }
-            (Phase::Promoting, _) => {}
+            (Phase::Promoting | Phase::Deleting, _) => {}
             (_, _) => self.todo.clear(),
         }
     }

@@ -87,12 +87,20 @@ pub struct Policy {
     /// [`ErrorClass::Unstorable`]: crate::status::ErrorClass::Unstorable
     #[serde(default = "value_bytes_max")]
     pub value_bytes_max: usize,
+    /// How long a finished run is kept before retention deletes it, with
+    /// its attempts, dead letter and keys (0: kept forever).
+    #[serde(default = "keep_finished_ms")]
+    pub keep_finished_ms: u64,
     /// The protocol bug to inject (only with the `mutants` feature).
     pub mutant: Option<Mutant>,
 }
 
 fn value_bytes_max() -> usize {
     4 << 20
+}
+
+fn keep_finished_ms() -> u64 {
+    7 * 24 * 3_600_000
 }
 
 impl Default for Policy {
@@ -108,6 +116,7 @@ impl Default for Policy {
             sweep_grace_ms: 120_000,
             sweep_batch_max: 64,
             value_bytes_max: value_bytes_max(),
+            keep_finished_ms: keep_finished_ms(),
             mutant: None,
         }
     }

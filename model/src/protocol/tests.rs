@@ -515,3 +515,63 @@ fn a_build_without_mutants_names_none() {
     let err = "NoFence".parse::<Mutant>().expect_err("no mutants here");
     assert!(err.to_string().contains("--features mutants"), "{err}");
 }
+
+/// A backlog older than the sweep grace stays candidates pass after pass
+/// (its entries are still to be read); the cursor takes the sweeper past
+/// it to the run whose entry Redis lost.
+#[test]
+fn the_sweeper_walks_past_candidates_that_stay_candidates() {
+    let p = Policy {
+        sweep_batch_max: 2,
+        ..policy()
+    };
+    let mut world = World::at(T0);
+    for run in 1..=5 {
+        submit(&mut world, run);
+    }
+    assert!(world.redis.jobs.lose_newest(), "run 5's entry is gone");
+    world.db.clock = T0.add_ms(p.sweep_grace_ms);
+    let mut m = Maintenance::new(&p);
+    for _ in 0..3 {
+        m.start(MaintenanceTask::Sweep);
+        while let Some(c) = m.poll() {
+            let input = exec(&mut world, &c, Issuer::default());
+            m.handle(T0, input);
+        }
+    }
+    let dispatches: Vec<u32> = world.db.runs.values().map(|r| r.dispatch.0).collect();
+    assert_eq!(dispatches, [1, 1, 1, 1, 2], "only run 5 is re-dispatched");
+}
+
+/// A delivery for a run retention deleted is acknowledged as stale; one for
+/// a run id never handed out is quarantined.
+#[test]
+fn a_delivery_for_a_deleted_run_is_stale() {
+    let mut world = World::at(T0);
+    let id = world.db.next_run_id();
+    assert_eq!(id, RunId(1));
+    submit(&mut world, 1);
+    let (_, end) = deliver(&mut world, 0, Some(ok()));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    world.db.clock = T0.add_ms(10);
+    let op = DbOp::DeleteFinished {
+        keep_ms: 10,
+        limit: 10,
+    };
+    assert_eq!(
+        exec(&mut world, &Command::Db(op), Issuer::default()),
+        Input::Db(DbReply::Rows(1))
+    );
+    assert_eq!(world.retired[&RunId(1)], RunStatus::Succeeded);
+    let now = world.db.clock;
+    for (run, why) in [(1, AckReason::Stale), (7, AckReason::Quarantined)] {
+        let entry = JobEntry::Job {
+            run: RunId(run),
+            dispatch: Dispatch(1),
+        };
+        world.stream(&StreamOp::Publish { entry, now }, Issuer::default());
+        let (_, end) = deliver(&mut world, 0, None);
+        assert_eq!(end, DeliveryEnd::Acked(why));
+    }
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}

@@ -8,15 +8,16 @@ use pelican_model::protocol::{
 };
 use pelican_model::world::Issuer;
 
-/// Runs one maintenance pass of `task` to its end.
+/// Runs one maintenance pass of `task` to its end, on the worker's
+/// maintenance loop `m` (idle before and after).
 pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     io: &Io<S, D, P>,
     worker: WorkerId,
+    m: &mut Maintenance,
     task: MaintenanceTask,
 ) {
     let role = RoleId::Maintenance(worker);
     let by = Issuer::worker(worker);
-    let mut m = Maintenance::new(&io.config.policy);
     let start = io.now();
     io.probe
         .started(&role, &super::Start::Maintenance { now: start, task });

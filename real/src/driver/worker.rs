@@ -5,7 +5,8 @@ use super::{Config, DbClient, Io, Probe, RoleId, StreamClient};
 use crate::jobs::Executor;
 use pelican_model::ids::WorkerId;
 use pelican_model::protocol::{
-    Command, Input, JobEntry, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp, StreamReply,
+    Command, Input, JobEntry, Maintenance, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp,
+    StreamReply,
 };
 use pelican_model::stream::StreamError;
 use pelican_model::time::Timestamp;
@@ -233,16 +234,19 @@ async fn maintenance_loop<S, D, P>(
 {
     let every = Duration::from_millis(io.config.maintenance_every_ms);
     let sweep_every = sweep_every_passes(&io.config);
+    // One loop for the worker's life: the sweeper's cursor lives in it.
+    let mut m = Maintenance::new(&io.config.policy);
     for pass in 1_u64.. {
         tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(every) => {}
         }
-        super::maintain(&io, worker, MaintenanceTask::Retries).await;
-        super::maintain(&io, worker, MaintenanceTask::Outbox).await;
+        super::maintain(&io, worker, &mut m, MaintenanceTask::Retries).await;
+        super::maintain(&io, worker, &mut m, MaintenanceTask::Outbox).await;
         if pass % sweep_every == 0 {
-            super::maintain(&io, worker, MaintenanceTask::Sweep).await;
+            super::maintain(&io, worker, &mut m, MaintenanceTask::Sweep).await;
+            super::maintain(&io, worker, &mut m, MaintenanceTask::Retention).await;
         }
         if io.config.retention_ms > 0 {
             let before = Timestamp(io.now().0.saturating_sub(io.config.retention_ms));
@@ -257,14 +261,14 @@ async fn maintenance_loop<S, D, P>(
 /// sweep grace, and at least every pass.
 ///
 /// The sweeper looks for runs published, or left with an expired lease, more
-/// than `sweep_grace_ms` ago; its query reads every non-terminal run, which no
-/// index can serve without slowing the hot path (see the schema's notes), so
-/// on a large table it is the costliest statement Pelican runs. Running it
-/// every quarter of the grace delays a recovery by at most that quarter, and
-/// the sweeper is the last resort anyway (the reclaimer and the outbox
-/// recover the common cases). The model lets maintenance tasks run in any
-/// order and as often as they like, so sweeping less often is one of the
-/// behaviours it checks.
+/// than `sweep_grace_ms` ago; its query reads the live runs (`runs_live`),
+/// a batch at a time from its cursor, and it calls Redis for each
+/// candidate. Running it every quarter of the grace delays a recovery by at
+/// most that quarter, and the sweeper is the last resort anyway (the
+/// reclaimer and the outbox recover the common cases). Retention runs on
+/// the same passes. The model lets maintenance tasks run in any order and
+/// as often as they like, so sweeping less often is one of the behaviours
+/// it checks.
 fn sweep_every_passes(config: &Config) -> u64 {
     (config.policy.sweep_grace_ms / 4 / config.maintenance_every_ms.max(1)).max(1)
 }

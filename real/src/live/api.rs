@@ -362,10 +362,7 @@ async fn cancel_run(
 }
 
 async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = matches!(
-        state.io.db.execute(&DbOp::CountRuns).await,
-        Ok(DbReply::Counts(_))
-    );
+    let pg = matches!(state.io.db.execute(&DbOp::Ping).await, Ok(DbReply::Rows(1)));
     let mut conn = state.io.stream.connection();
     let redis = redis::cmd("PING")
         .query_async::<String>(&mut conn)

@@ -6,7 +6,7 @@
 //! | `pelican_queue_lag` | gauge | entries not yet delivered to the group (XINFO GROUPS lag) |
 //! | `pelican_pel_count` | gauge | deliveries pending acknowledgement (XPENDING) |
 //! | `pelican_oldest_pending_idle_ms` | gauge | idle time of the oldest pending delivery |
-//! | `pelican_runs{status}` | gauge | runs by status |
+//! | `pelican_runs{status}` | gauge | live runs by status: queued, running, retry_wait (finished runs are counted by `pelican_writes_total`; `pelican status` counts them all) |
 //! | `pelican_attempts_total{outcome}` | counter | job executions by outcome (succeeded, retryable, terminal, panic) |
 //! | `pelican_attempt_duration_seconds` | histogram | job execution time |
 //! | `pelican_writes_total{statement,accepted}` | counter | fenced writes and recoveries: complete, fail, schedule_retry, dead_letter, dead_letter_exhausted, heartbeat, requeue_entry, requeue_run; `accepted="false"` is a late write rejected by its fence |
@@ -55,8 +55,11 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
         _ => None,
     };
     metrics::gauge!("pelican_oldest_pending_idle_ms").set(idle.unwrap_or(0.0));
-    if let Ok(DbReply::Counts(counts)) = db.execute(&DbOp::CountRuns).await {
-        for status in pelican_model::status::RunStatus::ALL {
+    if let Ok(DbReply::Counts(counts)) = db.execute(&DbOp::CountLive).await {
+        let live = pelican_model::status::RunStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal());
+        for status in live {
             let n = counts
                 .iter()
                 .find(|(s, _)| *s == status)

@@ -141,9 +141,10 @@ impl State {
             MaintenanceTask::Retries,
             MaintenanceTask::Outbox,
             MaintenanceTask::Sweep,
+            MaintenanceTask::Retention,
         ] {
             if self.maintenance_matters(cfg, task) {
-                let publishes = task != MaintenanceTask::Retries;
+                let publishes = matches!(task, MaintenanceTask::Outbox | MaintenanceTask::Sweep);
                 let fates: &[Fate] = if publishes { &publish } else { &reply };
                 out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
             }
@@ -231,12 +232,23 @@ impl State {
                 .any(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= NOW)),
             MaintenanceTask::Outbox => {
                 !pelican_model::injects!(cfg.policy, NoPublishRecovery)
-                    && !db.unpublished(1).is_empty()
+                    && db
+                        .runs
+                        .values()
+                        .any(|r| r.status == RunStatus::Queued && r.published_at.is_none())
             }
             MaintenanceTask::Sweep => db
-                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, usize::MAX)
+                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, RunId(0), usize::MAX)
                 .iter()
                 .any(|c| !self.locatable(c)),
+            MaintenanceTask::Retention => {
+                let keep = cfg.policy.keep_finished_ms;
+                keep > 0
+                    && db
+                        .runs
+                        .values()
+                        .any(|r| r.finished_at.is_some_and(|t| t <= NOW.sub_ms(keep)))
+            }
         }
     }
 

@@ -259,6 +259,7 @@ impl State {
             (DbOp::RequeueEntry { .. }, DbReply::Rows(n)) if *n > 0 => {
                 self.seen.trimmed_recovered = true;
             }
+            (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.seen.retired_delivered = true,
             (op, DbReply::Rows(0)) => {
                 if let Some((run, fence)) = op.fenced_write()
                     && self

@@ -119,6 +119,8 @@ impl State {
     #[must_use]
     pub fn initial(cfg: &Config) -> State {
         let mut world = World::at(NOW);
+        // The API's ids (`run_id(n)`) were handed out by the sequence.
+        world.db.run_ids = u64::from(cfg.runs);
         for _ in 0..cfg.faults.malformed {
             // Malformed entries are there from the start: where they stand
             // among the runs' entries changes nothing but the interleaving.

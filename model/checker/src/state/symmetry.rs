@@ -175,6 +175,7 @@ impl State {
             entries,
             quarantined,
             effects,
+            retired,
             trimmed_owed: _, // labeled
             violations,
         } = world;
@@ -239,7 +240,7 @@ impl State {
             } = a;
             (key, fence, entry_id, dispatch, outcome).hash(h);
         }
-        (accepted, entries, quarantined, effects, violations).hash(h);
+        (accepted, entries, quarantined, effects, retired, violations).hash(h);
         (api, budget, seen).hash(h);
     }
 

@@ -155,4 +155,6 @@ pub struct Seen {
     pub trimmed_recovered: bool,
     /// Redis lost all its data.
     pub redis_wiped: bool,
+    /// A delivery found its run deleted by retention.
+    pub retired_delivered: bool,
 }

@@ -268,6 +268,11 @@ pub(crate) struct WorkerArgs {
     /// trimmed by the maintenance pass (0: keep every entry).
     #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
     pub(crate) retention_ms: u64,
+    /// Postgres retention: finished runs older than this are deleted, with
+    /// their attempts, dead letters and idempotency keys, in small batches
+    /// by the maintenance pass (0: keep every run).
+    #[arg(long, env = "PELICAN_KEEP_FINISHED_MS", default_value_t = 7 * 86_400_000)]
+    pub(crate) keep_finished_ms: u64,
     /// Shift this worker's clock by this many ms (may be negative), to test
     /// skewed clocks: leases are judged by Postgres's clock alone.
     #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true)]

@@ -151,6 +151,7 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         sweep_grace_ms: a.sweep_grace_ms,
         sweep_batch_max: 64,
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
+        keep_finished_ms: a.keep_finished_ms,
         mutant: c.mutant()?,
     };
     let config = Config {

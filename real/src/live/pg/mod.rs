@@ -5,10 +5,9 @@
 //! ([`DbOp::params`]) bound in order, and its rows are decoded by the shape
 //! of its answer (`rows.rs`) into the same [`DbReply`] the reference twin in
 //! `pelican_model::Db` gives. Every time is Postgres's own clock
-//! (`pelican_now_ms()`). The schema is the model's
-//! migrations (`SCHEMA`, `SCHEMA_HOT_PATH`, `SCHEMA_SUBMIT_KEYS`,
-//! `SCHEMA_ONE_CLOCK`, `SCHEMA_WORKERS`), applied as embedded sqlx
-//! migrations.
+//! (`pelican_now_ms()`). The schema is the model's migrations
+//! (`pelican_model::db::sql`), applied as embedded sqlx migrations
+//! ([`migrator`]).
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
@@ -48,11 +47,8 @@ pub enum PgError {
     },
 }
 
-/// The embedded migrations: version 1 is the model's schema, version 2 its
-/// hot-path indexes (`sql::SCHEMA_HOT_PATH`), version 3 the submissions'
-/// idempotency keys (`sql::SCHEMA_SUBMIT_KEYS`), version 4 the clock every
-/// statement reads (`sql::SCHEMA_ONE_CLOCK`), version 5 the worker
-/// registry (`sql::SCHEMA_WORKERS`).
+/// The embedded migrations, in order: each is one constant of
+/// `pelican_model::db::sql`, whose doc says what it changes.
 #[must_use]
 pub fn migrator() -> Migrator {
     let migration = |version, name: &str, sql: &'static str| {
@@ -70,6 +66,7 @@ pub fn migrator() -> Migrator {
         migration(3, "submission keys", sql::SCHEMA_SUBMIT_KEYS),
         migration(4, "one clock", sql::SCHEMA_ONE_CLOCK),
         migration(5, "worker registry", sql::SCHEMA_WORKERS),
+        migration(6, "live runs and retention", sql::SCHEMA_LIVE),
     ])
 }
 
@@ -138,7 +135,7 @@ impl PgDb {
         let mut db = pelican_model::Db::new();
         let runs = sqlx::query(
             "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-             lease_until, retry_at, published_at, entry_id, result, error_class, error_message FROM runs",
+             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message FROM runs",
         )
         .fetch_all(p)
         .await?;

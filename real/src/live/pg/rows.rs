@@ -73,6 +73,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
         lease_until: time("lease_until", r.try_get("lease_until")?)?,
         retry_at: time("retry_at", r.try_get("retry_at")?)?,
         published_at: time("published_at", r.try_get("published_at")?)?,
+        finished_at: time("finished_at", r.try_get("finished_at")?)?,
         entry_id: entry("entry_id", r.try_get("entry_id")?)?,
         result: r.try_get("result")?,
         error: match error_class {
