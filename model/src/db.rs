@@ -701,7 +701,7 @@ impl Db {
     }
 
     /// [`Statement::DeleteFinished`]: retention. Deletes up to `limit` runs
-    /// that finished at or before `before`, lowest run id first, with
+    /// that finished at or before `before`, oldest first (ties by run), with
     /// everything Pelican keeps about them: attempts, dead letter,
     /// idempotency keys. Answers the runs.
     ///
@@ -709,13 +709,17 @@ impl Db {
     /// zombie attempt (paused past the window) that calls the service
     /// after its run is deleted must still find its key there (S5).
     pub fn delete_finished(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
-        let gone: Vec<RunId> = self
+        let mut old: Vec<(Timestamp, RunId)> = self
             .runs
             .values()
-            .filter(|r| r.finished_at.is_some_and(|t| t <= before))
-            .take(limit)
-            .map(|r| r.run_id)
+            .filter_map(|r| {
+                r.finished_at
+                    .filter(|t| *t <= before)
+                    .map(|t| (t, r.run_id))
+            })
             .collect();
+        old.sort();
+        let gone: Vec<RunId> = old.into_iter().take(limit).map(|(_, run)| run).collect();
         for run in &gone {
             self.runs.remove(run);
             self.attempts.retain(|(r, _), _| r != run);

@@ -207,19 +207,17 @@ pub fn quiescent(world: &World, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken
                 continue;
             }
         };
-        match status {
-            RunStatus::Succeeded => {
-                for call in 0..effects_of(*run) {
-                    let n = world.effects.get(&(*run, call)).copied().unwrap_or(0);
-                    if n != 1 {
-                        out.push(broken(
-                            Guarantee::S5,
-                            format!("{run} succeeded with effect {call} applied {n} times"),
-                        ));
-                    }
-                }
+        if status != RunStatus::Succeeded {
+            continue;
+        }
+        for call in 0..effects_of(*run) {
+            let n = world.effects.get(&(*run, call)).copied().unwrap_or(0);
+            if n != 1 {
+                out.push(broken(
+                    Guarantee::S5,
+                    format!("{run} succeeded with effect {call} applied {n} times"),
+                ));
             }
-            _ => {}
         }
     }
     let pel = world.redis.jobs.pel_len();

@@ -625,30 +625,95 @@ pub fn cancel_stops_a_running_job(mutant: Option<&str>) {
     assert_eq!(db.runs[&run].attempts, 1);
 }
 
-/// A run whose publication was lost (the API stored it, then the XADD
-/// failed) is published by the outbox and runs.
+/// Runs whose publication was lost (the API stored them, then the XADD
+/// failed) are published by the outbox and run. Four workers' outboxes race
+/// for them: each run is published once. A run cancelled before it was
+/// published, and a run claimed before its publication was marked, leave
+/// the outbox's index (`published_at IS NULL`).
 pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
+    const RUNS: u64 = 200;
     let mut env = Env::mutated(mutant);
     let io = env.io(3);
-    let run = crate::rt().block_on(async move {
-        let run = match io.db.execute(&DbOp::NextRunId).await {
-            Ok(DbReply::NewRun(r)) => r,
-            other => panic!("next run id: {other:?}"),
-        };
-        let insert = DbOp::InsertRun {
-            run,
-            kind: "noop".into(),
-            input: "{}".into(),
-            attempts_max: 3,
-        };
-        assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
-        run
+    let (runs, cancelled) = crate::rt().block_on(async move {
+        let mut runs = Vec::new();
+        for _ in 0..=RUNS {
+            let run = match io.db.execute(&DbOp::NextRunId).await {
+                Ok(DbReply::NewRun(r)) => r,
+                other => panic!("next run id: {other:?}"),
+            };
+            let insert = DbOp::InsertRun {
+                run,
+                kind: "noop".into(),
+                input: "{}".into(),
+                attempts_max: 3,
+            };
+            assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
+            runs.push(run);
+        }
+        let cancelled = runs.pop().expect("one more");
+        let cancel = DbOp::Cancel { run: cancelled };
+        assert!(matches!(io.db.execute(&cancel).await, Ok(DbReply::Rows(1))));
+        (runs, cancelled)
     });
-    env.accepted.insert(run);
-    let _w = env.worker(1, None, &[]);
+    env.accepted.extend(runs.iter().copied());
+    env.accepted.insert(cancelled);
+    let _w: Vec<_> = (1..=4)
+        .map(|w| env.worker(w, None, &["--maintenance-every-ms", "20"]))
+        .collect();
     env.settle();
     let db = env.check(&[]);
-    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+    for r in &runs {
+        assert_eq!(db.runs[r].status, RunStatus::Succeeded);
+    }
+    let mut c = env.redis.conn();
+    let published: u64 = redis::cmd("XLEN")
+        .arg(env.jobs_key())
+        .query(&mut c)
+        .expect("XLEN");
+    assert_eq!(published, RUNS, "each run published once");
+    let waiting: Vec<_> = db
+        .runs
+        .values()
+        .filter(|r| r.published_at.is_none())
+        .map(|r| (r.run_id, r.status))
+        .collect();
+    assert!(waiting.is_empty(), "in the outbox's index: {waiting:?}");
+}
+
+/// Retention deletes finished runs with their attempts, dead letters and
+/// keys; an entry of a deleted run delivered later is acknowledged as
+/// stale, and one naming a run never made is quarantined.
+pub fn retention_deletes_finished_runs(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let done = env.submit("noop", "{}", 3);
+    // Dies on its only attempt: a dead letter to delete too.
+    env.submit("fail", r#"{"class":"retryable","times":9}"#, 1);
+    let flags = [
+        "--keep-finished-ms",
+        "1",
+        "--sweep-grace-ms",
+        "400",
+        "--maintenance-every-ms",
+        "50",
+    ];
+    let _w = env.worker(1, None, &flags);
+    wait_for("retention deletes both runs", || {
+        let db = env.db();
+        db.runs.is_empty() && db.attempts.is_empty() && db.dead_letters.is_empty()
+    });
+    // Deleted: nothing left to check them against.
+    env.accepted.clear();
+    let dispatch = "1";
+    let late = env.xadd(&[("run_id", &done.0.to_string()), ("dispatch", dispatch)]);
+    let unknown = env.xadd(&[("run_id", "999999"), ("dispatch", dispatch)]);
+    env.settle();
+    let quarantined = env.quarantined();
+    assert!(quarantined.contains(&unknown), "{quarantined:?}");
+    assert!(
+        !quarantined.contains(&late),
+        "acked as stale: {quarantined:?}"
+    );
+    env.check(&[unknown]);
 }
 
 /// A database an earlier release migrated (schema version 1 only), holding a

@@ -33,6 +33,7 @@ live! {
     cancelled_before_delivery_never_runs,
     cancel_stops_a_running_job,
     unpublished_run_is_published_by_the_outbox,
+    retention_deletes_finished_runs,
     migrate_upgrades_a_version_1_database,
     bad_api_requests_get_clear_errors,
     bad_flags_and_unreachable_servers_fail_clearly,

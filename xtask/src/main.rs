@@ -551,7 +551,10 @@ fn test(args: &[String]) -> Result<(), String> {
         "--",
         "--ignored",
     ]);
-    run("standard configuration, correct build (release)", release)?;
+    run(
+        "standard and retention configurations, correct build (release)",
+        release,
+    )?;
     let mut mutants = cargo();
     mutants.args([
         "test",

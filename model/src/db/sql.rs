@@ -138,7 +138,8 @@ CREATE TABLE IF NOT EXISTS workers (
 /// * `published_at` is set once a run leaves `queued` ([`Claim`], the
 ///   terminal writes) and no longer cleared by [`ScheduleRetry`] (a promotion
 ///   clears it): `runs_unpublished` holds only the outbox's work.
-/// * Submit keys are found by run, for [`DeleteFinished`].
+/// * [`DeleteFinished`] takes the oldest finished runs by `runs_finished`,
+///   and their submit keys by run.
 ///
 /// Existing rows are brought to the same rules; finished runs count from
 /// now, so retention spares them one window.
@@ -152,5 +153,6 @@ UPDATE runs SET finished_at = pelican_now_ms()
  WHERE finished_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled', 'dead');
 UPDATE runs SET published_at = pelican_now_ms() WHERE published_at IS NULL AND status <> 'queued';
 CREATE INDEX IF NOT EXISTS runs_live ON runs (run_id) WHERE finished_at IS NULL;
+CREATE INDEX IF NOT EXISTS runs_finished ON runs (finished_at, run_id) WHERE finished_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS submit_keys_run ON submit_keys (run_id);
 "#;

@@ -908,7 +908,7 @@ statements! {
         reply: Rows,
         sql: "WITH picked AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE finished_at <= GREATEST(pelican_now_ms() - $1, 0) \
-                 ORDER BY run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                 ORDER BY finished_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
               gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
               a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
               d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \

@@ -569,7 +569,8 @@ fn a_delivery_for_a_deleted_run_is_stale() {
             run: RunId(run),
             dispatch: Dispatch(1),
         };
-        world.stream(&StreamOp::Publish { entry, now }, Issuer::default());
+        let added = world.stream(&StreamOp::Publish { entry, now }, Issuer::default());
+        assert!(added.is_ok());
         let (_, end) = deliver(&mut world, 0, None);
         assert_eq!(end, DeliveryEnd::Acked(why));
     }

@@ -24,6 +24,12 @@
 //!   attempts and leases. Heartbeats cost a no-op drain nothing either way:
 //!   no job outlives the first heartbeat tick.
 //!
+//! * **Scale**: `finished_rows` finished runs (with an attempt each) are
+//!   loaded into a fresh database beside 1,000 live ones; then a worker's
+//!   maintenance pass (retries, outbox, sweep, retention, as `pelican
+//!   worker` runs them) and a `GET /metrics` of `pelican api` are timed,
+//!   20 of each, medians reported. Neither may scan finished runs.
+//!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
 
@@ -81,6 +87,8 @@ pub struct BenchPlan {
     /// guarantees; the first pair's shipped drain is the headline drain.
     /// Their medians are compared.
     pub cost_rounds: u32,
+    /// Finished runs loaded for the scale figures (0: skip them).
+    pub finished_rows: u32,
 }
 
 impl Default for BenchPlan {
@@ -98,6 +106,7 @@ impl Default for BenchPlan {
             compare_unbatched: true,
             baseline: false,
             cost_rounds: 2,
+            finished_rows: 1_000_000,
         }
     }
 }
@@ -136,6 +145,12 @@ pub struct LiveFigures {
     pub recovery_p99_ms: f64,
     /// The slowest recovery.
     pub recovery_max_ms: f64,
+    /// Finished runs in the tables of the scale figures.
+    pub finished_rows: u64,
+    /// Median maintenance pass with them, ms.
+    pub maintenance_pass_ms: Option<f64>,
+    /// Median `GET /metrics` with them, ms.
+    pub metrics_ms: Option<f64>,
 }
 
 impl LiveFigures {
@@ -175,6 +190,9 @@ impl LiveFigures {
             "recovery_p50_ms": round(self.recovery_p50_ms, 0),
             "recovery_p99_ms": round(self.recovery_p99_ms, 0),
             "recovery_max_ms": round(self.recovery_max_ms, 0),
+            "finished_rows": self.finished_rows,
+            "maintenance_pass_ms_1m_finished": self.maintenance_pass_ms.map(|x| round(x, 2)),
+            "metrics_ms_1m_finished": self.metrics_ms.map(|x| round(x, 2)),
         })
     }
 }
@@ -410,8 +428,79 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         figures.recovery_p99_ms = quantile(&mut samples, 0.99);
         figures.recovery_max_ms = quantile(&mut samples, 1.0);
     }
+    if plan.finished_rows > 0 {
+        let (pass, metrics) = scale(&rt, &cluster, plan.finished_rows);
+        figures.finished_rows = u64::from(plan.finished_rows);
+        figures.maintenance_pass_ms = Some(pass);
+        figures.metrics_ms = Some(metrics);
+    }
     drop(cluster);
     figures
+}
+
+/// The scale figures (see the module's notes): the median maintenance
+/// pass and `GET /metrics`, in ms, with `rows` finished runs.
+fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f64) {
+    use pelican_model::protocol::{Maintenance, MaintenanceTask};
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), None);
+    env.trace = false;
+    eprintln!("bench: loading {rows} finished runs");
+    let io = Arc::new(rt.block_on(clients(&env, 4)));
+    // Finished a minute ago: retention (7 days) keeps them all.
+    let load = format!(
+        "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+           published_at, finished_at, entry_id, result) \
+         SELECT g, 'noop', '{{}}', 'succeeded', 1, 1, 1, 3, pelican_now_ms() - 60000, \
+           pelican_now_ms() - 60000, g || '-0', 'null' FROM generate_series(1, {rows}) g; \
+         INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, outcome) \
+         SELECT g, 1, 1, 'w1', g || '-0', 1, 'succeeded' FROM generate_series(1, {rows}) g; \
+         SELECT setval('run_ids', {rows}); ANALYZE runs; ANALYZE attempts"
+    );
+    rt.block_on(pelican_real::live::pg::raw_execute(&io.db, &load))
+        .expect("loading finished runs");
+    rt.block_on(submit_many(&io, 1_000, 16, "noop", "{}"));
+    let passes: Vec<f64> = (0..20)
+        .map(|_| {
+            let mut m = Maintenance::new(&io.config.policy);
+            let start = Instant::now();
+            for task in [
+                MaintenanceTask::Retries,
+                MaintenanceTask::Outbox,
+                MaintenanceTask::Sweep,
+                MaintenanceTask::Retention,
+            ] {
+                rt.block_on(pelican_real::maintain(
+                    &io,
+                    pelican_model::ids::WorkerId(1),
+                    &mut m,
+                    task,
+                ));
+            }
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let (_api, base) = env.api("bench");
+    let scrapes: Vec<f64> = (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            let mut resp = ureq::get(format!("{base}/metrics"))
+                .header("Authorization", "Bearer bench")
+                .call()
+                .expect("GET /metrics");
+            let _ = resp.body_mut().read_to_string().expect("metrics text");
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let (pass, metrics) = (
+        median(&passes).unwrap_or(f64::NAN),
+        median(&scrapes).unwrap_or(f64::NAN),
+    );
+    eprintln!(
+        "bench: with {rows} finished runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms (medians of 20)"
+    );
+    (pass, metrics)
 }
 
 /// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
