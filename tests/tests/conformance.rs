@@ -23,6 +23,21 @@ fn redis_streams_answer_as_the_model() {
     }
 }
 
+/// Every write that can hit a run, from every state the model reaches it
+/// in, alone and racing another write in a second session.
+#[test]
+fn racing_statements_end_as_a_serial_order() {
+    let db = Database::create();
+    let report = pelican_tests::conformance::race::run(db.url());
+    println!("{report}");
+    assert!(
+        report.failures.is_empty(),
+        "{} differences from the model:\n{}",
+        report.failures.len(),
+        report.failures.join("\n")
+    );
+}
+
 #[test]
 fn postgres_answers_as_the_model() {
     let db = Database::create();

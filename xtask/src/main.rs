@@ -539,7 +539,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "conformance",
     ]);
     run(
-        "conformance: 1,000 stream and 1,000 database sequences against Redis and Postgres",
+        "conformance: 1,000 stream and 1,000 database sequences against Redis and Postgres; every write from every run state, racing in two sessions",
         conformance,
     )?;
     let mut release = cargo();

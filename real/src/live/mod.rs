@@ -6,5 +6,5 @@ pub mod metrics;
 pub mod pg;
 pub mod redis;
 
-pub use pg::{PgDb, PgTools};
+pub use pg::{PgDb, PgSession, PgTools};
 pub use redis::{RedisStream, StreamNames};

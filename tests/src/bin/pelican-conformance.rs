@@ -2,7 +2,9 @@
 //! the differential tests (`cargo xtask conformance`). Starts its own Redis,
 //! creates its own database on `PELICAN_TEST_PG`, runs N random stream
 //! sequences and N random database sequences (default 10,000 each, the two
-//! kinds in parallel), and prints any shrunk mismatch.
+//! kinds in parallel), then every write from every reachable run state,
+//! alone and racing in two sessions (`conformance::race`), and prints any
+//! shrunk mismatch.
 
 use pelican_tests::conformance::{run_db, run_stream};
 use pelican_tests::{Database, Redis};
@@ -44,6 +46,8 @@ fn main() -> ExitCode {
     let stream = std::thread::spawn(move || run_stream(&url, cases, seed));
     let dbo = run_db(db.url(), cases, seed);
     let so = stream.join().expect("the stream run does not panic");
+    let raced = Database::create();
+    let race = pelican_tests::conformance::race::run(raced.url());
     let seconds = started.elapsed().as_secs_f64();
     let mut mismatches = 0;
     for (what, o) in [
@@ -58,6 +62,13 @@ fn main() -> ExitCode {
             }
         }
     }
+    println!("model::Db vs Postgres, every run state, two sessions racing:\n{race}");
+    for f in &race.failures {
+        println!("  DIFFERENT: {f}");
+    }
+    if !race.failures.is_empty() {
+        mismatches += 1;
+    }
     println!("{seconds:.1} s");
     if json {
         println!(
@@ -65,6 +76,9 @@ fn main() -> ExitCode {
             serde_json::json!({
                 "stream_cases": so.cases,
                 "db_cases": dbo.cases,
+                "race_states": race.classes,
+                "races": race.races,
+                "races_waited": race.waited,
                 "mismatches": mismatches,
                 "seconds": seconds,
             })

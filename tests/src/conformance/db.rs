@@ -30,7 +30,7 @@ pub enum DbStep {
 pub const START: Timestamp = Timestamp(1_000);
 
 /// Pins the clock of Postgres's session (the suite's pool has one).
-async fn set_clock(db: &PgDb, at: Timestamp) -> Result<(), String> {
+pub(super) async fn set_clock(db: &PgDb, at: Timestamp) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(db, &format!("SET pelican.now_ms = '{}'", at.0))
         .await
         .map(|_| ())
@@ -208,7 +208,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 }
 
 /// Empties every table and restarts the run id sequence.
-async fn reset(db: &PgDb) -> Result<(), String> {
+pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
         "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",

@@ -15,8 +15,11 @@
 //!   entries deleted and Redis wiped between them.
 //! * [`db`]: every declared statement, alone, fused into its batched form,
 //!   and in mixed batches.
+//! * [`race`]: every write that can hit a run, from every state the model
+//!   can reach the run in, alone and racing another in a second session.
 
 pub mod db;
+pub mod race;
 pub mod stream;
 
 pub use db::{DbStep, START, db_case, db_sequence, migrated, run_db};

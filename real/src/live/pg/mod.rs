@@ -210,31 +210,7 @@ impl PgDb {
     /// # Errors
     /// The statement failed or returned a value the model cannot hold.
     pub async fn execute(&self, op: &DbOp) -> Result<DbReply, PgError> {
-        let statement = op.statement();
-        let mut query = sqlx::query(statement.sql());
-        for param in op.params() {
-            query = match param {
-                Param::Int8(v) => query.bind(v),
-                Param::Int4(v) => query.bind(v),
-                Param::Text(v) => query.bind(v),
-            };
-        }
-        let answer = if statement.shape() == Shape::Rows {
-            query
-                .execute(&self.pool)
-                .await
-                .map(|done| (Vec::new(), done.rows_affected()))
-        } else {
-            query.fetch_all(&self.pool).await.map(|rows| (rows, 0))
-        };
-        match answer {
-            Ok((found, affected)) => rows::reply(statement.shape(), &found, affected),
-            Err(e) if is_refusal(&e) => {
-                tracing::warn!(error = %e, statement = statement.name(), "Postgres refused the values");
-                Ok(DbReply::Refused)
-            }
-            Err(e) => Err(e.into()),
-        }
+        run_one(&mut *self.pool.acquire().await?, op).await
     }
 
     /// Runs `ops` as [`pelican_model::Db::execute_batch`] defines a batch:
@@ -256,57 +232,147 @@ impl PgDb {
     /// statement by statement, the commands before the failing one took
     /// effect. Either way each command is as uncertain as a lost reply.
     pub async fn execute_batch(&self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
-        if let Some((statement, sql)) = batched_form(ops) {
-            let mut params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
-            let runs: Vec<RunId> = params.iter().map(|p| batch_key(p)).collect();
-            let mut seen = BTreeSet::new();
-            if statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)) {
-                params.sort_by_key(|p| batch_key(p));
-                match self
-                    .execute_many(statement.shape(), sql, params, &runs)
-                    .await
-                {
-                    Err(PgError::Sql(e)) if is_refusal(&e) => {
-                        tracing::warn!(error = %e, statement = statement.name(), commands = ops.len(),
-                            "Postgres refused a batch's values: running it statement by statement");
-                    }
-                    answer => return answer,
-                }
-            }
-        }
-        let mut replies = Vec::with_capacity(ops.len());
-        for op in ops {
-            replies.push(self.execute(op).await?);
-        }
-        Ok(replies)
+        run_batch(&mut *self.pool.acquire().await?, ops).await
     }
 
-    /// One batched statement: `params` bound as columns, each answer row
-    /// given to the command of its run.
-    async fn execute_many(
-        &self,
-        shape: Shape,
-        sql: &'static str,
-        params: Vec<Vec<Param>>,
-        runs: &[RunId],
-    ) -> Result<Vec<DbReply>, PgError> {
-        let mut query = sqlx::query(sql);
-        for column in columns(params) {
-            query = match column {
-                Column::Int8(v) => query.bind(v),
-                Column::Int4(v) => query.bind(v),
-                Column::Text(v) => query.bind(v),
-            };
-        }
-        let found = query.fetch_all(&self.pool).await?;
-        let mut by_run = BTreeMap::new();
-        for row in &found {
-            by_run.insert(rows::run_id(row)?, row);
-        }
-        runs.iter()
-            .map(|run| rows::reply_of(shape, by_run.get(run).copied()))
-            .collect()
+    /// A session of its own (one connection of the pool, held until
+    /// dropped): for transactions that span statements, which Pelican's
+    /// roles never need, and tests that race two sessions do.
+    ///
+    /// # Errors
+    /// No connection could be had.
+    pub async fn session(&self) -> Result<PgSession, PgError> {
+        Ok(PgSession {
+            conn: self.pool.acquire().await?,
+        })
     }
+}
+
+/// One connection, held: statements run in it as [`PgDb::execute`] and
+/// [`PgDb::execute_batch`] run them, inside whatever transaction the
+/// session has open ([`PgSession::raw`] `BEGIN` / `COMMIT`).
+pub struct PgSession {
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+}
+
+impl PgSession {
+    /// As [`PgDb::execute`], in this session.
+    ///
+    /// # Errors
+    /// As [`PgDb::execute`].
+    pub async fn execute(&mut self, op: &DbOp) -> Result<DbReply, PgError> {
+        run_one(&mut self.conn, op).await
+    }
+
+    /// As [`PgDb::execute_batch`], in this session.
+    ///
+    /// # Errors
+    /// As [`PgDb::execute_batch`].
+    pub async fn execute_batch(&mut self, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
+        run_batch(&mut self.conn, ops).await
+    }
+
+    /// Runs SQL text of the caller's (`BEGIN`, `COMMIT`, `SET ...`).
+    ///
+    /// # Errors
+    /// Postgres failed it.
+    pub async fn raw(&mut self, sql: &str) -> Result<(), PgError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The server process of this session (`pg_backend_pid()`).
+    ///
+    /// # Errors
+    /// Postgres failed to answer.
+    pub async fn pid(&mut self) -> Result<i32, PgError> {
+        Ok(sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *self.conn)
+            .await?)
+    }
+}
+
+/// One statement on `conn`: its text, its parameters bound in order, its
+/// rows decoded by its answer's shape.
+async fn run_one(conn: &mut sqlx::PgConnection, op: &DbOp) -> Result<DbReply, PgError> {
+    let statement = op.statement();
+    let mut query = sqlx::query(statement.sql());
+    for param in op.params() {
+        query = match param {
+            Param::Int8(v) => query.bind(v),
+            Param::Int4(v) => query.bind(v),
+            Param::Text(v) => query.bind(v),
+        };
+    }
+    let answer = if statement.shape() == Shape::Rows {
+        query
+            .execute(&mut *conn)
+            .await
+            .map(|done| (Vec::new(), done.rows_affected()))
+    } else {
+        query.fetch_all(&mut *conn).await.map(|rows| (rows, 0))
+    };
+    match answer {
+        Ok((found, affected)) => rows::reply(statement.shape(), &found, affected),
+        Err(e) if is_refusal(&e) => {
+            tracing::warn!(error = %e, statement = statement.name(), "Postgres refused the values");
+            Ok(DbReply::Refused)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A batch on `conn` ([`PgDb::execute_batch`]).
+async fn run_batch(conn: &mut sqlx::PgConnection, ops: &[DbOp]) -> Result<Vec<DbReply>, PgError> {
+    if let Some((statement, sql)) = batched_form(ops) {
+        let mut params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
+        let runs: Vec<RunId> = params.iter().map(|p| batch_key(p)).collect();
+        let mut seen = BTreeSet::new();
+        if statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)) {
+            params.sort_by_key(|p| batch_key(p));
+            match run_many(&mut *conn, statement.shape(), sql, params, &runs).await {
+                Err(PgError::Sql(e)) if is_refusal(&e) => {
+                    tracing::warn!(error = %e, statement = statement.name(), commands = ops.len(),
+                        "Postgres refused a batch's values: running it statement by statement");
+                }
+                answer => return answer,
+            }
+        }
+    }
+    let mut replies = Vec::with_capacity(ops.len());
+    for op in ops {
+        replies.push(run_one(&mut *conn, op).await?);
+    }
+    Ok(replies)
+}
+
+/// One batched statement on `conn`: `params` bound as columns, each answer
+/// row given to the command of its run.
+async fn run_many(
+    conn: &mut sqlx::PgConnection,
+    shape: Shape,
+    sql: &'static str,
+    params: Vec<Vec<Param>>,
+    runs: &[RunId],
+) -> Result<Vec<DbReply>, PgError> {
+    let mut query = sqlx::query(sql);
+    for column in columns(params) {
+        query = match column {
+            Column::Int8(v) => query.bind(v),
+            Column::Int4(v) => query.bind(v),
+            Column::Text(v) => query.bind(v),
+        };
+    }
+    let found = query.fetch_all(&mut *conn).await?;
+    let mut by_run = BTreeMap::new();
+    for row in &found {
+        by_run.insert(rows::run_id(row)?, row);
+    }
+    runs.iter()
+        .map(|run| rows::reply_of(shape, by_run.get(run).copied()))
+        .collect()
 }
 
 /// Whether Postgres refused a statement's values (SQLSTATE class 22, data
