@@ -631,7 +631,7 @@ impl Db {
     pub fn requeue_entry(&mut self, entry: EntryId, now: Timestamp) -> u64 {
         let mut n = 0;
         for r in self.runs.values_mut() {
-            if r.entry_id == Some(entry) && orphaned(r, now) {
+            if r.entry_id == Some(entry) && r.finished_at.is_none() && orphaned(r, now) {
                 redispatch(r);
                 n += 1;
             }

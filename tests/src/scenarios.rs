@@ -776,7 +776,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         [
             "attempts:fillfactor=50",
             "runs:fillfactor=50",
-            "runs_entry",
+            "runs_entry_live",
             "runs_finished",
             "runs_live",
             "runs_pkey",

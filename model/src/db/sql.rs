@@ -134,7 +134,10 @@ CREATE TABLE IF NOT EXISTS workers (
 /// * `finished_at` is when a run became terminal. The live runs are those
 ///   without one (`runs_live`): the sweeper and `/metrics` read that index
 ///   and never scan finished runs. A claim and a heartbeat leave the column
-///   alone, so they stay HOT; the one write that finishes a run moves it out.
+///   alone, so they stay HOT; the one write that finishes a run moves it out
+///   (not HOT: its new version enters `runs_pkey` and `runs_finished`).
+///   The entry index holds live runs only (`runs_entry_live`; only
+///   [`RequeueEntry`] reads it), so finishing a run adds nothing to it.
 /// * `published_at` is set once a run leaves `queued` ([`Claim`], the
 ///   terminal writes) and no longer cleared by [`ScheduleRetry`] (a promotion
 ///   clears it): `runs_unpublished` holds only the outbox's work.
@@ -147,12 +150,15 @@ CREATE TABLE IF NOT EXISTS workers (
 /// [`Claim`]: super::Statement::Claim
 /// [`ScheduleRetry`]: super::Statement::ScheduleRetry
 /// [`DeleteFinished`]: super::Statement::DeleteFinished
+/// [`RequeueEntry`]: super::Statement::RequeueEntry
 pub const SCHEMA_LIVE: &str = r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS finished_at bigint;
 UPDATE runs SET finished_at = pelican_now_ms()
  WHERE finished_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled', 'dead');
 UPDATE runs SET published_at = pelican_now_ms() WHERE published_at IS NULL AND status <> 'queued';
 CREATE INDEX IF NOT EXISTS runs_live ON runs (run_id) WHERE finished_at IS NULL;
+DROP INDEX IF EXISTS runs_entry;
+CREATE INDEX IF NOT EXISTS runs_entry_live ON runs (entry_id) WHERE finished_at IS NULL;
 CREATE INDEX IF NOT EXISTS runs_finished ON runs (finished_at, run_id) WHERE finished_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS submit_keys_run ON submit_keys (run_id);
 "#;

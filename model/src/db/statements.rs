@@ -799,7 +799,8 @@ statements! {
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
                      lease_until = NULL, retry_at = NULL \
-              WHERE entry_id = $1 AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms()))",
+              WHERE entry_id = $1 AND finished_at IS NULL \
+                AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms()))",
         show: [entry],
         model: |db| Rows(db.requeue_entry(*entry, db.clock)),
     }

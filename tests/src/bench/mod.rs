@@ -151,6 +151,9 @@ pub struct LiveFigures {
     pub maintenance_pass_ms: Option<f64>,
     /// Median `GET /metrics` with them, ms.
     pub metrics_ms: Option<f64>,
+    /// For scale: the median count of every run by status (`pelican
+    /// status`, which scans them all), ms.
+    pub count_all_ms: Option<f64>,
 }
 
 impl LiveFigures {
@@ -193,6 +196,7 @@ impl LiveFigures {
             "finished_rows": self.finished_rows,
             "maintenance_pass_ms_1m_finished": self.maintenance_pass_ms.map(|x| round(x, 2)),
             "metrics_ms_1m_finished": self.metrics_ms.map(|x| round(x, 2)),
+            "count_all_ms_1m_finished": self.count_all_ms.map(|x| round(x, 1)),
         })
     }
 }
@@ -429,18 +433,20 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         figures.recovery_max_ms = quantile(&mut samples, 1.0);
     }
     if plan.finished_rows > 0 {
-        let (pass, metrics) = scale(&rt, &cluster, plan.finished_rows);
+        let (pass, metrics, count_all) = scale(&rt, &cluster, plan.finished_rows);
         figures.finished_rows = u64::from(plan.finished_rows);
         figures.maintenance_pass_ms = Some(pass);
         figures.metrics_ms = Some(metrics);
+        figures.count_all_ms = Some(count_all);
     }
     drop(cluster);
     figures
 }
 
 /// The scale figures (see the module's notes): the median maintenance
-/// pass and `GET /metrics`, in ms, with `rows` finished runs.
-fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f64) {
+/// pass, `GET /metrics` and full count by status, in ms, with `rows`
+/// finished runs.
+fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f64, f64) {
     use pelican_model::protocol::{Maintenance, MaintenanceTask};
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
@@ -493,14 +499,24 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
-    let (pass, metrics) = (
+    let counts: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let counted = rt.block_on(io.db.execute(&DbOp::CountRuns));
+            assert!(matches!(counted, Ok(DbReply::Counts(_))), "{counted:?}");
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let (pass, metrics, count_all) = (
         median(&passes).unwrap_or(f64::NAN),
         median(&scrapes).unwrap_or(f64::NAN),
+        median(&counts).unwrap_or(f64::NAN),
     );
     eprintln!(
-        "bench: with {rows} finished runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms (medians of 20)"
+        "bench: with {rows} finished runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms \
+         (medians of 20); counting every run by status (pelican status) {count_all:.1} ms (median of 5)"
     );
-    (pass, metrics)
+    (pass, metrics, count_all)
 }
 
 /// Submits `plan.drain_jobs` no-op runs, then starts the workers (with

@@ -207,6 +207,11 @@ fn main() -> ExitCode {
     for key in ["maintenance_pass_ms_1m_finished", "metrics_ms_1m_finished"] {
         target(key, num(key).is_some_and(|s| s < 10.0), "< 10");
     }
+    eprintln!(
+        "  {:<32} {:>8}   (every run counted, as `pelican status` does: a scan)",
+        "count_all_ms_1m_finished",
+        live["count_all_ms_1m_finished"].to_string()
+    );
     if let Some(path) = &a.report {
         let full = json!({ "summary": summary, "model": model, "sim": sim, "live": live });
         let text = serde_json::to_string_pretty(&full).expect("JSON prints");
