@@ -184,7 +184,8 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
             slot.proc = Some(worker(&mut env, w as u32 + 1));
         }
     }
-    let accepted: Vec<RunId> = shared.accepted.lock().expect("not poisoned").clone();
+    let mut accepted: Vec<RunId> = shared.accepted.lock().expect("not poisoned").clone();
+    accepted.extend(report.wipe_probes.iter().copied());
     let cancel_requested = shared
         .cancel_requested
         .lock()

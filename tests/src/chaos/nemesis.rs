@@ -3,6 +3,7 @@
 
 use super::{BadInput, Plan, Report};
 use crate::{Cluster, Env, Proc};
+use pelican_model::ids::RunId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -132,6 +133,26 @@ pub(super) struct Slot {
     pub(super) restart_at: Option<Instant>,
 }
 
+/// Submits a no-op run under `key`, retried under it until the API names
+/// its run (or gives up after 20 tries).
+fn submit_probe(agent: &ureq::Agent, base: &str, key: &str) -> Option<RunId> {
+    for _ in 0..20 {
+        let answer = agent
+            .post(format!("{base}/runs"))
+            .header("Authorization", format!("Bearer {}", super::TOKEN))
+            .header("Idempotency-Key", key)
+            .send_json(serde_json::json!({ "kind": "noop", "input": {} }));
+        if let Ok(mut resp) = answer
+            && matches!(resp.status().as_u16(), 200 | 202)
+        {
+            let body: Value = resp.body_mut().read_json().ok()?;
+            return body["run_id"].as_u64().map(RunId);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
 /// Throws one fault.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn throw(
@@ -187,6 +208,10 @@ pub(super) fn throw(
         Fault::RedisWipe => {
             env.redis.wipe();
             f.redis_wipes += 1;
+            let key = format!("chaos-{}-wipe-{}", report.plan.seed, f.redis_wipes);
+            if let Some(run) = submit_probe(agent, base, &key) {
+                report.wipe_probes.push(run);
+            }
         }
         Fault::PgRestart => {
             cluster.restart();

@@ -60,6 +60,13 @@ pub struct Report {
     pub settle_seconds: f64,
     /// Wall time of the whole soak.
     pub seconds: f64,
+    /// Runs submitted right after each Redis wipe.
+    pub wipe_probes: Vec<RunId>,
+    /// The slowest of them, from its publication to its outcome (both by
+    /// Postgres's clock), ms: how soon runs published after a wipe are
+    /// delivered (the recreated group reads them; the sweeper's grace is
+    /// not waited for).
+    pub wipe_delivery_ms: Option<u64>,
     /// What went wrong, one line each (at most 50 kept).
     pub failures: Vec<String>,
     /// Allowed but worth a look: the attempt history of runs the faults
@@ -115,6 +122,7 @@ impl Report {
             "seed": self.plan.seed,
             "workers": self.plan.workers,
             "settle_seconds": round(self.settle_seconds, 1),
+            "wipe_delivery_ms": self.wipe_delivery_ms,
             "seconds": round(self.seconds, 1),
             "passed": self.passed(),
         })
@@ -131,7 +139,16 @@ impl Report {
             ("workers killed (-9)", f.kills.to_string()),
             ("workers paused past lease", f.pauses.to_string()),
             ("Redis restarts", f.redis_restarts.to_string()),
-            ("Redis wipes", f.redis_wipes.to_string()),
+            (
+                "Redis wipes",
+                match self.wipe_delivery_ms {
+                    Some(ms) => format!(
+                        "{} (a run published after it ran {ms} ms later)",
+                        f.redis_wipes
+                    ),
+                    None => f.redis_wipes.to_string(),
+                },
+            ),
             ("Postgres restarts", f.pg_restarts.to_string()),
             (
                 "trims below pending",
@@ -190,6 +207,14 @@ pub(super) fn verdict(
         env.accepted.insert(*run);
     }
     let db = env.db();
+    report.wipe_delivery_ms = report
+        .wipe_probes
+        .iter()
+        .filter_map(|run| {
+            let r = db.runs.get(run)?;
+            Some(r.finished_at?.0.saturating_sub(r.published_at?.0))
+        })
+        .max();
     for (run, r) in &db.runs {
         env.effects
             .insert(*run, pelican_real::jobs::effects_of(&r.kind, &r.input));
