@@ -253,6 +253,12 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     let live = db.snapshot().await.map_err(|e| format!("snapshot: {e}"))?;
     // The sequence is Postgres state too; the snapshot takes the largest id.
     model.run_ids = model.runs.keys().map(|r| r.0).max().unwrap_or(0);
+    same_rows(&model, &live)
+}
+
+/// Whether every table of `live` (a Postgres snapshot) holds what the
+/// model's does; `Err` names the first that differs.
+pub(super) fn same_rows(model: &Db, live: &Db) -> Result<(), String> {
     let differ = |what: &str, m: &dyn std::fmt::Debug, l: &dyn std::fmt::Debug| {
         Err(format!(
             "final {what} differ:\n model    {m:?}\n Postgres {l:?}"

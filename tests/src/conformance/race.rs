@@ -21,7 +21,7 @@
 //!   LOCKED`, the re-check of a row an update waited for, snapshots read by
 //!   a statement's other parts) are tested here, not trusted.
 
-use super::db::{DbStep, START, db_case, migrated, reset};
+use super::db::{DbStep, START, db_case, migrated, reset, same_rows};
 use pelican_model::db::{Access, Db, DbOp, DbReply, Pick, Statement};
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
 use pelican_model::status::{ErrorClass, RunStatus};
@@ -536,19 +536,8 @@ async fn race(
             "{order}: Postgres answered {got_a:?} and {got_b:?}, the model {want_a:?} and {want_b:?}"
         ));
     }
-    let mut live = db.snapshot().await.map_err(pg)?;
-    live.clock = model.clock;
-    live.run_ids = model.run_ids;
-    if live.runs != model.runs
-        || live.attempts != model.attempts
-        || live.dead_letters != model.dead_letters
-        || live.keys != model.keys
-    {
-        return Err(format!(
-            "{order}: rows differ:\n model    {:?} {:?}\n Postgres {:?} {:?}",
-            model.runs, model.dead_letters, live.runs, live.dead_letters
-        ));
-    }
+    let live = db.snapshot().await.map_err(pg)?;
+    same_rows(&model, &live).map_err(|e| format!("{order}: {e}"))?;
     Ok(waited)
 }
 
