@@ -709,14 +709,29 @@ impl Db {
     /// zombie attempt (paused past the window) that calls the service
     /// after its run is deleted must still find its key there (S5).
     pub fn delete_finished(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
+        self.delete_aged(before, limit, |r| r.finished_at)
+    }
+
+    /// Mutant twin of [`Db::delete_finished`] (`RetainLive`): ages every
+    /// run by its publication, finished or not.
+    #[cfg(feature = "mutants")]
+    pub fn delete_published(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
+        self.delete_aged(before, limit, |r| r.published_at)
+    }
+
+    /// Deletes up to `limit` runs whose `age` is at or before `before`,
+    /// oldest first (ties by run), with their attempts, dead letter and
+    /// idempotency keys.
+    fn delete_aged(
+        &mut self,
+        before: Timestamp,
+        limit: usize,
+        age: fn(&RunRow) -> Option<Timestamp>,
+    ) -> Vec<RunId> {
         let mut old: Vec<(Timestamp, RunId)> = self
             .runs
             .values()
-            .filter_map(|r| {
-                r.finished_at
-                    .filter(|t| *t <= before)
-                    .map(|t| (t, r.run_id))
-            })
+            .filter_map(|r| age(r).filter(|t| *t <= before).map(|t| (t, r.run_id)))
             .collect();
         old.sort();
         let gone: Vec<RunId> = old.into_iter().take(limit).map(|(_, run)| run).collect();

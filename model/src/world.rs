@@ -258,33 +258,39 @@ impl World {
             _ => op.fenced_write().map(|(run, _)| run),
         };
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
-        let terminal_before: Vec<_> = match op {
-            // Set-based statements: snapshot every terminal run.
-            DbOp::PromoteRetries { .. }
-            | DbOp::RequeueEntry { .. }
-            | DbOp::RequeueRun { .. }
-            | DbOp::DeleteFinished { .. } => self
-                .db
+        // Retention: every live run must survive it (S1).
+        let deletes = matches!(op, DbOp::DeleteFinished { .. });
+        #[cfg(feature = "mutants")]
+        let deletes = deletes || matches!(op, DbOp::DeletePublished { .. });
+        let set_based = deletes
+            || matches!(
+                op,
+                DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. }
+            );
+        // Set-based statements: snapshot every terminal run.
+        let terminal_before: Vec<_> = if set_based {
+            self.db
                 .runs
                 .values()
                 .filter(|r| r.status.is_terminal())
                 .map(|r| (r.run_id, r.status, r.result.clone()))
-                .collect(),
-            _ => before
+                .collect()
+        } else {
+            before
                 .iter()
                 .filter(|r| r.status.is_terminal())
                 .map(|r| (r.run_id, r.status, r.result.clone()))
-                .collect(),
+                .collect()
         };
-        let live_before: Vec<RunId> = match op {
-            DbOp::DeleteFinished { .. } => self
-                .db
+        let live_before: Vec<RunId> = if deletes {
+            self.db
                 .runs
                 .values()
                 .filter(|r| !r.status.is_terminal())
                 .map(|r| r.run_id)
-                .collect(),
-            _ => Vec::new(),
+                .collect()
+        } else {
+            Vec::new()
         };
         let reply = self.db.execute(op);
         for run in live_before {

@@ -176,5 +176,6 @@ mod mutants {
         mutant_no_publish_recovery => NoPublishRecovery,
         mutant_poison_retried => PoisonRetried,
         mutant_worker_clock => WorkerClock,
+        mutant_retain_live => RetainLive,
     }
 }

@@ -689,13 +689,16 @@ pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
 }
 
 /// Retention deletes finished runs with their attempts, dead letters and
-/// keys; an entry of a deleted run delivered later is acknowledged as
-/// stale, and one naming a run never made is quarantined.
+/// keys, and never a live run published as long ago; an entry of a deleted
+/// run delivered later is acknowledged as stale, and one naming a run never
+/// made is quarantined.
 pub fn retention_deletes_finished_runs(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let done = env.submit("noop", "{}", 3);
     // Dies on its only attempt: a dead letter to delete too.
-    env.submit("fail", r#"{"class":"retryable","times":9}"#, 1);
+    let dead = env.submit("fail", r#"{"class":"retryable","times":9}"#, 1);
+    // Still running while the other two are deleted.
+    let long = env.submit("sleep", r#"{"ms":2500}"#, 1);
     let flags = [
         "--keep-finished-ms",
         "1",
@@ -705,7 +708,16 @@ pub fn retention_deletes_finished_runs(mutant: Option<&str>) {
         "50",
     ];
     let _w = env.worker(1, None, &flags);
-    wait_for("retention deletes both runs", || {
+    wait_for("retention deletes the finished runs", || {
+        let db = env.db();
+        !db.runs.contains_key(&done) && !db.runs.contains_key(&dead)
+    });
+    let db = env.db();
+    match db.runs.get(&long) {
+        Some(row) => assert!(!row.status.is_terminal(), "{row:?}"),
+        None => panic!("retention deleted {long}, a live run"),
+    }
+    wait_for("retention deletes every run once finished", || {
         let db = env.db();
         db.runs.is_empty() && db.attempts.is_empty() && db.dead_letters.is_empty()
     });

@@ -67,6 +67,7 @@ mutants! {
     no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
     poison_retried: "PoisonRetried" => poison_values_fail_alone,
     worker_clock: "WorkerClock" => skewed_clock_takes_no_live_lease,
+    retain_live: "RetainLive" => retention_deletes_finished_runs,
 }
 
 /// The mutants' statements answer as their model twins: first on every

@@ -253,7 +253,8 @@ impl Config {
 
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
-    /// Postgres refuses, WorkerClock a worker whose clock runs ahead.
+    /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
+    /// RetainLive retention that runs.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -264,6 +265,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
             self.skew_ms = 4 * self.policy.lease_ms;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {
+            self.policy.keep_finished_ms = 1;
         }
         // A skewed worker is not interchangeable with the others.
         self.symmetry &= self.skew_ms == 0;

@@ -296,5 +296,6 @@ mod mutants {
         mutant_no_publish_recovery: NoPublishRecovery on standard;
         mutant_poison_retried: PoisonRetried on standard;
         mutant_worker_clock: WorkerClock on standard;
+        mutant_retain_live: RetainLive on standard;
     }
 }

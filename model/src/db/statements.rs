@@ -979,6 +979,25 @@ statements! {
     }
 
     #[cfg(feature = "mutants")]
+    /// Mutant twin of `DeleteFinished` (`RetainLive`): ages runs by their
+    /// publication, finished or not.
+    DeletePublished { keep_ms: u64, limit: usize } => {
+        name: "delete_published",
+        access: Write,
+        reply: Rows,
+        sql: "WITH picked AS MATERIALIZED ( \
+                SELECT run_id FROM runs WHERE published_at <= GREATEST(pelican_now_ms() - $1, 0) \
+                 ORDER BY published_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
+              gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
+              a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
+              d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
+              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)) \
+              SELECT run_id FROM gone",
+        show: [],
+        model: |db| Rows(db.delete_published(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
+    }
+
+    #[cfg(feature = "mutants")]
     /// Mutant twin (`RetryInPel`): records the failure, leaves the run
     /// running.
     RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String } => {

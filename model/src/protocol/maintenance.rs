@@ -123,6 +123,13 @@ impl Maintenance {
             MaintenanceTask::Retention if self.policy.keep_finished_ms == 0 => return,
             MaintenanceTask::Retention => {
                 let keep_ms = self.policy.keep_finished_ms;
+                #[cfg(feature = "mutants")]
+                if crate::injects!(self.policy, RetainLive) {
+                    self.phase = Phase::Deleting;
+                    let op = DbOp::DeletePublished { keep_ms, limit };
+                    self.outbox.push_back(Command::Db(op));
+                    return;
+                }
                 (Phase::Deleting, DbOp::DeleteFinished { keep_ms, limit })
             }
         };

@@ -89,6 +89,9 @@ mutants! {
     /// A claim judges the lease by the claiming worker's clock: a worker
     /// whose clock runs ahead takes over a live attempt.
     WorkerClock,
+    /// Retention picks runs by when they were published, finished or not:
+    /// a run still running, or waiting for its retry, is deleted.
+    RetainLive,
 }
 
 /// No mutant: this build was made without the `mutants` feature.
