@@ -38,6 +38,26 @@ fn racing_statements_end_as_a_serial_order() {
     );
 }
 
+/// Two fused batches over the same runs, sent in opposite orders and
+/// queued behind row locks: bound as given they deadlock (the scenario
+/// can fail), bound as Pelican binds them they end as the model's serial
+/// order.
+#[test]
+fn fused_batches_in_opposite_orders_do_not_deadlock() {
+    use pelican_tests::conformance::lock_order::{Binding, opposite_batches};
+    let db = Database::create();
+    let control = opposite_batches(db.url(), Binding::AsGiven);
+    assert!(
+        control
+            .as_ref()
+            .is_err_and(|e| e.contains("deadlock detected")),
+        "bound as given, the batches should deadlock: {control:?}"
+    );
+    if let Err(e) = opposite_batches(db.url(), Binding::Pelican) {
+        panic!("bound by run, the batches differ from the model or deadlock: {e}");
+    }
+}
+
 #[test]
 fn postgres_answers_as_the_model() {
     let db = Database::create();

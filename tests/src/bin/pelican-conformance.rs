@@ -3,7 +3,8 @@
 //! creates its own database on `PELICAN_TEST_PG`, runs N random stream
 //! sequences and N random database sequences (default 10,000 each, the two
 //! kinds in parallel), then every write from every reachable run state,
-//! alone and racing in two sessions (`conformance::race`), and prints any
+//! alone and racing in two sessions (`conformance::race`), and two fused
+//! batches in opposite orders (`conformance::lock_order`), and prints any
 //! shrunk mismatch.
 
 use pelican_tests::conformance::{run_db, run_stream};
@@ -48,6 +49,10 @@ fn main() -> ExitCode {
     let so = stream.join().expect("the stream run does not panic");
     let raced = Database::create();
     let race = pelican_tests::conformance::race::run(raced.url());
+    let lock_order = pelican_tests::conformance::lock_order::opposite_batches(
+        raced.url(),
+        pelican_tests::conformance::lock_order::Binding::Pelican,
+    );
     let seconds = started.elapsed().as_secs_f64();
     let mut mismatches = 0;
     for (what, o) in [
@@ -68,6 +73,15 @@ fn main() -> ExitCode {
     }
     if !race.failures.is_empty() {
         mismatches += 1;
+    }
+    match &lock_order {
+        Ok(()) => {
+            println!("fused batches in opposite orders: the model's serial order, no deadlock")
+        }
+        Err(e) => {
+            mismatches += 1;
+            println!("fused batches in opposite orders: DIFFERENT: {e}");
+        }
     }
     println!("{seconds:.1} s");
     if json {
