@@ -134,6 +134,18 @@ pub struct Candidate {
     pub entry_id: Option<EntryId>,
 }
 
+/// One recorded step of a run (`steps`): what the job asked for and what
+/// it produced, under the attempt that recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StepRow {
+    /// The step's name, as the job asked for it.
+    pub name: String,
+    /// Its output (JSON text).
+    pub output: String,
+    /// The fence of the attempt that recorded it.
+    pub fence: Fence,
+}
+
 /// A client's idempotency key for a submission (`submit_keys`): the run it
 /// created, the request it was first used with, and when.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -174,6 +186,9 @@ pub struct Db {
     pub keys: BTreeMap<String, SubmitKey>,
     /// `workers`: registered worker numbers → host name, pid, start time.
     pub workers: BTreeMap<u32, (String, u32, Timestamp)>,
+    /// `steps`: the execution ledger, by (run, step index).
+    #[serde(default)]
+    pub steps: BTreeMap<(RunId, u32), StepRow>,
     /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
     /// or compares. Whoever runs the model sets it; a worker's clock never
     /// reaches a statement.
@@ -380,6 +395,39 @@ impl Db {
     #[must_use]
     pub fn read_run(&self, run: RunId) -> Option<RunRow> {
         self.runs.get(&run).cloned()
+    }
+
+    /// [`Statement::ReadSteps`]: the steps recorded for `run`, by index.
+    #[must_use]
+    pub fn read_steps(&self, run: RunId) -> Vec<(u32, StepRow)> {
+        self.steps
+            .range((run, 0)..=(run, u32::MAX))
+            .map(|((_, i), s)| (*i, s.clone()))
+            .collect()
+    }
+
+    /// [`Statement::RecordStep`]: records step `step` of `run` for the
+    /// attempt holding `fence`. 1 when recorded; 0 when the attempt no
+    /// longer holds the run, or the step is recorded already (a record is
+    /// never replaced).
+    pub fn record_step(
+        &mut self,
+        run: RunId,
+        fence: Fence,
+        step: u32,
+        name: &str,
+        output: &str,
+    ) -> u64 {
+        if self.fenced(run, fence).is_none() || self.steps.contains_key(&(run, step)) {
+            return 0;
+        }
+        let row = StepRow {
+            name: name.to_owned(),
+            output: output.to_owned(),
+            fence,
+        };
+        self.steps.insert((run, step), row);
+        1
     }
 
     /// [`Statement::Heartbeat`]: extend the lease of the attempt holding `fence`.
@@ -720,8 +768,8 @@ impl Db {
     }
 
     /// Deletes up to `limit` runs whose `age` is at or before `before`,
-    /// oldest first (ties by run), with their attempts, dead letter and
-    /// idempotency keys.
+    /// oldest first (ties by run), with their attempts, dead letter,
+    /// idempotency keys and steps.
     fn delete_aged(
         &mut self,
         before: Timestamp,
@@ -740,6 +788,7 @@ impl Db {
             self.attempts.retain(|(r, _), _| r != run);
             self.dead_letters.remove(run);
             self.keys.retain(|_, k| k.run != *run);
+            self.steps.retain(|(r, _), _| r != run);
         }
         gone
     }

@@ -103,6 +103,10 @@ guarantees! {
     /// Bad input: a malformed entry is quarantined and acknowledged; it
     /// never blocks the queue.
     S10 = 10, "bad input";
+    /// Durable steps: a step recorded before an attempt was claimed never
+    /// runs in that attempt (it is replayed), a record is never replaced,
+    /// and only the current fence can record one.
+    S11 = 11, "durable steps";
 }
 
 impl Guarantee {
@@ -407,6 +411,7 @@ mod tests {
                 "S8 trimmed entries",
                 "S9 no PEL leak",
                 "S10 bad input",
+                "S11 durable steps",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

@@ -184,6 +184,11 @@ pub enum Violation {
     RefusalRetried(RunId),
     /// S1: retention deleted a run that was not terminal.
     LiveRunDeleted(RunId),
+    /// S11: an attempt ran step `1` of the run although an earlier attempt
+    /// had recorded it before this one was claimed.
+    StepRerun(RunId, u32),
+    /// S11: a recorded step was replaced.
+    StepReplaced(RunId, u32),
 }
 
 impl Violation {
@@ -201,6 +206,7 @@ impl Violation {
             Violation::RefusalRetried(_) => Guarantee::S6,
             Violation::TrimmedDropped(_) => Guarantee::S8,
             Violation::LiveRunDeleted(_) => Guarantee::S1,
+            Violation::StepRerun(..) | Violation::StepReplaced(..) => Guarantee::S11,
         }
     }
 }
@@ -292,7 +298,16 @@ impl World {
         } else {
             Vec::new()
         };
+        let step_before = match op {
+            DbOp::RecordStep { run, step, .. } => self.db.steps.get(&(*run, *step)).cloned(),
+            _ => None,
+        };
         let reply = self.db.execute(op);
+        if let (Some(before), DbOp::RecordStep { run, step, .. }) = (step_before, op)
+            && self.db.steps.get(&(*run, *step)) != Some(&before)
+        {
+            self.violations.insert(Violation::StepReplaced(*run, *step));
+        }
         for run in live_before {
             if !self.db.runs.contains_key(&run) {
                 self.violations.insert(Violation::LiveRunDeleted(run));
@@ -532,6 +547,21 @@ impl World {
                 self.violations
                     .insert(Violation::EffectTwice(run, tool_call));
             }
+        }
+    }
+
+    /// S11: the attempt of `run` holding `fence` runs step `step`. A record
+    /// made by an earlier fence means the step was recorded before this
+    /// attempt was claimed (fences grow with every claim): it must have
+    /// been replayed.
+    pub fn step_ran(&mut self, run: RunId, step: u32, fence: Fence) {
+        if self
+            .db
+            .steps
+            .get(&(run, step))
+            .is_some_and(|s| s.fence < fence)
+        {
+            self.violations.insert(Violation::StepRerun(run, step));
         }
     }
 

@@ -12,20 +12,114 @@
 //! | `panic` | `{"times": N}` | panics in the first N attempts, then succeeds |
 //! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call) |
 //! | `echo` | `{"text": S}` | succeeds with S itself as its result text (not JSON-encoded): a handler's raw result, for tests of what Postgres stores |
+//! | `steps` | `{"calls": K, "ms": M}` | as `effect`, each side effect in a durable step of its own (`call-0`, `call-1`, ...): a later attempt replays the recorded ones |
 //!
 //! Handlers run at least once per attempt that reaches them and may run
 //! again after a crash: a handler's side effects must go through
 //! [`JobContext::apply`], whose idempotency key makes them happen once (S5).
+//! Work a later attempt should not redo goes in a durable step
+//! ([`JobContext::step`]): its output is recorded in Postgres under the
+//! attempt's fence and replayed by later attempts (S11).
 
-use crate::driver::{BoxFuture, Tools};
+use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::ids::{Fence, RunId};
-use pelican_model::protocol::{Execution, Policy};
+use pelican_model::protocol::{
+    DbOp, DbReply, Execution, Ledger, Policy, StepError, StepPlan, Unavailable,
+};
 use pelican_model::status::{ErrorClass, JobOutcome};
+use pelican_model::world::Issuer;
 use serde::Deserialize;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Postgres as a job sees it: the statements of its run's execution
+/// ledger ([`Ledger`]). Every [`DbClient`] that can be cloned is one.
+pub trait LedgerStore: Send + Sync + 'static {
+    /// Runs `op`, issued by `by` (see [`DbClient::call`]).
+    fn call(&self, op: DbOp, by: Issuer) -> BoxFuture<Result<DbReply, Unavailable>>;
+}
+
+impl<D: DbClient + Clone> LedgerStore for D {
+    fn call(&self, op: DbOp, by: Issuer) -> BoxFuture<Result<DbReply, Unavailable>> {
+        let db = self.clone();
+        Box::pin(async move { DbClient::call(&db, op, by).await })
+    }
+}
+
+/// A handler's own failure: its class decides what happens to the run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JobError {
+    /// Retryable, terminal, ...
+    pub class: ErrorClass,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl JobError {
+    /// Worth another attempt after back-off.
+    pub fn retryable(message: impl Into<String>) -> JobError {
+        JobError {
+            class: ErrorClass::Retryable,
+            message: message.into(),
+        }
+    }
+
+    /// Retrying cannot help: the run fails.
+    pub fn terminal(message: impl Into<String>) -> JobError {
+        JobError {
+            class: ErrorClass::Terminal,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<JobError> for JobOutcome {
+    fn from(e: JobError) -> JobOutcome {
+        JobOutcome::Failed {
+            class: e.class,
+            message: e.message,
+        }
+    }
+}
+
+/// Why [`JobContext::step`] did not return the step's output.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StepFailed {
+    /// The step's own work failed (nothing was recorded).
+    #[error("{0}")]
+    Body(#[from] JobError),
+    /// The ledger refused: steps asked for out of order, an output too
+    /// large, a record refused or unanswered.
+    #[error(transparent)]
+    Ledger(#[from] StepError),
+    /// The output does not serialize, or a recorded output does not
+    /// deserialize into the type asked for (the type changed since).
+    #[error("step {name:?}: {error}")]
+    Json {
+        /// The step.
+        name: String,
+        /// serde_json's message.
+        error: String,
+    },
+}
+
+impl From<StepFailed> for JobOutcome {
+    fn from(e: StepFailed) -> JobOutcome {
+        match e {
+            StepFailed::Body(e) => e.into(),
+            StepFailed::Ledger(e) => e.outcome(),
+            StepFailed::Json { .. } => JobOutcome::Failed {
+                class: ErrorClass::Terminal,
+                message: e.to_string(),
+            },
+        }
+    }
+}
 
 /// Starts jobs for the driver.
 pub trait Executor: Send + Sync + 'static {
@@ -46,6 +140,9 @@ pub struct JobContext {
     /// The job input (JSON text).
     pub input: String,
     tools: Arc<dyn Tools>,
+    store: Arc<dyn LedgerStore>,
+    /// This attempt's ledger, read at its first step.
+    ledger: Arc<tokio::sync::Mutex<Option<Ledger>>>,
     policy: Arc<Policy>,
     tool_timeout: Duration,
 }
@@ -66,13 +163,80 @@ impl JobContext {
     /// fail the attempt retryably and the retry sends the same key.
     pub async fn apply(&self, call: u32) -> Result<bool, ToolUnavailable> {
         let key = self.policy.idempotency_key(self.run, call, self.fence);
-        match tokio::time::timeout(self.tool_timeout, self.tools.apply(self.run, call, key)).await {
+        let sent = self.tools.apply(self.run, call, self.fence, key);
+        match tokio::time::timeout(self.tool_timeout, sent).await {
             Ok(Ok(applied)) => {
                 crate::crash_point!("after_effect");
                 Ok(applied)
             }
             _ => Err(ToolUnavailable),
         }
+    }
+}
+
+impl JobContext {
+    /// Runs `body` as the durable step `name`, or replays it.
+    ///
+    /// The first time an attempt of this run asks for step `name` at this
+    /// point of the job (steps are numbered in the order they are asked
+    /// for), `body` runs and its output is recorded in Postgres under this
+    /// attempt's fence before it is returned. A later attempt asking for
+    /// the same step gets the recorded output without running `body`.
+    /// Steps are taken one at a time; a job must ask for them in the same
+    /// order on every attempt. What `body` does outside Pelican must carry
+    /// [`JobContext::idempotency_key`]: an attempt can die between the
+    /// work and its record, and the next attempt then runs `body` again.
+    ///
+    /// # Errors
+    /// `body`'s own error (nothing recorded); steps asked for in another
+    /// order than before, an output larger than the policy's
+    /// `value_bytes_max` (the run fails); a record refused because a later
+    /// attempt holds the run, or not answered (the attempt fails
+    /// retryably). `JobOutcome::from` turns each into the right outcome.
+    pub async fn step<T, Fut>(&self, name: &str, body: Fut) -> Result<T, StepFailed>
+    where
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = Result<T, JobError>>,
+    {
+        let json = |error: serde_json::Error| StepFailed::Json {
+            name: name.to_owned(),
+            error: error.to_string(),
+        };
+        let by = Issuer {
+            worker: None,
+            own_fence: Some(self.fence),
+        };
+        let mut slot = self.ledger.lock().await;
+        if slot.is_none() {
+            let Ok(DbReply::Steps(recorded)) = self.store.call(Ledger::read(self.run), by).await
+            else {
+                let name = name.to_owned();
+                return Err(StepError::Unavailable { name }.into());
+            };
+            *slot = Some(Ledger::new(&self.policy, self.run, self.fence, recorded));
+        }
+        let ledger = slot.as_mut().expect("read above");
+        match ledger.plan(name)? {
+            StepPlan::Replay(output) => serde_json::from_str(&output).map_err(json),
+            StepPlan::Run(index) => {
+                let value = body.await?;
+                let output = serde_json::to_string(&value).map_err(json)?;
+                let op = ledger.record(index, name, output)?;
+                let reply = self.store.call(op, by).await.ok();
+                if reply == Some(DbReply::Rows(1)) {
+                    crate::crash_point!("after_step_record");
+                }
+                ledger.recorded(name, reply.as_ref())?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// The idempotency key for what step `name` sends outside Pelican: the
+    /// same on every attempt of this run.
+    #[must_use]
+    pub fn idempotency_key(&self, name: &str) -> String {
+        self.policy.step_key(self.run, name)
     }
 }
 
@@ -97,16 +261,19 @@ where
 pub struct Registry {
     handlers: BTreeMap<String, Arc<dyn Handler>>,
     tools: Arc<dyn Tools>,
+    store: Arc<dyn LedgerStore>,
     policy: Arc<Policy>,
     tool_timeout: Duration,
 }
 
 impl Registry {
-    /// An empty registry whose handlers send side effects to `tools`.
-    pub fn new(tools: Arc<dyn Tools>, policy: &Policy) -> Registry {
+    /// An empty registry whose handlers send side effects to `tools` and
+    /// keep their steps in `store` (Postgres).
+    pub fn new(tools: Arc<dyn Tools>, store: Arc<dyn LedgerStore>, policy: &Policy) -> Registry {
         Registry {
             handlers: BTreeMap::new(),
             tools,
+            store,
             policy: Arc::new(policy.clone()),
             tool_timeout: Duration::from_secs(5),
         }
@@ -121,14 +288,19 @@ impl Registry {
     }
 
     /// The registry with the built-in kinds.
-    pub fn with_builtins(tools: Arc<dyn Tools>, policy: &Policy) -> Registry {
-        let mut r = Registry::new(tools, policy);
+    pub fn with_builtins(
+        tools: Arc<dyn Tools>,
+        store: Arc<dyn LedgerStore>,
+        policy: &Policy,
+    ) -> Registry {
+        let mut r = Registry::new(tools, store, policy);
         r.register("noop", noop);
         r.register("sleep", sleep);
         r.register("fail", fail);
         r.register("panic", panic);
         r.register("effect", effect);
         r.register("echo", echo);
+        r.register("steps", steps);
         r
     }
 
@@ -160,6 +332,8 @@ impl Executor for Registry {
             attempt: e.attempt,
             input: e.input,
             tools: self.tools.clone(),
+            store: self.store.clone(),
+            ledger: Arc::default(),
             policy: self.policy.clone(),
             tool_timeout: self.tool_timeout,
         })
@@ -309,11 +483,32 @@ async fn effect(ctx: JobContext) -> JobOutcome {
     ))
 }
 
+async fn steps(ctx: JobContext) -> JobOutcome {
+    let i = match serde_json::from_str::<EffectInput>(&ctx.input) {
+        Ok(i) => i,
+        Err(e) => return bad_input("steps", &e),
+    };
+    for call in 0..i.calls {
+        let name = format!("call-{call}");
+        let done = ctx.step(&name, async {
+            pause(i.ms).await;
+            match ctx.apply(call).await {
+                Ok(applied) => Ok(applied),
+                Err(e) => Err(JobError::retryable(format!("side effect {call}: {e}"))),
+            }
+        });
+        if let Err(e) = done.await {
+            return e.into();
+        }
+    }
+    succeeded(format!("{{\"calls\":{}}}", i.calls))
+}
+
 /// The number of side effects a built-in job of `kind` with `input` makes
 /// when it succeeds (for checking S5 at the end of a test).
 #[must_use]
 pub fn effects_of(kind: &str, input: &str) -> u32 {
-    if kind != "effect" {
+    if kind != "effect" && kind != "steps" {
         return 0;
     }
     serde_json::from_str::<EffectInput>(input).map_or(0, |i| i.calls)

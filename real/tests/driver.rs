@@ -4,7 +4,7 @@
 
 #![cfg(not(madsim))]
 
-use pelican_model::ids::{RunId, WorkerId};
+use pelican_model::ids::{Fence, RunId, WorkerId};
 use pelican_model::invariants;
 use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, SubmitterEnd, Unavailable};
 use pelican_model::status::RunStatus;
@@ -45,8 +45,15 @@ impl DbClient for Mem {
 }
 
 impl Tools for Mem {
-    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>> {
+    fn apply(
+        &self,
+        run: RunId,
+        call: u32,
+        fence: Fence,
+        key: String,
+    ) -> BoxFuture<Result<bool, Unavailable>> {
         let mut w = self.world();
+        w.step_ran(run, call, fence);
         let applied = w.db.apply_effect(&key) == 1;
         w.effect_applied(run, call, applied);
         Box::pin(async move { Ok(applied) })
@@ -135,7 +142,11 @@ async fn a_worker_brings_every_run_to_its_outcome() {
         assert_eq!(end, SubmitterEnd::Accepted { published: true });
         mem.world().accepted.insert(run);
     }
-    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let registry = Registry::with_builtins(
+        Arc::new(mem.clone()),
+        Arc::new(mem.clone()),
+        &io.config.policy,
+    );
     let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), true);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(worker.run(async {
@@ -175,7 +186,11 @@ async fn shutdown_leaves_a_long_job_pending_for_another_worker() {
     let io = io(&mem);
     let end = submit(&*io, RunId(1), "sleep", r#"{"ms":60000}"#, None).await;
     assert_eq!(end, SubmitterEnd::Accepted { published: true });
-    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let registry = Registry::with_builtins(
+        Arc::new(mem.clone()),
+        Arc::new(mem.clone()),
+        &io.config.policy,
+    );
     let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), false);
     let left = worker
         .run(tokio::time::sleep(Duration::from_millis(300)))
@@ -212,7 +227,11 @@ async fn traces_conform_and_tampering_is_caught() {
         let end = submit(&*io, RunId(n as u64 + 1), kind, input, None).await;
         assert!(matches!(end, SubmitterEnd::Accepted { .. }));
     }
-    let registry = Registry::with_builtins(Arc::new(mem.clone()), &io.config.policy);
+    let registry = Registry::with_builtins(
+        Arc::new(mem.clone()),
+        Arc::new(mem.clone()),
+        &io.config.policy,
+    );
     let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), true);
     worker.run(tokio::time::sleep(Duration::from_secs(3))).await;
     let events = check_file(&path).expect("the trace conforms");

@@ -11,7 +11,7 @@
 
 use crate::oracle::{Shared, lock};
 use madsim::net::Endpoint;
-use pelican_model::ids::RunId;
+use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
 use pelican_model::world::Issuer;
 use pelican_real::driver::BoxFuture;
@@ -47,6 +47,8 @@ pub enum Request {
         run: RunId,
         /// Its tool call.
         call: u32,
+        /// The fence of the attempt sending it.
+        fence: Fence,
         /// The idempotency key.
         key: String,
     },
@@ -109,9 +111,12 @@ pub async fn serve(oracle: Shared, listen: &'static str, name: &'static str) {
                     o.count("pipelines");
                     Reply::StreamBatch(ops.iter().map(|op| o.stream(&node, op)).collect())
                 }
-                Request::Effect { run, call, key } => {
-                    Reply::Effect(o.effect(&node, run, call, &key))
-                }
+                Request::Effect {
+                    run,
+                    call,
+                    fence,
+                    key,
+                } => Reply::Effect(o.effect(&node, run, call, fence, &key)),
             };
             if o.faulty && madsim::rand::random::<f64>() < o.faults.lost_reply_p {
                 o.count("lost_replies");
@@ -205,10 +210,27 @@ impl DbClient for Client {
 }
 
 impl Tools for Client {
-    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>> {
+    fn apply(
+        &self,
+        run: RunId,
+        call: u32,
+        fence: Fence,
+        key: String,
+    ) -> BoxFuture<Result<bool, Unavailable>> {
         let me = self.clone();
         Box::pin(async move {
-            match Client::call(&me, TOOLS, Request::Effect { run, call, key }).await? {
+            match Client::call(
+                &me,
+                TOOLS,
+                Request::Effect {
+                    run,
+                    call,
+                    fence,
+                    key,
+                },
+            )
+            .await?
+            {
                 Reply::Effect(applied) => Ok(applied),
                 _ => Err(Unavailable),
             }

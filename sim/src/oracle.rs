@@ -163,6 +163,11 @@ impl Oracle {
                 self.count("runs_deleted");
             }
             (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.count("deleted_run_delivered"),
+            (DbOp::RecordStep { .. }, DbReply::Rows(1)) => self.count("steps_recorded"),
+            (DbOp::RecordStep { .. }, DbReply::Rows(0)) => self.count("step_records_refused"),
+            (DbOp::ReadSteps { .. }, DbReply::Steps(s)) if !s.is_empty() => {
+                self.count("ledgers_replayed");
+            }
             (DbOp::Cancel { .. }, DbReply::Rows(n)) => match cancel_hits {
                 Some(RunStatus::Running) if *n == 1 => self.count("cancel_races"),
                 Some(s) if s.is_terminal() => self.count("cancel_races"),
@@ -221,8 +226,11 @@ impl Oracle {
         reply
     }
 
-    /// The tool service applies side effect `call` of `run` under `key`.
-    pub fn effect(&mut self, node: &str, run: RunId, call: u32, key: &str) -> bool {
+    /// The tool service applies side effect `call` of `run` under `key`,
+    /// sent by the attempt holding `fence`. A `steps` job makes call `i`
+    /// in its step `i`, so the call is that step running (S11).
+    pub fn effect(&mut self, node: &str, run: RunId, call: u32, fence: Fence, key: &str) -> bool {
+        self.world.step_ran(run, call, fence);
         let applied = self.world.db.apply_effect(key) == 1;
         self.world.effect_applied(run, call, applied);
         if !applied {

@@ -187,8 +187,9 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
             let (kind, input) = match rng.gen_range(0..100) {
                 0..15 => ("noop", "{}".to_owned()),
                 15..40 => ("sleep", format!("{{\"ms\":{}}}", rng.gen_range(0..3_500))),
+                // Side effects, alone or each in a durable step.
                 40..65 => (
-                    "effect",
+                    if rng.gen_bool(0.4) { "steps" } else { "effect" },
                     format!(
                         "{{\"calls\":{},\"ms\":{}}}",
                         rng.gen_range(1..4),
@@ -400,8 +401,10 @@ async fn simulate(
                     let skew = i64::try_from(sc.clock_skew_ms).unwrap_or(i64::MAX);
                     let offset = [0, skew, -skew][(i % 3) as usize];
                     let (io, client) = io_for(&o, &name, &sc, mutant, offset).await;
-                    let registry = Registry::with_builtins(Arc::new(client), &io.config.policy)
-                        .with_tool_timeout(Duration::from_millis(io.config.call_timeout_ms));
+                    let client = Arc::new(client);
+                    let registry =
+                        Registry::with_builtins(client.clone(), client, &io.config.policy)
+                            .with_tool_timeout(Duration::from_millis(io.config.call_timeout_ms));
                     Worker::new(io, Arc::new(registry), WorkerId(i), true)
                         .run(std::future::pending())
                         .await;

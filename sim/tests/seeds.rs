@@ -177,5 +177,6 @@ mod mutants {
         mutant_poison_retried => PoisonRetried,
         mutant_worker_clock => WorkerClock,
         mutant_retain_live => RetainLive,
+        mutant_step_rerun => StepRerun,
     }
 }

@@ -174,6 +174,53 @@ pub fn kill_right_after_the_side_effect(mutant: Option<&str>) {
     assert_eq!(db.effects[&format!("{run}/1")], 1);
 }
 
+/// Kill between a durable step's external call and its record: the next
+/// attempt runs the step again (the key keeps the call applied once) and
+/// records it under its own fence.
+pub fn kill_between_a_steps_call_and_its_record(mutant: Option<&str>) {
+    let (requests, recorded_by) = killed_in_a_step(mutant, "after_effect");
+    assert_eq!(
+        requests,
+        [2, 1],
+        "the unrecorded step ran again, applied once"
+    );
+    assert_eq!(
+        recorded_by,
+        [(0, 2), (1, 2)],
+        "both recorded by the second attempt"
+    );
+}
+
+/// Kill right after a durable step is recorded: the next attempt replays it
+/// without calling out again, and runs only the step after it.
+pub fn kill_right_after_a_step_is_recorded(mutant: Option<&str>) {
+    let (requests, recorded_by) = killed_in_a_step(mutant, "after_step_record");
+    assert_eq!(requests, [1, 1], "a recorded step ran again");
+    assert_eq!(
+        recorded_by,
+        [(0, 1), (1, 2)],
+        "each step recorded by the attempt that ran it"
+    );
+}
+
+/// A `steps` run of two calls whose first worker dies at crash point
+/// `point`, finished by a second worker: how often each call was requested
+/// of the tool service, and which fence recorded each step.
+fn killed_in_a_step(mutant: Option<&str>, point: &str) -> (Vec<u64>, Vec<(u32, u64)>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("steps", r#"{"calls":2}"#, 3);
+    let mut w1 = env.worker(1, Some(point), &[]);
+    w1.wait(Duration::from_secs(20));
+    let _w2 = env.worker(2, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+    assert_eq!(db.runs[&run].attempts, 2);
+    let requests = (0..2).map(|n| db.effects[&format!("{run}/{n}")]).collect();
+    let recorded_by = db.steps.iter().map(|((_, i), s)| (*i, s.fence.0)).collect();
+    (requests, recorded_by)
+}
+
 fn result_attempt(env: &Env, run: RunId) -> u64 {
     let db = env.db();
     let result = db.runs[&run].result.clone().unwrap_or_default();

@@ -15,6 +15,8 @@ live! {
     kill_after_commit_before_ack,
     kill_right_after_ack,
     kill_right_after_the_side_effect,
+    kill_between_a_steps_call_and_its_record,
+    kill_right_after_a_step_is_recorded,
     premature_reclaim_of_a_live_long_job,
     late_worker_does_not_ack_a_reclaimed_entry,
     retryable_errors_back_off_then_dead_letter,

@@ -68,6 +68,7 @@ mutants! {
     poison_retried: "PoisonRetried" => poison_values_fail_alone,
     worker_clock: "WorkerClock" => skewed_clock_takes_no_live_lease,
     retain_live: "RetainLive" => retention_deletes_finished_runs,
+    step_rerun: "StepRerun" => kill_right_after_a_step_is_recorded,
 }
 
 /// The mutants' statements answer as their model twins: first on every

@@ -74,6 +74,11 @@ pub struct Config {
     /// is the same either way; on by default.
     #[serde(default = "yes")]
     pub symmetry: bool,
+    /// Jobs make their side effect inside a durable step: the step's
+    /// ledger is read, the effect runs unless replayed, and its record is
+    /// a step of its own (S11).
+    #[serde(default)]
+    pub steps: bool,
 }
 
 fn yes() -> bool {
@@ -116,6 +121,7 @@ impl Config {
             },
             skew_ms: 0,
             symmetry: true,
+            steps: false,
         }
     }
 
@@ -148,6 +154,7 @@ impl Config {
             },
             skew_ms: 0,
             symmetry: true,
+            steps: false,
         }
     }
 
@@ -196,6 +203,26 @@ impl Config {
         c
     }
 
+    /// Small with the job's side effect inside a durable step, and up to
+    /// three faults per path: a crash (between the step and its record, or
+    /// after), a pause (a zombie that ran the step before a later attempt
+    /// recorded it) and a lost reply. A recorded step is replayed, never
+    /// run again by a later attempt.
+    #[must_use]
+    pub fn steps() -> Config {
+        let mut c = Self::small();
+        c.name = "steps".into();
+        c.steps = true;
+        c.faults = Budget {
+            crashes: 1,
+            pauses: 1,
+            lost: 1,
+            total: 3,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -204,8 +231,9 @@ impl Config {
             "large" => Ok(Self::large()),
             "poison" => Ok(Self::poison()),
             "retention" => Ok(Self::retention()),
+            "steps" => Ok(Self::steps()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison, retention"
+                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -254,7 +282,7 @@ impl Config {
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
-    /// RetainLive retention that runs.
+    /// RetainLive retention that runs, StepRerun jobs with steps.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -265,6 +293,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
             self.skew_ms = 4 * self.policy.lease_ms;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::StepRerun) {
+            self.steps = true;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {

@@ -100,8 +100,17 @@ fn holds<const I: usize>(m: &PelicanModel, s: &State) -> bool {
 /// [`Guarantee::ALL`] (a new guarantee makes this table one short: add
 /// its index).
 const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
-    holds::<0>, holds::<1>, holds::<2>, holds::<3>, holds::<4>, holds::<5>, holds::<6>, holds::<7>,
-    holds::<8>, holds::<9>,
+    holds::<0>,
+    holds::<1>,
+    holds::<2>,
+    holds::<3>,
+    holds::<4>,
+    holds::<5>,
+    holds::<6>,
+    holds::<7>,
+    holds::<8>,
+    holds::<9>,
+    holds::<10>,
 ];
 
 /// Whether some run has consecutive attempts whose dispatches satisfy
@@ -205,6 +214,12 @@ impl Model for PelicanModel {
                             && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
                     })
                 },
+            ));
+        }
+        if self.cfg.steps {
+            properties.push(Property::sometimes(
+                "recorded step replayed",
+                |_, s: &State| s.seen.step_replayed,
             ));
         }
         if self.cfg.policy.keep_finished_ms > 0 {

@@ -251,6 +251,12 @@ fn retention_holds_and_acks_entries_of_deleted_runs() {
     holds_and_reaches(&Config::retention(), "entry of a deleted run acknowledged");
 }
 
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn steps_hold_and_recorded_steps_are_replayed() {
+    holds_and_reaches(&Config::steps(), "recorded step replayed");
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -297,5 +303,6 @@ mod mutants {
         mutant_poison_retried: PoisonRetried on standard;
         mutant_worker_clock: WorkerClock on standard;
         mutant_retain_live: RetainLive on standard;
+        mutant_step_rerun: StepRerun on standard;
     }
 }

@@ -162,3 +162,20 @@ CREATE INDEX IF NOT EXISTS runs_entry_live ON runs (entry_id) WHERE finished_at 
 CREATE INDEX IF NOT EXISTS runs_finished ON runs (finished_at, run_id) WHERE finished_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS submit_keys_run ON submit_keys (run_id);
 "#;
+
+/// Migration 7: the execution ledger. One row per recorded step of a run:
+/// its index in the order the job asked for steps, its name, its output
+/// (JSON text) and the fence of the attempt that recorded it. A row is
+/// never replaced ([`RecordStep`]); retention deletes it with its run.
+///
+/// [`RecordStep`]: super::Statement::RecordStep
+pub const SCHEMA_STEPS: &str = r#"
+CREATE TABLE IF NOT EXISTS steps (
+    run_id bigint NOT NULL,
+    step integer NOT NULL,
+    name text NOT NULL,
+    output text NOT NULL,
+    fence bigint NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+"#;

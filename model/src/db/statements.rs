@@ -147,6 +147,8 @@ pub enum Shape {
     /// An idempotency key's run, and whether its request is this one
     /// ([`DbReply::Keyed`]).
     Keyed,
+    /// Recorded steps ([`DbReply::Steps`]).
+    Steps,
 }
 
 /// The answer to a [`DbOp`].
@@ -178,6 +180,8 @@ pub enum DbReply {
         /// Whether the earlier request was the same.
         same: bool,
     },
+    /// A run's recorded steps, by index.
+    Steps(Vec<(u32, super::StepRow)>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -612,6 +616,32 @@ statements! {
         model: |db| DbReply::Run(db.read_run(*run)),
     }
 
+    /// The steps recorded for `run`: what a new attempt replays.
+    ReadSteps { run: RunId } => {
+        name: "read_steps",
+        access: Read,
+        reply: Steps,
+        sql: "SELECT step, name, output, fence FROM steps WHERE run_id = $1 ORDER BY step",
+        show: [run],
+        model: |db| DbReply::Steps(db.read_steps(*run)),
+    }
+
+    /// Records step `step` (its name and output) for the attempt holding
+    /// `fence` (S11). The run's row is share-locked, so a claim waits for
+    /// the record or the record sees the claim's new fence. A recorded step
+    /// is never replaced.
+    RecordStep { run: RunId, fence: Fence, step: u32, name: String, output: String } => {
+        name: "record_step",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: "INSERT INTO steps (run_id, step, name, output, fence) \
+              SELECT run_id, $3, $4, $5, active_fence FROM runs \
+               WHERE run_id = $1 AND active_fence = $2 AND status = 'running' FOR SHARE \
+              ON CONFLICT (run_id, step) DO NOTHING",
+        show: [run, fence, step],
+        model: |db| Rows(db.record_step(*run, *fence, *step, name, output)),
+    }
+
     /// Extend the lease of the attempt holding `fence`.
     Heartbeat { run: RunId, fence: Fence, lease_ms: u64 } => {
         name: "heartbeat",
@@ -902,7 +932,7 @@ statements! {
     }
 
     /// Retention: delete up to `limit` runs finished `keep_ms` or longer
-    /// ago, with their attempts, dead letters and idempotency keys.
+    /// ago, with their attempts, dead letters, idempotency keys and steps.
     DeleteFinished { keep_ms: u64, limit: usize } => {
         name: "delete_finished",
         access: Write,
@@ -913,7 +943,8 @@ statements! {
               gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
               a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
               d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
-              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)) \
+              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
+              s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
               SELECT run_id FROM gone",
         show: [],
         model: |db| Rows(db.delete_finished(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
@@ -991,7 +1022,8 @@ statements! {
               gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
               a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
               d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
-              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)) \
+              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
+              s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
               SELECT run_id FROM gone",
         show: [],
         model: |db| Rows(db.delete_published(db.clock.sub_ms(*keep_ms), *limit).len() as u64),

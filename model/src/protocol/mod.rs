@@ -50,12 +50,14 @@ mod delivery;
 mod maintenance;
 mod mutant;
 mod reclaimer;
+mod steps;
 mod submitter;
 
 pub use delivery::{AckReason, Delivery, DeliveryEnd, PendingReason, superseded};
 pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
 pub use mutant::{Mutant, none_injected};
 pub use reclaimer::{Reclaimer, ReclaimerEvent};
+pub use steps::{Ledger, StepError, StepPlan};
 pub use submitter::{Submitter, SubmitterEnd};
 
 /// The knobs of the protocol, with units in their names.

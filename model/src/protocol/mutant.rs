@@ -92,6 +92,9 @@ mutants! {
     /// Retention picks runs by when they were published, finished or not:
     /// a run still running, or waiting for its retry, is deleted.
     RetainLive,
+    /// A step recorded by an earlier attempt runs again instead of being
+    /// replayed.
+    StepRerun,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -504,7 +504,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 13);
+    assert_eq!(Mutant::ALL.len(), 14);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 
@@ -575,4 +575,97 @@ fn a_delivery_for_a_deleted_run_is_stale() {
         assert_eq!(end, DeliveryEnd::Acked(why));
     }
     assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+#[test]
+fn a_recorded_step_is_replayed_and_an_unrecorded_one_runs() {
+    use crate::db::StepRow;
+    let p = policy();
+    let row = |name: &str| StepRow {
+        name: name.into(),
+        output: "1".into(),
+        fence: Fence(1),
+    };
+    let mut l = Ledger::new(&p, RunId(1), Fence(2), vec![(0, row("fetch"))]);
+    assert_eq!(l.plan("fetch"), Ok(StepPlan::Replay("1".into())));
+    assert_eq!(l.plan("send"), Ok(StepPlan::Run(1)));
+    assert_eq!(
+        l.record(1, "send", "true".into()),
+        Ok(DbOp::RecordStep {
+            run: RunId(1),
+            fence: Fence(2),
+            step: 1,
+            name: "send".into(),
+            output: "true".into(),
+        })
+    );
+    assert_eq!(l.recorded("send", Some(&DbReply::Rows(1))), Ok(()));
+    assert!(matches!(
+        l.recorded("send", Some(&DbReply::Rows(0))),
+        Err(StepError::NotRecorded { .. })
+    ));
+    assert!(matches!(
+        l.recorded("send", None),
+        Err(StepError::Unavailable { .. })
+    ));
+}
+
+#[test]
+fn steps_asked_in_another_order_fail_the_run() {
+    use crate::db::StepRow;
+    let p = policy();
+    let recorded = StepRow {
+        name: "fetch".into(),
+        output: "1".into(),
+        fence: Fence(1),
+    };
+    let mut l = Ledger::new(&p, RunId(1), Fence(2), vec![(0, recorded)]);
+    let e = l.plan("send").unwrap_err();
+    assert!(matches!(
+        e.outcome(),
+        JobOutcome::Failed {
+            class: ErrorClass::Terminal,
+            ..
+        }
+    ));
+    assert!(e.to_string().contains("same order"), "{e}");
+}
+
+#[test]
+fn a_step_output_over_the_limit_is_unstorable() {
+    let p = policy();
+    let l = Ledger::new(&p, RunId(1), Fence(1), Vec::new());
+    let e = l
+        .record(0, "big", "x".repeat(p.value_bytes_max + 1))
+        .unwrap_err();
+    assert!(matches!(
+        e.outcome(),
+        JobOutcome::Failed {
+            class: ErrorClass::Unstorable,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn only_the_current_fence_records_a_step_and_a_record_stays() {
+    let mut db = crate::Db::new();
+    db.insert_run(RunId(1), "steps", "{}", 3);
+    let e = EntryId::new(1, 0);
+    assert!(
+        db.claim(RunId(1), Dispatch(1), e, "w", Timestamp(0), 10)
+            .is_some()
+    );
+    assert_eq!(
+        db.record_step(RunId(1), Fence(0), 0, "a", "1"),
+        0,
+        "stale fence"
+    );
+    assert_eq!(db.record_step(RunId(1), Fence(1), 0, "a", "1"), 1);
+    assert_eq!(
+        db.record_step(RunId(1), Fence(1), 0, "a", "2"),
+        0,
+        "never replaced"
+    );
+    assert_eq!(db.read_steps(RunId(1))[0].1.output, "1");
 }

@@ -97,9 +97,16 @@ where
 /// The external tool service that job handlers send side effects to. It
 /// applies each idempotency key at most once (S5).
 pub trait Tools: Send + Sync + 'static {
-    /// Applies side effect `call` of `run` under idempotency `key`; answers
-    /// whether this request applied it (false: the key was applied before).
-    fn apply(&self, run: RunId, call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>>;
+    /// Applies side effect `call` of `run`, sent by the attempt holding
+    /// `fence`, under idempotency `key`; answers whether this request
+    /// applied it (false: the key was applied before).
+    fn apply(
+        &self,
+        run: RunId,
+        call: u32,
+        fence: Fence,
+        key: String,
+    ) -> BoxFuture<Result<bool, Unavailable>>;
 }
 
 /// The driver's source of randomness (retry jitter). The live worker draws

@@ -76,7 +76,7 @@ fn main() -> ExitCode {
     }
     match &lock_order {
         Ok(()) => {
-            println!("fused batches in opposite orders: the model's serial order, no deadlock")
+            println!("fused batches in opposite orders: the model's serial order, no deadlock");
         }
         Err(e) => {
             mismatches += 1;

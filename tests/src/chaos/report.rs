@@ -240,7 +240,12 @@ pub(super) fn verdict(
                 // Counted elsewhere: duplicate effect keys below, the PEL's
                 // leftovers above.
                 Guarantee::S5 | Guarantee::S9 => {}
-                Guarantee::S4 | Guarantee::S6 | Guarantee::S7 | Guarantee::S8 | Guarantee::S10 => {
+                Guarantee::S4
+                | Guarantee::S6
+                | Guarantee::S7
+                | Guarantee::S8
+                | Guarantee::S10
+                | Guarantee::S11 => {
                     report.other_broken += 1;
                 }
             },

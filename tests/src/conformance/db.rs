@@ -211,7 +211,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
-        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
+        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers, steps RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
     )
     .await
     .map(|_| ())
@@ -281,6 +281,9 @@ pub(super) fn same_rows(model: &Db, live: &Db) -> Result<(), String> {
     }
     if model.workers != live.workers {
         return differ("workers", &model.workers, &live.workers);
+    }
+    if model.steps != live.steps {
+        return differ("steps", &model.steps, &live.steps);
     }
     Ok(())
 }

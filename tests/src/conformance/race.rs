@@ -111,15 +111,21 @@ impl fmt::Display for RunClass {
     }
 }
 
-/// The statements that write a run's row: every write whose text updates
-/// or deletes `runs` (read off the declared SQL, not listed by hand).
+/// The statements that write a run's row or write as its attempt: every
+/// fenced write, and every write whose text updates or deletes `runs`
+/// (read off the declarations, not listed by hand).
 #[must_use]
 pub fn writes() -> Vec<Statement> {
     Statement::ALL
         .iter()
         .copied()
-        .filter(|s| s.access() != Access::Read)
-        .filter(|s| s.sql().contains("UPDATE runs") || s.sql().contains("DELETE FROM runs"))
+        .filter(|s| match s.access() {
+            Access::Read => false,
+            Access::FencedWrite => true,
+            Access::Write => {
+                s.sql().contains("UPDATE runs") || s.sql().contains("DELETE FROM runs")
+            }
+        })
         .collect()
 }
 

@@ -26,8 +26,11 @@ pub enum Action {
     Reclaim(u8, Fate),
     /// One of worker `w`'s outstanding commands is executed.
     Step(u8, Source, Fate),
-    /// Worker `w`'s job performs its side effect.
+    /// Worker `w`'s job performs its side effect (with steps: reads its
+    /// ledger and runs the step, or replays it).
     Effect(u8),
+    /// Worker `w`'s job records its step.
+    Record(u8),
     /// Worker `w`'s job ends.
     Finish(u8, OutcomeKind),
     /// Maintenance runs one pass in one step; the fate is its first XADD's.
@@ -130,7 +133,9 @@ impl State {
                 }
             }
             if let Some(job) = &w.job {
-                if job.effect_done {
+                if job.record_due {
+                    out.push(Action::Record(n));
+                } else if job.effect_done {
                     out.extend(cfg.outcomes.iter().map(|o| Action::Finish(n, *o)));
                 } else {
                     out.push(Action::Effect(n));

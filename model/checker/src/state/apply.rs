@@ -7,14 +7,17 @@ use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Delivery, Input, JobEntry, Maintenance, ReclaimerEvent, StreamOp,
-    StreamReply, Submitter,
+    Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ReclaimerEvent,
+    StepPlan, StreamOp, StreamReply, Submitter,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
 use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
 use std::collections::BTreeSet;
+
+/// The name of the one step a job of a configuration with steps takes.
+const STEP: &str = "call";
 
 /// The fate of command `c` in a multi-command step whose fault point is its
 /// first XADD: that XADD takes `fate` (leaving `Reply` behind), every other
@@ -61,6 +64,7 @@ impl State {
             Action::Reclaim(w, fate) => self.reclaim(cfg, w, fate),
             Action::Step(w, src, fate) => self.worker_step(cfg, w, src, fate),
             Action::Effect(w) => self.effect(cfg, w),
+            Action::Record(w) => self.record(cfg, w),
             Action::Finish(w, kind) => self.finish(cfg, w, kind),
             Action::Maintain(task, mut fate) => {
                 let mut m = Maintenance::new(&cfg.policy);
@@ -178,18 +182,57 @@ impl State {
         }
     }
 
-    /// Worker `w`'s job performs its side effect.
+    /// Worker `w`'s job performs its side effect. With steps, the effect
+    /// is step 0: the job reads its ledger first and replays a recorded
+    /// step instead (the read and the effect are one step of the model).
     fn effect(&mut self, cfg: &Config, w: u8) {
-        let job = self.workers[usize::from(w)].job.as_mut().expect("guarded");
-        job.effect_done = true;
+        let job = self.workers[usize::from(w)].job.clone().expect("guarded");
         let (run, fence) = (job.run, job.fence);
-        let key = cfg.policy.idempotency_key(run, 0, fence);
         let by = Issuer {
             worker: Some(WorkerId(u32::from(w))),
             own_fence: Some(fence),
         };
-        let applied = self.world.db(&DbOp::ApplyEffect { key }, by) == DbReply::Rows(1);
-        self.world.effect_applied(run, 0, applied);
+        let mut run_it = true;
+        if cfg.steps {
+            let recorded = match self.world.db(&Ledger::read(run), by) {
+                DbReply::Steps(s) => s,
+                other => unreachable!("read_steps answers steps, not {other:?}"),
+            };
+            let mut ledger = Ledger::new(&cfg.policy, run, fence, recorded);
+            match ledger.plan(STEP) {
+                Ok(StepPlan::Replay(_)) => {
+                    self.seen.step_replayed = true;
+                    run_it = false;
+                }
+                Ok(StepPlan::Run(index)) => self.world.step_ran(run, index, fence),
+                Err(e) => unreachable!("a job of one step cannot diverge: {e}"),
+            }
+        }
+        let job = self.workers[usize::from(w)].job.as_mut().expect("guarded");
+        job.effect_done = true;
+        job.record_due = run_it && cfg.steps;
+        if run_it {
+            let key = cfg.policy.idempotency_key(run, 0, fence);
+            let applied = self.world.db(&DbOp::ApplyEffect { key }, by) == DbReply::Rows(1);
+            self.world.effect_applied(run, 0, applied);
+        }
+    }
+
+    /// Worker `w`'s job records its step (whatever the answer, the job
+    /// goes on to its outcome: a refused record means a later attempt holds
+    /// the run, and the outcome's write is refused too).
+    fn record(&mut self, cfg: &Config, w: u8) {
+        let job = self.workers[usize::from(w)].job.as_mut().expect("guarded");
+        job.record_due = false;
+        let (run, fence) = (job.run, job.fence);
+        let by = Issuer {
+            worker: Some(WorkerId(u32::from(w))),
+            own_fence: Some(fence),
+        };
+        let op = Ledger::new(&cfg.policy, run, fence, Vec::new())
+            .record(0, STEP, "true".into())
+            .expect("a small output");
+        let _ = self.world.db(&op, by);
     }
 
     /// Worker `w`'s job ends with an outcome of kind `kind`.
@@ -429,6 +472,7 @@ impl State {
                         run: e.run,
                         fence: e.fence,
                         effect_done: false,
+                        record_due: false,
                     });
                     self.world.check_execution(e.run, own);
                 }

@@ -218,8 +218,9 @@ impl State {
             keys,
             clock,
             workers: registered,
+            steps,
         } = db;
-        registered.hash(h);
+        (registered, steps).hash(h);
         clock.hash(h);
         (
             runs,

@@ -40,8 +40,10 @@ pub struct Job {
     pub run: RunId,
     /// The fence it runs under.
     pub fence: Fence,
-    /// Whether its side effect was performed.
+    /// Whether its side effect was performed (or, in a step, replayed).
     pub effect_done: bool,
+    /// Whether its step ran and its record is still to be sent.
+    pub record_due: bool,
 }
 
 /// One worker process.
@@ -157,4 +159,6 @@ pub struct Seen {
     pub redis_wiped: bool,
     /// A delivery found its run deleted by retention.
     pub retired_delivered: bool,
+    /// An attempt replayed a step an earlier attempt recorded.
+    pub step_replayed: bool,
 }

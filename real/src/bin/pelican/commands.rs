@@ -193,7 +193,8 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
         }
     };
     let tools = Arc::new(PgTools(clients.db.clone()));
-    let registry = Registry::with_builtins(tools, &config.policy)
+    let ledger = Arc::new(clients.db.clone());
+    let registry = Registry::with_builtins(tools, ledger, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
     let trace = trace_probe(
         a.trace_file.as_deref(),

@@ -11,7 +11,7 @@
 
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
-use pelican_model::ids::RunId;
+use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::Unavailable;
 use pelican_model::world::Issuer;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -67,6 +67,7 @@ pub fn migrator() -> Migrator {
         migration(4, "one clock", sql::SCHEMA_ONE_CLOCK),
         migration(5, "worker registry", sql::SCHEMA_WORKERS),
         migration(6, "live runs and retention", sql::SCHEMA_LIVE),
+        migration(7, "execution ledger", sql::SCHEMA_STEPS),
     ])
 }
 
@@ -192,6 +193,13 @@ impl PgDb {
                     pelican_model::time::Timestamp(rows::unsigned("started_at", at)?),
                 ),
             );
+        }
+        for r in &sqlx::query("SELECT run_id, step, name, output, fence FROM steps")
+            .fetch_all(p)
+            .await?
+        {
+            let (step, row) = rows::step_row(r)?;
+            db.steps.insert((rows::run_id(r)?, step), row);
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
             .fetch_all(p)
@@ -423,7 +431,13 @@ impl DbClient for PgDb {
 pub struct PgTools(pub PgDb);
 
 impl Tools for PgTools {
-    fn apply(&self, _run: RunId, _call: u32, key: String) -> BoxFuture<Result<bool, Unavailable>> {
+    fn apply(
+        &self,
+        _run: RunId,
+        _call: u32,
+        _fence: Fence,
+        key: String,
+    ) -> BoxFuture<Result<bool, Unavailable>> {
         let db = self.0.clone();
         Box::pin(async move {
             match db.execute(&DbOp::ApplyEffect { key }).await {

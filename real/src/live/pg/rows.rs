@@ -3,7 +3,7 @@
 
 use super::PgError;
 use pelican_model::db::{
-    AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape,
+    AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape, StepRow,
 };
 use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
@@ -108,6 +108,18 @@ pub(super) fn attempt_row(r: &PgRow) -> Result<(AttemptNo, AttemptRow), PgError>
     ))
 }
 
+/// A `steps` row, by index.
+pub(super) fn step_row(r: &PgRow) -> Result<(u32, StepRow), PgError> {
+    Ok((
+        unsigned32("step", r.try_get("step")?)?,
+        StepRow {
+            name: r.try_get("name")?,
+            output: r.try_get("output")?,
+            fence: Fence(unsigned("fence", r.try_get("fence")?)?),
+        },
+    ))
+}
+
 /// A `dead_letters` row, by run.
 pub(super) fn dead_letter(r: &PgRow) -> Result<(RunId, DeadLetter), PgError> {
     let attempts: sqlx::types::Json<Vec<(u32, u64, Option<String>)>> = r.try_get("attempts")?;
@@ -178,6 +190,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
         }
         Shape::Attempts => DbReply::Attempts(all(rows, attempt_row)?),
         Shape::DeadLetters => DbReply::DeadLetters(all(rows, dead_letter)?),
+        Shape::Steps => DbReply::Steps(all(rows, step_row)?),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {
