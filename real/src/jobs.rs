@@ -193,6 +193,21 @@ impl JobContext {
     /// `value_bytes_max` (the run fails); a record refused because a later
     /// attempt holds the run, or not answered (the attempt fails
     /// retryably). `JobOutcome::from` turns each into the right outcome.
+    ///
+    /// ```
+    /// use pelican_real::jobs::{JobContext, JobError, Registry, StepFailed};
+    /// # async fn call_model(input: &str) -> Result<String, JobError> { Ok(input.into()) }
+    /// # async fn send_mail(plan: &str, key: &str) -> Result<(), JobError> { Ok(()) }
+    /// async fn agent(ctx: JobContext) -> Result<bool, StepFailed> {
+    ///     let plan: String = ctx.step("plan", call_model(&ctx.input)).await?;
+    ///     let key = ctx.idempotency_key("send");
+    ///     ctx.step("send", send_mail(&plan, &key)).await?;
+    ///     Ok(true)
+    /// }
+    /// fn register(registry: &mut Registry) {
+    ///     registry.register("agent", agent);
+    /// }
+    /// ```
     pub async fn step<T, Fut>(&self, name: &str, body: Fut) -> Result<T, StepFailed>
     where
         T: Serialize + DeserializeOwned,
@@ -240,7 +255,35 @@ impl JobContext {
     }
 }
 
-/// A job handler.
+/// What a handler may return: a [`JobOutcome`], or a `Result` whose
+/// value is the run's result (as JSON) and whose error says how it failed
+/// (so that handlers can use `?` on steps).
+pub trait IntoOutcome {
+    /// The attempt's outcome.
+    fn into_outcome(self) -> JobOutcome;
+}
+
+impl IntoOutcome for JobOutcome {
+    fn into_outcome(self) -> JobOutcome {
+        self
+    }
+}
+
+impl<T: Serialize, E: Into<JobOutcome>> IntoOutcome for Result<T, E> {
+    fn into_outcome(self) -> JobOutcome {
+        match self.map(|value| serde_json::to_string(&value)) {
+            Ok(Ok(result)) => JobOutcome::Succeeded { result },
+            Ok(Err(e)) => JobOutcome::Failed {
+                class: ErrorClass::Terminal,
+                message: format!("the result does not serialize: {e}"),
+            },
+            Err(e) => e.into(),
+        }
+    }
+}
+
+/// A job handler: any `async fn(JobContext) -> O` where `O` is a
+/// [`JobOutcome`] or a `Result` ([`IntoOutcome`]).
 pub trait Handler: Send + Sync + 'static {
     /// Runs one attempt.
     fn run(&self, ctx: JobContext) -> BoxFuture<JobOutcome>;
@@ -249,10 +292,12 @@ pub trait Handler: Send + Sync + 'static {
 impl<F, Fut> Handler for F
 where
     F: Fn(JobContext) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = JobOutcome> + Send + 'static,
+    Fut: Future + Send + 'static,
+    Fut::Output: IntoOutcome,
 {
     fn run(&self, ctx: JobContext) -> BoxFuture<JobOutcome> {
-        Box::pin(self(ctx))
+        let job = self(ctx);
+        Box::pin(async move { job.await.into_outcome() })
     }
 }
 

@@ -7,13 +7,14 @@
 use pelican_model::ids::{Fence, RunId, WorkerId};
 use pelican_model::invariants;
 use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, SubmitterEnd, Unavailable};
-use pelican_model::status::RunStatus;
+use pelican_model::status::{ErrorClass, RunStatus};
 use pelican_model::world::{Issuer, World};
 use pelican_real::driver::BoxFuture;
-use pelican_real::jobs::{Registry, effects_of};
+use pelican_real::jobs::{Handler, JobContext, JobError, Registry, StepFailed, effects_of};
 use pelican_real::{
     Config, DbClient, Entropy, Io, NoProbe, StreamClient, StreamResult, Tools, Worker, submit,
 };
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,10 +110,11 @@ fn io_with<P: pelican_real::Probe>(mem: &Mem, probe: P) -> Arc<Io<Mem, Mem, P>> 
     })
 }
 
-const JOBS: [(&str, &str, RunStatus); 8] = [
+const JOBS: [(&str, &str, RunStatus); 9] = [
     ("noop", "{}", RunStatus::Succeeded),
     ("sleep", r#"{"ms":250}"#, RunStatus::Succeeded),
     ("effect", r#"{"calls":3,"ms":10}"#, RunStatus::Succeeded),
+    ("steps", r#"{"calls":2,"ms":10}"#, RunStatus::Succeeded),
     (
         "fail",
         r#"{"class":"retryable","times":1}"#,
@@ -253,4 +255,81 @@ async fn traces_conform_and_tampering_is_caught() {
     assert!(r.reason.contains("but the protocol sends"), "{r}");
     assert!(!r.before.is_empty());
     let _ = std::fs::remove_file(&path);
+}
+
+/// Runs one run of `kind` with `handler` registered on a worker until it
+/// is terminal, and answers its row.
+async fn one_run(kind: &'static str, handler: impl Handler) -> pelican_model::db::RunRow {
+    let mem = Mem(Arc::new(Mutex::new(World::new())));
+    let io = io(&mem);
+    let end = submit(&*io, RunId(1), kind, "{}", None).await;
+    assert_eq!(end, SubmitterEnd::Accepted { published: true });
+    let mut registry = Registry::new(
+        Arc::new(mem.clone()),
+        Arc::new(mem.clone()),
+        &io.config.policy,
+    );
+    registry.register(kind, handler);
+    let worker = Worker::new(io.clone(), Arc::new(registry), WorkerId(0), true);
+    let done = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if mem.world().db.runs[&RunId(1)].status.is_terminal() {
+                return;
+            }
+        }
+    };
+    let left = worker
+        .run(async {
+            tokio::time::timeout(Duration::from_secs(20), done)
+                .await
+                .expect("the run ends");
+        })
+        .await;
+    assert_eq!(left, 0);
+    let w = mem.world();
+    assert_eq!(w.violations, Default::default());
+    w.db.runs[&RunId(1)].clone()
+}
+
+/// A step recorded by the first attempt is replayed by the second: its body
+/// runs once, and the second attempt gets its output.
+#[tokio::test]
+async fn a_later_attempt_replays_a_recorded_step() {
+    static BODIES: AtomicU32 = AtomicU32::new(0);
+    let row = one_run("twice", |ctx: JobContext| async move {
+        let n: u32 = ctx
+            .step("count", async {
+                Ok(BODIES.fetch_add(1, Ordering::SeqCst) + 7)
+            })
+            .await?;
+        if ctx.attempt == 1 {
+            return Err(StepFailed::Body(JobError::retryable("once more")));
+        }
+        Ok(n)
+    })
+    .await;
+    assert_eq!(row.status, RunStatus::Succeeded, "{row:?}");
+    assert_eq!(row.result.as_deref(), Some("7"));
+    assert_eq!(row.attempts, 2);
+    assert_eq!(BODIES.load(Ordering::SeqCst), 1, "the step ran once");
+}
+
+/// A retry that asks for its steps in another order fails the run, with a
+/// message that says so.
+#[tokio::test]
+async fn steps_asked_in_another_order_fail_the_run() {
+    let row = one_run("fickle", |ctx: JobContext| async move {
+        let name = if ctx.attempt == 1 { "a" } else { "b" };
+        ctx.step(name, async { Ok(1) }).await?;
+        if ctx.attempt == 1 {
+            return Err(StepFailed::Body(JobError::retryable("once more")));
+        }
+        Ok(())
+    })
+    .await;
+    assert_eq!(row.status, RunStatus::Failed, "{row:?}");
+    let (class, message) = row.error.expect("an error");
+    assert_eq!(class, ErrorClass::Terminal);
+    assert!(message.contains("same order"), "{message}");
 }
