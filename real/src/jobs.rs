@@ -339,14 +339,19 @@ impl Registry {
         policy: &Policy,
     ) -> Registry {
         let mut r = Registry::new(tools, store, policy);
-        r.register("noop", noop);
-        r.register("sleep", sleep);
-        r.register("fail", fail);
-        r.register("panic", panic);
-        r.register("effect", effect);
-        r.register("echo", echo);
-        r.register("steps", steps);
+        r.register_builtins();
         r
+    }
+
+    /// Registers the built-in kinds (see the module's documentation).
+    pub fn register_builtins(&mut self) {
+        self.register("noop", noop);
+        self.register("sleep", sleep);
+        self.register("fail", fail);
+        self.register("panic", panic);
+        self.register("effect", effect);
+        self.register("echo", echo);
+        self.register("steps", steps);
     }
 
     /// Registers (or replaces) the handler of `kind`.

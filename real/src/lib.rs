@@ -53,6 +53,8 @@ macro_rules! crash_point {
     };
 }
 
+#[cfg(feature = "live")]
+pub mod cli;
 pub mod driver;
 pub mod jobs;
 #[cfg(feature = "live")]

@@ -1,15 +1,15 @@
 //! What each command does: connecting, the worker, the API and the
 //! operator's commands.
 
-use crate::cli::*;
+use super::args::*;
+use crate::jobs::Registry;
+use crate::live::api::{self, ApiState};
+use crate::live::metrics::MetricsProbe;
+use crate::live::{PgDb, PgTools, RedisStream, StreamNames};
+use crate::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use anyhow::{Context, Result, bail};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{DbOp, DbReply, Policy, SubmitterEnd};
-use pelican_real::jobs::Registry;
-use pelican_real::live::api::{self, ApiState};
-use pelican_real::live::metrics::MetricsProbe;
-use pelican_real::live::{PgDb, PgTools, RedisStream, StreamNames};
-use pelican_real::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,7 +139,11 @@ pub(crate) fn print(v: &serde_json::Value) {
     );
 }
 
-pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
+pub(crate) async fn worker(
+    c: &Connection,
+    a: WorkerArgs,
+    handlers: fn(&mut Registry),
+) -> Result<()> {
     let policy = Policy {
         lease_ms: a.lease_ms,
         heartbeat_ms: a.heartbeat_ms,
@@ -194,8 +198,9 @@ pub(crate) async fn worker(c: &Connection, a: WorkerArgs) -> Result<()> {
     };
     let tools = Arc::new(PgTools(clients.db.clone()));
     let ledger = Arc::new(clients.db.clone());
-    let registry = Registry::with_builtins(tools, ledger, &config.policy)
+    let mut registry = Registry::new(tools, ledger, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
+    handlers(&mut registry);
     let trace = trace_probe(
         a.trace_file.as_deref(),
         &config.policy,
@@ -269,20 +274,20 @@ pub(crate) fn trace_probe(
     path: Option<&std::path::Path>,
     policy: &Policy,
     clock_offset_ms: i64,
-) -> Result<Option<pelican_real::trace::TraceProbe>> {
+) -> Result<Option<crate::trace::TraceProbe>> {
     path.map(|p| {
-        pelican_real::trace::TraceProbe::create(p, policy, clock_offset_ms)
+        crate::trace::TraceProbe::create(p, policy, clock_offset_ms)
             .with_context(|| format!("creating the trace file {}", p.display()))
     })
     .transpose()
 }
 
-pub(crate) async fn main_inner(cli: Cli) -> Result<()> {
+pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<()> {
     let c = &cli.conn;
     match cli.command {
         Cmd::Migrate => migrate(c).await,
         Cmd::Api(a) => serve_api(c, a).await,
-        Cmd::Worker(a) => worker(c, a).await,
+        Cmd::Worker(a) => worker(c, a, handlers).await,
         Cmd::Submit {
             kind,
             input,
@@ -429,7 +434,7 @@ async fn cancel_one(c: &Connection, run: &str) -> Result<()> {
 fn check_traces(files: &[std::path::PathBuf]) -> Result<()> {
     let mut bad = 0;
     for f in files {
-        match pelican_real::trace::check_file(f) {
+        match crate::trace::check_file(f) {
             Ok(n) => println!("{}: conforms, {n} events", f.display()),
             Err(r) => {
                 bad += 1;
@@ -490,11 +495,6 @@ async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32) -> Result<(
         _ => bail!("run {} is not dead (or was requeued already)", run.0),
     }
 }
-
-// The worker allocates per delivery (futures, commands, replies); glibc's
-// malloc was a fifth of its CPU time in the drain benchmark's profile.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// This machine's host name (a container's is its pod name), for the
 /// worker registry.

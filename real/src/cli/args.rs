@@ -1,8 +1,8 @@
 //! The command line: every command, flag and environment variable.
 
+use crate::Config;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pelican_real::Config;
 use std::net::SocketAddr;
 
 #[derive(Parser)]
