@@ -333,3 +333,18 @@ async fn steps_asked_in_another_order_fail_the_run() {
     assert_eq!(class, ErrorClass::Terminal);
     assert!(message.contains("same order"), "{message}");
 }
+
+/// A step whose output exceeds `value_bytes_max` fails the run as
+/// unstorable, with a message naming the step, and records nothing.
+#[tokio::test]
+async fn a_step_output_over_the_limit_fails_the_run() {
+    let max = config().policy.value_bytes_max;
+    let row = one_run("huge", move |ctx: JobContext| async move {
+        ctx.step("big", async move { Ok("x".repeat(max)) }).await
+    })
+    .await;
+    assert_eq!(row.status, RunStatus::Failed, "{row:?}");
+    let (class, message) = row.error.expect("an error");
+    assert_eq!(class, ErrorClass::Unstorable);
+    assert!(message.contains("\"big\""), "{message}");
+}

@@ -442,7 +442,7 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 8] = [
+    const INTERESTING: [&str; 10] = [
         "batches",
         "reclaims",
         "late_writes_rejected",
@@ -451,6 +451,8 @@ mod cli {
         "cancel_races",
         "trimmed_recoveries",
         "redis_losses_survived",
+        "ledgers_replayed",
+        "step_records_refused",
     ];
 
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {
