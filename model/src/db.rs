@@ -68,6 +68,10 @@ pub struct RunRow {
     pub result: Option<String>,
     /// The last error's class and message.
     pub error: Option<(ErrorClass, String)>,
+    /// Retries scheduled after errors of class `unknown` (capped by
+    /// `Policy::unknown_retries_max`).
+    #[serde(default)]
+    pub unknown_failures: u32,
 }
 
 /// One row of `attempts`.
@@ -109,6 +113,8 @@ pub struct Claimed {
     pub attempt: AttemptNo,
     /// Attempts the run allows (the last one dead-letters instead of retrying).
     pub attempts_max: u32,
+    /// Retries the run has had after errors of class `unknown`.
+    pub unknown_failures: u32,
 }
 
 /// A claim's answer as the statement returns it: the new attempt and the job
@@ -241,6 +247,7 @@ impl Db {
                 entry_id: None,
                 result: None,
                 error: None,
+                unknown_failures: 0,
             },
         );
         1
@@ -356,6 +363,7 @@ impl Db {
             fence: r.active_fence,
             attempt: AttemptNo(r.attempts),
             attempts_max: r.attempts_max,
+            unknown_failures: r.unknown_failures,
         };
         let dispatch = r.dispatch;
         self.attempts.insert(
@@ -494,6 +502,9 @@ impl Db {
         r.dispatch = Dispatch(r.dispatch.0 + 1);
         r.lease_until = None;
         r.error = Some((class, message.to_owned()));
+        if class == ErrorClass::Unknown {
+            r.unknown_failures += 1;
+        }
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
         1
     }

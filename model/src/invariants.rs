@@ -89,8 +89,9 @@ guarantees! {
     /// Effects once: side effects carry a stable idempotency key and are
     /// applied at most once.
     S5 = 5, "effects once";
-    /// Bounded retries: retries wait in Postgres, never in the PEL;
-    /// exhausted runs are dead-lettered.
+    /// Bounded retries: retries wait in Postgres, never in the PEL; errors
+    /// of class `unknown` are retried at most the policy's cap; exhausted
+    /// runs are dead-lettered.
     S6 = 6, "bounded retries";
     /// Cancellation: a cancelled run never gets a new attempt; the first
     /// terminal write wins.
@@ -152,8 +153,9 @@ fn attempts(db: &Db, run: RunId) -> impl Iterator<Item = (AttemptNo, &AttemptRow
 }
 
 /// Everything wrong with this state regardless of progress: the recorded
-/// step violations, plus S6 (attempts within bounds, no run left running
-/// after its attempt's outcome was recorded, dead runs have dead letters).
+/// step violations, plus S6 (attempts and retries of unknown errors within
+/// bounds, no run left running after its attempt's outcome was recorded,
+/// dead runs have dead letters).
 #[must_use]
 pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
     let mut out: Vec<Broken> = world
@@ -168,6 +170,15 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
                 format!(
                     "{} has {} attempts > {}",
                     r.run_id, r.attempts, policy.attempts_max
+                ),
+            ));
+        }
+        if r.unknown_failures > policy.unknown_retries_max {
+            out.push(broken(
+                Guarantee::S6,
+                format!(
+                    "{} was retried after {} unknown errors > {}",
+                    r.run_id, r.unknown_failures, policy.unknown_retries_max
                 ),
             ));
         }

@@ -90,6 +90,12 @@ pub enum ErrorClass {
     ///
     /// [`Policy::value_bytes_max`]: crate::protocol::Policy::value_bytes_max
     Unstorable,
+    /// Not known to be worth retrying or not (an error the handler did not
+    /// classify): retried at most [`Policy::unknown_retries_max`] times in a
+    /// run, then the run fails.
+    ///
+    /// [`Policy::unknown_retries_max`]: crate::protocol::Policy::unknown_retries_max
+    Unknown,
 }
 
 impl ErrorClass {
@@ -102,6 +108,7 @@ impl ErrorClass {
             ErrorClass::Panic => "panic",
             ErrorClass::Exhausted => "exhausted",
             ErrorClass::Unstorable => "unstorable",
+            ErrorClass::Unknown => "unknown",
         }
     }
 
@@ -114,15 +121,19 @@ impl ErrorClass {
             ErrorClass::Panic,
             ErrorClass::Exhausted,
             ErrorClass::Unstorable,
+            ErrorClass::Unknown,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)
     }
 
-    /// Whether another attempt may help.
+    /// Whether another attempt may help (an unknown error: up to a cap).
     #[must_use]
     pub const fn is_retryable(self) -> bool {
-        matches!(self, ErrorClass::Retryable | ErrorClass::Panic)
+        matches!(
+            self,
+            ErrorClass::Retryable | ErrorClass::Panic | ErrorClass::Unknown
+        )
     }
 }
 

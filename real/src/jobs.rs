@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `noop` | anything | succeeds at once |
 //! | `sleep` | `{"ms": N}` | sleeps N ms, succeeds |
-//! | `fail` | `{"class": "retryable"\|"terminal", "times": N, "ms": M}` | after M ms, fails the first N attempts with that class, then succeeds |
+//! | `fail` | `{"class": "retryable"\|"terminal"\|"unknown", "times": N, "ms": M}` | after M ms, fails the first N attempts with that class, then succeeds |
 //! | `panic` | `{"times": N}` | panics in the first N attempts, then succeeds |
 //! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call) |
 //! | `echo` | `{"text": S}` | succeeds with S itself as its result text (not JSON-encoded): a handler's raw result, for tests of what Postgres stores |
@@ -65,6 +65,15 @@ impl JobError {
     pub fn retryable(message: impl Into<String>) -> JobError {
         JobError {
             class: ErrorClass::Retryable,
+            message: message.into(),
+        }
+    }
+
+    /// Not known to be worth retrying: retried up to the policy's cap
+    /// (`--unknown-retries-max`), then the run fails.
+    pub fn unknown(message: impl Into<String>) -> JobError {
+        JobError {
+            class: ErrorClass::Unknown,
             message: message.into(),
         }
     }
@@ -459,6 +468,7 @@ struct FailInput {
 enum FailClass {
     Retryable,
     Terminal,
+    Unknown,
 }
 
 async fn fail(ctx: JobContext) -> JobOutcome {
@@ -471,6 +481,7 @@ async fn fail(ctx: JobContext) -> JobOutcome {
             let class = match i.class {
                 FailClass::Retryable => ErrorClass::Retryable,
                 FailClass::Terminal => ErrorClass::Terminal,
+                FailClass::Unknown => ErrorClass::Unknown,
             };
             JobOutcome::Failed {
                 class,

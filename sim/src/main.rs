@@ -442,7 +442,7 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 10] = [
+    const INTERESTING: [&str; 11] = [
         "batches",
         "reclaims",
         "late_writes_rejected",
@@ -453,6 +453,7 @@ mod cli {
         "redis_losses_survived",
         "ledgers_replayed",
         "step_records_refused",
+        "unknown_capped",
     ];
 
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {

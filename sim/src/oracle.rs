@@ -164,6 +164,13 @@ impl Oracle {
             }
             (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.count("deleted_run_delivered"),
             (DbOp::RecordStep { .. }, DbReply::Rows(1)) => self.count("steps_recorded"),
+            (
+                DbOp::Fail {
+                    class: ErrorClass::Unknown,
+                    ..
+                },
+                DbReply::Rows(1),
+            ) => self.count("unknown_capped"),
             (DbOp::RecordStep { .. }, DbReply::Rows(0)) => self.count("step_records_refused"),
             (DbOp::ReadSteps { .. }, DbReply::Steps(s)) if !s.is_empty() => {
                 self.count("ledgers_replayed");

@@ -65,6 +65,7 @@ impl Scenario {
                     sweep_batch_max: 16,
                     value_bytes_max: 1 << 20,
                     keep_finished_ms: 2_000,
+                    unknown_retries_max: 1,
                     mutant: None,
                 },
                 in_flight_max: 2,

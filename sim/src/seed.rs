@@ -199,7 +199,12 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
                 65..82 => (
                     "fail",
                     format!(
-                        "{{\"class\":\"retryable\",\"times\":{},\"ms\":{}}}",
+                        "{{\"class\":\"{}\",\"times\":{},\"ms\":{}}}",
+                        if rng.gen_bool(0.3) {
+                            "unknown"
+                        } else {
+                            "retryable"
+                        },
                         rng.gen_range(0..7),
                         rng.gen_range(0..500)
                     ),

@@ -178,5 +178,6 @@ mod mutants {
         mutant_worker_clock => WorkerClock,
         mutant_retain_live => RetainLive,
         mutant_step_rerun => StepRerun,
+        mutant_unknown_retried => UnknownRetried,
     }
 }

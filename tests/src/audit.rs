@@ -52,6 +52,7 @@ impl Env {
         let db = &world.db;
         let policy = Policy {
             attempts_max: u32::MAX,
+            unknown_retries_max: self.unknown_retries_max,
             ..Policy::default()
         };
         let effects = |run: RunId| self.effects.get(&run).copied().unwrap_or(0);

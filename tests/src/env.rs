@@ -42,6 +42,8 @@ pub struct Env {
     /// The `pelican` binary its processes run, when not `PELICAN_BIN` (the
     /// benchmarks' baseline runs a build with the `mutants` feature).
     pub bin: Option<PathBuf>,
+    /// The `--unknown-retries-max` its workers run with, for the audit.
+    pub unknown_retries_max: u32,
 }
 
 impl Env {
@@ -81,6 +83,7 @@ impl Env {
             keep_logs: false,
             trace: true,
             bin: None,
+            unknown_retries_max: Policy::default().unknown_retries_max,
         };
         let out = env.cli(&["migrate"]);
         assert!(

@@ -311,6 +311,25 @@ pub fn retryable_errors_back_off_then_dead_letter(mutant: Option<&str>) {
     assert_eq!(db.runs[&run].status, RunStatus::Dead);
 }
 
+/// An unknown error is retried at most `--unknown-retries-max` times, then
+/// fails its run (not dead: attempts were left), while another run whose
+/// unknown error clears on its second attempt succeeds.
+pub fn unknown_errors_are_retried_up_to_the_cap(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let run = env.submit("fail", r#"{"class":"unknown","times":99}"#, 5);
+    let cleared = env.submit("fail", r#"{"class":"unknown","times":1}"#, 5);
+    env.unknown_retries_max = 2;
+    let _w = env.worker(1, None, &["--unknown-retries-max", "2"]);
+    env.settle();
+    let db = env.check(&[]);
+    let r = &db.runs[&run];
+    assert_eq!((r.status, r.attempts), (RunStatus::Failed, 3), "{r:?}");
+    assert_eq!(r.error.as_ref().map(|e| e.0), Some(ErrorClass::Unknown));
+    assert_eq!(r.unknown_failures, 2);
+    assert!(!db.dead_letters.contains_key(&run));
+    assert_eq!(db.runs[&cleared].status, RunStatus::Succeeded);
+}
+
 /// A terminal error is not retried.
 pub fn terminal_error_is_not_retried(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);

@@ -20,6 +20,7 @@ live! {
     premature_reclaim_of_a_live_long_job,
     late_worker_does_not_ack_a_reclaimed_entry,
     retryable_errors_back_off_then_dead_letter,
+    unknown_errors_are_retried_up_to_the_cap,
     terminal_error_is_not_retried,
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,

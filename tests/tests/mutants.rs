@@ -69,6 +69,7 @@ mutants! {
     worker_clock: "WorkerClock" => skewed_clock_takes_no_live_lease,
     retain_live: "RetainLive" => retention_deletes_finished_runs,
     step_rerun: "StepRerun" => kill_right_after_a_step_is_recorded,
+    unknown_retried: "UnknownRetried" => unknown_errors_are_retried_up_to_the_cap,
 }
 
 /// The mutants' statements answer as their model twins: first on every

@@ -17,6 +17,8 @@ pub enum OutcomeKind {
     Panic,
     /// The handler returns a result Postgres refuses (a NUL byte).
     Poison,
+    /// An error of class `unknown`: retried up to the policy's cap.
+    Unknown,
 }
 
 /// Faults a single path may contain, by kind.
@@ -101,6 +103,7 @@ impl Config {
             sweep_batch_max: 8,
             value_bytes_max: 1 << 20,
             keep_finished_ms: 0,
+            unknown_retries_max: 1,
             mutant: None,
         }
     }
@@ -166,6 +169,7 @@ impl Config {
         c.workers = 3;
         c.outcomes.push(OutcomeKind::Panic);
         c.outcomes.push(OutcomeKind::Poison);
+        c.outcomes.push(OutcomeKind::Unknown);
         c.faults.crashes = 2;
         c.faults.lost = 2;
         c.faults.total = 3;
@@ -223,6 +227,24 @@ impl Config {
         c
     }
 
+    /// One run with three attempts whose job succeeds or fails with an
+    /// unknown error, and a crash and a lost reply: the second unknown error
+    /// fails the run (the cap is 1), with attempts left.
+    #[must_use]
+    pub fn unknown() -> Config {
+        let mut c = Self::small();
+        c.name = "unknown".into();
+        c.policy = Self::policy(3);
+        c.outcomes = vec![OutcomeKind::Success, OutcomeKind::Unknown];
+        c.faults = Budget {
+            crashes: 1,
+            lost: 1,
+            total: 2,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -232,8 +254,9 @@ impl Config {
             "poison" => Ok(Self::poison()),
             "retention" => Ok(Self::retention()),
             "steps" => Ok(Self::steps()),
+            "unknown" => Ok(Self::unknown()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps"
+                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -282,7 +305,8 @@ impl Config {
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
-    /// RetainLive retention that runs, StepRerun jobs with steps.
+    /// RetainLive retention that runs, StepRerun jobs with steps,
+    /// UnknownRetried a job failing with an unknown error.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -293,6 +317,11 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
             self.skew_ms = 4 * self.policy.lease_ms;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::UnknownRetried) && !self.outcomes.contains(&OutcomeKind::Unknown)
+        {
+            self.outcomes.push(OutcomeKind::Unknown);
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::StepRerun) {

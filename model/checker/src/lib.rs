@@ -216,6 +216,12 @@ impl Model for PelicanModel {
                 },
             ));
         }
+        if self.cfg.outcomes.contains(&OutcomeKind::Unknown) {
+            properties.push(Property::sometimes(
+                "unknown error fails its run at the cap",
+                |_, s: &State| s.seen.unknown_capped,
+            ));
+        }
         if self.cfg.steps {
             properties.push(Property::sometimes(
                 "recorded step replayed",

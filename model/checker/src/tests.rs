@@ -257,6 +257,12 @@ fn steps_hold_and_recorded_steps_are_replayed() {
     holds_and_reaches(&Config::steps(), "recorded step replayed");
 }
 
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn unknown_errors_are_retried_up_to_the_cap() {
+    holds_and_reaches(&Config::unknown(), "unknown error fails its run at the cap");
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -304,5 +310,6 @@ mod mutants {
         mutant_worker_clock: WorkerClock on standard;
         mutant_retain_live: RetainLive on standard;
         mutant_step_rerun: StepRerun on standard;
+        mutant_unknown_retried: UnknownRetried on standard;
     }
 }

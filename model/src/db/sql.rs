@@ -179,3 +179,13 @@ CREATE TABLE IF NOT EXISTS steps (
     PRIMARY KEY (run_id, step)
 );
 "#;
+
+/// Migration 8: the retry policy. `unknown_failures` counts the retries a
+/// run has had after errors of class `unknown`; [`ScheduleRetry`] counts
+/// them, and a claim answers the count, so that the delivery can fail the
+/// run once the policy's cap is reached.
+///
+/// [`ScheduleRetry`]: super::Statement::ScheduleRetry
+pub const SCHEMA_RETRY_POLICY: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS unknown_failures integer NOT NULL DEFAULT 0;
+"#;

@@ -496,7 +496,7 @@ macro_rules! claim_tail {
     () => {
         "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
            SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-         SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed"
+         SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, kind, input FROM claimed"
     };
 }
 
@@ -577,7 +577,7 @@ statements! {
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
               claim_tail!()),
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
@@ -589,11 +589,11 @@ statements! {
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
                    AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
-                RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.dispatch, r.kind, r.input, \
+                RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, r.dispatch, r.kind, r.input, \
                           i.entry_id, i.worker), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
                 SELECT run_id, attempts, active_fence, worker, entry_id, dispatch FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, kind, input FROM claimed",
+              SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, kind, input FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
             db.claim(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
@@ -607,10 +607,10 @@ statements! {
         access: Read,
         reply: Run,
         sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message \
+              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures \
               FROM runs WHERE run_id = $1",
         many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message \
+               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures \
                FROM runs WHERE run_id = ANY($1::bigint[])",
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run)),
@@ -700,7 +700,8 @@ statements! {
         reply: Rows,
         sql: "WITH done AS ( \
                 UPDATE runs SET status = 'retry_wait', retry_at = pelican_now_ms() + $5, dispatch = dispatch + 1, \
-                       lease_until = NULL, error_class = $3, error_message = $4 \
+                       lease_until = NULL, error_class = $3, error_message = $4, \
+                       unknown_failures = unknown_failures + (CASE WHEN $3 = 'unknown' THEN 1 ELSE 0 END) \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
               UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         show: [run, fence],
@@ -978,7 +979,7 @@ statements! {
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
@@ -1000,7 +1001,7 @@ statements! {
                        published_at = coalesce(published_at, $5) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
-                RETURNING run_id, active_fence, attempts, attempts_max, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(

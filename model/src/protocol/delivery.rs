@@ -481,6 +481,7 @@ impl Delivery {
                     fence: row.active_fence,
                     attempt: crate::ids::AttemptNo(row.attempts),
                     attempts_max: row.attempts_max,
+                    unknown_failures: row.unknown_failures,
                 };
                 return self.start(now, claimed, row.kind, row.input);
             }
@@ -637,6 +638,25 @@ impl Delivery {
                         message,
                     },
                     Write::LeavePending,
+                )
+            }
+            // An unknown error past the policy's cap fails the run; below
+            // it, and within the attempts, it is retried like the others.
+            JobOutcome::Failed {
+                class: ErrorClass::Unknown,
+                message,
+            } if claimed.unknown_failures >= self.policy.unknown_retries_max
+                && !crate::injects!(self.policy, UnknownRetried) =>
+            {
+                let class = ErrorClass::Unknown;
+                (
+                    DbOp::Fail {
+                        run,
+                        fence,
+                        class,
+                        message,
+                    },
+                    Write::Result,
                 )
             }
             JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {

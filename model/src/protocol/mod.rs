@@ -93,12 +93,22 @@ pub struct Policy {
     /// its attempts, dead letter and keys (0: kept forever).
     #[serde(default = "keep_finished_ms")]
     pub keep_finished_ms: u64,
+    /// How many times a run may be retried after an error of class
+    /// [`ErrorClass::Unknown`]; the next such error fails it (S6).
+    ///
+    /// [`ErrorClass::Unknown`]: crate::status::ErrorClass::Unknown
+    #[serde(default = "unknown_retries_max")]
+    pub unknown_retries_max: u32,
     /// The protocol bug to inject (only with the `mutants` feature).
     pub mutant: Option<Mutant>,
 }
 
 fn value_bytes_max() -> usize {
     4 << 20
+}
+
+fn unknown_retries_max() -> u32 {
+    1
 }
 
 fn keep_finished_ms() -> u64 {
@@ -119,6 +129,7 @@ impl Default for Policy {
             sweep_batch_max: 64,
             value_bytes_max: value_bytes_max(),
             keep_finished_ms: keep_finished_ms(),
+            unknown_retries_max: unknown_retries_max(),
             mutant: None,
         }
     }

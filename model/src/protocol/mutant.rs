@@ -95,6 +95,9 @@ mutants! {
     /// A step recorded by an earlier attempt runs again instead of being
     /// replayed.
     StepRerun,
+    /// An error of class `unknown` is retried like a retryable one, past
+    /// the policy's cap.
+    UnknownRetried,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -242,6 +242,10 @@ pub(crate) struct WorkerArgs {
     /// Back-off cap.
     #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
     pub(crate) backoff_cap_ms: u64,
+    /// Retries a run gets after errors of class `unknown`; the next one
+    /// fails the run.
+    #[arg(long, env = "PELICAN_UNKNOWN_RETRIES_MAX", default_value_t = 1)]
+    pub(crate) unknown_retries_max: u32,
     /// The longest result or error message an attempt may store, in bytes;
     /// a longer one fails its run with class `unstorable`.
     #[arg(long, env = "PELICAN_VALUE_BYTES_MAX", default_value_t = 4 << 20,

@@ -156,6 +156,7 @@ pub(crate) async fn worker(
         sweep_batch_max: 64,
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         keep_finished_ms: a.keep_finished_ms,
+        unknown_retries_max: a.unknown_retries_max,
         mutant: c.mutant()?,
     };
     let config = Config {

@@ -7,7 +7,7 @@
 //! | `pelican_pel_count` | gauge | deliveries pending acknowledgement (XPENDING) |
 //! | `pelican_oldest_pending_idle_ms` | gauge | idle time of the oldest pending delivery |
 //! | `pelican_runs{status}` | gauge | live runs by status: queued, running, retry_wait (finished runs are counted by `pelican_writes_total`; `pelican status` counts them all) |
-//! | `pelican_attempts_total{outcome}` | counter | job executions by outcome (succeeded, retryable, terminal, panic) |
+//! | `pelican_attempts_total{outcome}` | counter | job executions by outcome (succeeded, retryable, terminal, panic, unknown) |
 //! | `pelican_attempt_duration_seconds` | histogram | job execution time |
 //! | `pelican_writes_total{statement,accepted}` | counter | fenced writes and recoveries: complete, fail, schedule_retry, dead_letter, dead_letter_exhausted, heartbeat, requeue_entry, requeue_run; `accepted="false"` is a late write rejected by its fence |
 //! | `pelican_deliveries_total{end}` | counter | how deliveries ended (acked: written, terminal, stale, duplicate, exhausted, quarantined; left_pending) |
@@ -75,7 +75,7 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
 /// never a registry lookup.
 pub struct MetricsProbe {
     /// By outcome: succeeded, retryable, terminal, panic.
-    attempts: [Counter; 4],
+    attempts: [Counter; 5],
     duration: Histogram,
     /// By statement: (name, [rejected, accepted]).
     writes: Vec<(&'static str, [Counter; 2])>,
@@ -108,7 +108,7 @@ impl MetricsProbe {
     /// first: handles made before that count into nothing).
     #[must_use]
     pub fn new() -> MetricsProbe {
-        let attempts = ["succeeded", "retryable", "terminal", "panic"]
+        let attempts = ["succeeded", "retryable", "terminal", "panic", "unknown"]
             .map(|outcome| metrics::counter!("pelican_attempts_total", "outcome" => outcome));
         let writes = WRITES
             .iter()
@@ -163,6 +163,7 @@ impl Probe for MetricsProbe {
                 ErrorClass::Retryable => 1,
                 ErrorClass::Terminal | ErrorClass::Exhausted | ErrorClass::Unstorable => 2,
                 ErrorClass::Panic => 3,
+                ErrorClass::Unknown => 4,
             },
         };
         self.attempts[i].increment(1);

@@ -102,7 +102,8 @@ impl Pick<ErrorClass> for Words<'_> {
             ErrorClass::Panic,
             ErrorClass::Exhausted,
             ErrorClass::Unstorable,
-        ][(self.word() % 5) as usize]
+            ErrorClass::Unknown,
+        ][(self.word() % 6) as usize]
     }
 }
 impl Pick<String> for Words<'_> {

@@ -258,6 +258,10 @@ impl State {
             OutcomeKind::Poison => JobOutcome::Succeeded {
                 result: "\0".into(),
             },
+            OutcomeKind::Unknown => JobOutcome::Failed {
+                class: ErrorClass::Unknown,
+                message: String::new(),
+            },
         };
         if let Some(d) = wp.delivery.as_mut() {
             d.handle(clock(cfg, w), Input::Executed(outcome));
@@ -303,6 +307,13 @@ impl State {
                 self.seen.trimmed_recovered = true;
             }
             (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.seen.retired_delivered = true,
+            (
+                DbOp::Fail {
+                    class: ErrorClass::Unknown,
+                    ..
+                },
+                DbReply::Rows(1),
+            ) => self.seen.unknown_capped = true,
             (op, DbReply::Rows(0)) => {
                 if let Some((run, fence)) = op.fenced_write()
                     && self

@@ -161,4 +161,6 @@ pub struct Seen {
     pub retired_delivered: bool,
     /// An attempt replayed a step an earlier attempt recorded.
     pub step_replayed: bool,
+    /// An unknown error failed its run at the policy's cap.
+    pub unknown_capped: bool,
 }

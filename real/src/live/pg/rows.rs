@@ -80,6 +80,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
             Some(c) => Some((class("error_class", &c)?, error_message.unwrap_or_default())),
             None => None,
         },
+        unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
     })
 }
 
@@ -147,6 +148,7 @@ fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
             fence: Fence(unsigned("active_fence", r.try_get("active_fence")?)?),
             attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
             attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
+            unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
         },
         kind: r.try_get("kind")?,
         input: r.try_get("input")?,
