@@ -611,11 +611,20 @@ impl Delivery {
             JobOutcome::Succeeded { result } => {
                 (DbOp::Complete { run, fence, result }, Write::Result)
             }
-            JobOutcome::Failed {
-                class: ErrorClass::Terminal | ErrorClass::Exhausted,
-                message,
-            } => {
-                let class = ErrorClass::Terminal;
+            // Terminal errors fail the run, and so does an unknown error
+            // once the policy's cap is reached (below it, and within the
+            // attempts, an unknown error is retried like the others).
+            JobOutcome::Failed { class, message }
+                if matches!(class, ErrorClass::Terminal | ErrorClass::Exhausted)
+                    || (class == ErrorClass::Unknown
+                        && claimed.unknown_failures >= self.policy.unknown_retries_max
+                        && !crate::injects!(self.policy, UnknownRetried)) =>
+            {
+                let class = if class == ErrorClass::Unknown {
+                    class
+                } else {
+                    ErrorClass::Terminal
+                };
                 (
                     DbOp::Fail {
                         run,
@@ -638,25 +647,6 @@ impl Delivery {
                         message,
                     },
                     Write::LeavePending,
-                )
-            }
-            // An unknown error past the policy's cap fails the run; below
-            // it, and within the attempts, it is retried like the others.
-            JobOutcome::Failed {
-                class: ErrorClass::Unknown,
-                message,
-            } if claimed.unknown_failures >= self.policy.unknown_retries_max
-                && !crate::injects!(self.policy, UnknownRetried) =>
-            {
-                let class = ErrorClass::Unknown;
-                (
-                    DbOp::Fail {
-                        run,
-                        fence,
-                        class,
-                        message,
-                    },
-                    Write::Result,
                 )
             }
             JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
