@@ -552,7 +552,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "--ignored",
     ]);
     run(
-        "standard and retention configurations, correct build (release)",
+        "the standard, retention, steps and unknown configurations, correct build (release)",
         release,
     )?;
     let mut mutants = cargo();
