@@ -500,6 +500,19 @@ macro_rules! claim_tail {
     };
 }
 
+/// The end of a retention statement: deletes the runs of its `picked` CTE
+/// with everything kept about them, and answers their ids.
+macro_rules! delete_picked {
+    () => {
+        "gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
+         a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
+         d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
+         k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
+         s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
+         SELECT run_id FROM gone"
+    };
+}
+
 use DbReply::{Candidates, Rows};
 
 statements! {
@@ -938,15 +951,10 @@ statements! {
         name: "delete_finished",
         access: Write,
         reply: Rows,
-        sql: "WITH picked AS MATERIALIZED ( \
+        sql: concat!("WITH picked AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE finished_at <= GREATEST(pelican_now_ms() - $1, 0) \
-                 ORDER BY finished_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
-              gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
-              a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
-              d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
-              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
-              s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
-              SELECT run_id FROM gone",
+                 ORDER BY finished_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), ",
+              delete_picked!()),
         show: [],
         model: |db| Rows(db.delete_finished(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
     }
@@ -1017,15 +1025,10 @@ statements! {
         name: "delete_published",
         access: Write,
         reply: Rows,
-        sql: "WITH picked AS MATERIALIZED ( \
+        sql: concat!("WITH picked AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE published_at <= GREATEST(pelican_now_ms() - $1, 0) \
-                 ORDER BY published_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), \
-              gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
-              a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
-              d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
-              k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
-              s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
-              SELECT run_id FROM gone",
+                 ORDER BY published_at, run_id LIMIT $2 FOR UPDATE SKIP LOCKED), ",
+              delete_picked!()),
         show: [],
         model: |db| Rows(db.delete_published(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
     }
