@@ -184,10 +184,10 @@ pub enum Violation {
     RefusalRetried(RunId),
     /// S1: retention deleted a run that was not terminal.
     LiveRunDeleted(RunId),
-    /// S11: an attempt ran step `1` of the run although an earlier attempt
-    /// had recorded it before this one was claimed.
+    /// S11: an attempt ran a step (`.1`) of the run although an earlier
+    /// attempt had recorded it before this one was claimed.
     StepRerun(RunId, u32),
-    /// S11: a recorded step was replaced.
+    /// S11: a recorded step (`.1`) of the run was replaced.
     StepReplaced(RunId, u32),
 }
 
@@ -274,19 +274,15 @@ impl World {
                 DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. }
             );
         // Set-based statements: snapshot every terminal run.
+        let terminal = |r: &RunRow| {
+            r.status
+                .is_terminal()
+                .then(|| (r.run_id, r.status, r.result.clone()))
+        };
         let terminal_before: Vec<_> = if set_based {
-            self.db
-                .runs
-                .values()
-                .filter(|r| r.status.is_terminal())
-                .map(|r| (r.run_id, r.status, r.result.clone()))
-                .collect()
+            self.db.runs.values().filter_map(terminal).collect()
         } else {
-            before
-                .iter()
-                .filter(|r| r.status.is_terminal())
-                .map(|r| (r.run_id, r.status, r.result.clone()))
-                .collect()
+            before.iter().filter_map(terminal).collect()
         };
         let live_before: Vec<RunId> = if deletes {
             self.db

@@ -526,22 +526,24 @@ async fn effect(ctx: JobContext) -> JobOutcome {
     };
     let mut applied = 0;
     for call in 0..i.calls {
-        pause(i.ms).await;
-        match ctx.apply(call).await {
-            Ok(true) => applied += 1,
-            Ok(false) => {}
-            Err(e) => {
-                return JobOutcome::Failed {
-                    class: ErrorClass::Retryable,
-                    message: format!("side effect {call}: {e}"),
-                };
-            }
+        match call_tool(&ctx, call, i.ms).await {
+            Ok(now) => applied += u32::from(now),
+            Err(e) => return e.into(),
         }
     }
     succeeded(format!(
         "{{\"calls\":{},\"applied_now\":{applied}}}",
         i.calls
     ))
+}
+
+/// Side effect `call` of the `effect` and `steps` kinds, after `ms`:
+/// whether this request applied it; no answer is worth a retry.
+async fn call_tool(ctx: &JobContext, call: u32, ms: u64) -> Result<bool, JobError> {
+    pause(ms).await;
+    ctx.apply(call)
+        .await
+        .map_err(|e| JobError::retryable(format!("side effect {call}: {e}")))
 }
 
 async fn steps(ctx: JobContext) -> JobOutcome {
@@ -551,14 +553,7 @@ async fn steps(ctx: JobContext) -> JobOutcome {
     };
     for call in 0..i.calls {
         let name = format!("call-{call}");
-        let done = ctx.step(&name, async {
-            pause(i.ms).await;
-            match ctx.apply(call).await {
-                Ok(applied) => Ok(applied),
-                Err(e) => Err(JobError::retryable(format!("side effect {call}: {e}"))),
-            }
-        });
-        if let Err(e) = done.await {
+        if let Err(e) = ctx.step(&name, call_tool(&ctx, call, i.ms)).await {
             return e.into();
         }
     }

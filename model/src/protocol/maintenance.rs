@@ -123,14 +123,14 @@ impl Maintenance {
             MaintenanceTask::Retention if self.policy.keep_finished_ms == 0 => return,
             MaintenanceTask::Retention => {
                 let keep_ms = self.policy.keep_finished_ms;
+                let op = DbOp::DeleteFinished { keep_ms, limit };
                 #[cfg(feature = "mutants")]
-                if crate::injects!(self.policy, RetainLive) {
-                    self.phase = Phase::Deleting;
-                    let op = DbOp::DeletePublished { keep_ms, limit };
-                    self.outbox.push_back(Command::Db(op));
-                    return;
-                }
-                (Phase::Deleting, DbOp::DeleteFinished { keep_ms, limit })
+                let op = if crate::injects!(self.policy, RetainLive) {
+                    DbOp::DeletePublished { keep_ms, limit }
+                } else {
+                    op
+                };
+                (Phase::Deleting, op)
             }
         };
         self.phase = phase;
