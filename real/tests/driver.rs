@@ -348,3 +348,16 @@ async fn a_step_output_over_the_limit_fails_the_run() {
     assert_eq!(class, ErrorClass::Unstorable);
     assert!(message.contains("\"big\""), "{message}");
 }
+
+/// A step whose name Postgres refuses (a NUL byte) fails the run as
+/// unstorable on its first attempt, instead of being retried.
+#[tokio::test]
+async fn a_step_name_postgres_refuses_fails_the_run() {
+    let row = one_run("nul", |ctx: JobContext| async move {
+        ctx.step("bad\0name", async { Ok(1) }).await
+    })
+    .await;
+    assert_eq!(row.status, RunStatus::Failed, "{row:?}");
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.error.map(|e| e.0), Some(ErrorClass::Unstorable));
+}

@@ -61,10 +61,16 @@ pub enum StepError {
         max: usize,
     },
     /// The record was refused: this attempt no longer holds the run (a
-    /// later attempt took it over, or the run ended), or Postgres refused
-    /// the output's text.
+    /// later attempt took it over, or the run ended).
     #[error("step {name:?} was not recorded: this attempt no longer holds the run")]
     NotRecorded {
+        /// The step.
+        name: String,
+    },
+    /// Postgres refused the record's text (a NUL byte in the step's name;
+    /// an output is JSON, which escapes it): every retry would be refused.
+    #[error("Postgres refused to store step {name:?} (text holding a NUL byte)")]
+    Refused {
         /// The step.
         name: String,
     },
@@ -77,14 +83,14 @@ pub enum StepError {
 }
 
 impl StepError {
-    /// The attempt's outcome when a step fails it: a diverged ledger or an
-    /// output too large fail the run (a retry would do the same); anything
-    /// else is worth another attempt.
+    /// The attempt's outcome when a step fails it: a diverged ledger, an
+    /// output too large or a record Postgres refuses fail the run (a retry
+    /// would do the same); anything else is worth another attempt.
     #[must_use]
     pub fn outcome(&self) -> JobOutcome {
         let class = match self {
             StepError::Diverged { .. } => ErrorClass::Terminal,
-            StepError::TooLarge { .. } => ErrorClass::Unstorable,
+            StepError::TooLarge { .. } | StepError::Refused { .. } => ErrorClass::Unstorable,
             StepError::NotRecorded { .. } | StepError::Unavailable { .. } => ErrorClass::Retryable,
         };
         JobOutcome::Failed {
@@ -171,6 +177,9 @@ impl Ledger {
     pub fn recorded(&self, name: &str, reply: Option<&DbReply>) -> Result<(), StepError> {
         match reply {
             Some(DbReply::Rows(1)) => Ok(()),
+            Some(DbReply::Refused) => Err(StepError::Refused {
+                name: name.to_owned(),
+            }),
             Some(_) => Err(StepError::NotRecorded {
                 name: name.to_owned(),
             }),

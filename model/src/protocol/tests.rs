@@ -608,6 +608,14 @@ fn a_recorded_step_is_replayed_and_an_unrecorded_one_runs() {
         l.recorded("send", None),
         Err(StepError::Unavailable { .. })
     ));
+    let refused = l.recorded("se\0nd", Some(&DbReply::Refused)).unwrap_err();
+    assert!(matches!(
+        refused.outcome(),
+        JobOutcome::Failed {
+            class: ErrorClass::Unstorable,
+            ..
+        }
+    ));
 }
 
 #[test]
