@@ -21,12 +21,13 @@
 //! ([`JobContext::step`]): its output is recorded in Postgres under the
 //! attempt's fence and replayed by later attempts (S11).
 
-use crate::driver::{BoxFuture, DbClient, Tools};
-use pelican_model::ids::{Fence, RunId};
+pub use crate::driver::BoxFuture;
+use crate::driver::{DbClient, Tools};
+pub use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::{
     DbOp, DbReply, Execution, Ledger, Policy, StepError, StepPlan, Unavailable,
 };
-use pelican_model::status::{ErrorClass, JobOutcome};
+pub use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::world::Issuer;
 use serde::Deserialize;
 use serde::Serialize;
@@ -154,6 +155,33 @@ pub struct JobContext {
     ledger: Arc<tokio::sync::Mutex<Option<Ledger>>>,
     policy: Arc<Policy>,
     tool_timeout: Duration,
+    hook: Option<Arc<dyn StepHook>>,
+}
+
+/// Where a durable step is in its life, for a [`StepHook`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepBoundary {
+    /// The step is not recorded: its body is about to run.
+    Starting,
+    /// The body returned an output, not yet recorded.
+    Ran,
+    /// Postgres took the record.
+    Recorded,
+}
+
+/// Sees every step of every job cross its boundaries: the simulator checks
+/// S11 at [`StepBoundary::Starting`] and crashes workers at each boundary.
+/// The step waits for the returned future.
+pub trait StepHook: Send + Sync + 'static {
+    /// Step `step` (`name`) of `run`'s attempt under `fence` is at `at`.
+    fn at(
+        &self,
+        run: RunId,
+        fence: Fence,
+        step: u32,
+        name: &str,
+        at: StepBoundary,
+    ) -> BoxFuture<()>;
 }
 
 /// Why a side effect could not be sent.
@@ -243,16 +271,25 @@ impl JobContext {
         match ledger.plan(name)? {
             StepPlan::Replay(output) => serde_json::from_str(&output).map_err(json),
             StepPlan::Run(index) => {
+                self.at(index, name, StepBoundary::Starting).await;
                 let value = body.await?;
+                self.at(index, name, StepBoundary::Ran).await;
                 let output = serde_json::to_string(&value).map_err(json)?;
                 let op = ledger.record(index, name, output)?;
                 let reply = self.store.call(op, by).await.ok();
                 if reply == Some(DbReply::Rows(1)) {
                     crate::crash_point!("after_step_record");
+                    self.at(index, name, StepBoundary::Recorded).await;
                 }
                 ledger.recorded(name, reply.as_ref())?;
                 Ok(value)
             }
+        }
+    }
+
+    async fn at(&self, step: u32, name: &str, at: StepBoundary) {
+        if let Some(hook) = &self.hook {
+            hook.at(self.run, self.fence, step, name, at).await;
         }
     }
 
@@ -318,6 +355,7 @@ pub struct Registry {
     store: Arc<dyn LedgerStore>,
     policy: Arc<Policy>,
     tool_timeout: Duration,
+    hook: Option<Arc<dyn StepHook>>,
 }
 
 impl Registry {
@@ -330,7 +368,15 @@ impl Registry {
             store,
             policy: Arc::new(policy.clone()),
             tool_timeout: Duration::from_secs(5),
+            hook: None,
         }
+    }
+
+    /// Shows every step's boundaries to `hook` (the simulator's).
+    #[must_use]
+    pub fn with_step_hook(mut self, hook: Arc<dyn StepHook>) -> Registry {
+        self.hook = Some(hook);
+        self
     }
 
     /// How long a side effect may wait for the tool service before the
@@ -395,6 +441,7 @@ impl Executor for Registry {
             ledger: Arc::default(),
             policy: self.policy.clone(),
             tool_timeout: self.tool_timeout,
+            hook: self.hook.clone(),
         })
     }
 }

@@ -20,6 +20,8 @@
 #![warn(missing_docs)]
 
 #[cfg(madsim)]
+pub mod harness;
+#[cfg(madsim)]
 pub mod net;
 #[cfg(madsim)]
 pub mod oracle;
@@ -28,6 +30,8 @@ pub mod scenario;
 pub mod seed;
 pub mod trace;
 
+#[cfg(madsim)]
+pub use harness::{External, JobSim, Sweep};
 pub use scenario::{FaultMix, Scenario};
 #[cfg(madsim)]
 pub use seed::{Failure, SeedOutcome, run_seed};

@@ -28,6 +28,9 @@ pub const REDIS: &str = "10.0.0.1:6379";
 pub const POSTGRES: &str = "10.0.0.2:5432";
 /// The tool service's address.
 pub const TOOLS: &str = "10.0.0.3:8080";
+/// The address of the service outside Pelican that users' handlers call
+/// ([`crate::harness::External`]).
+pub const EXTERNAL: &str = "10.0.0.4:8080";
 
 /// A request to one of the servers.
 #[derive(Debug)]
@@ -52,6 +55,24 @@ pub enum Request {
         /// The idempotency key.
         key: String,
     },
+    /// To the external service.
+    External(ExternalCall),
+}
+
+/// A request to the external service users' handlers call.
+#[derive(Clone, Debug)]
+pub struct ExternalCall {
+    /// The run whose job sends it.
+    pub run: RunId,
+    /// What the job calls it ("charge", "model").
+    pub name: String,
+    /// A side effect's idempotency key (`None` for a query, or for an
+    /// effect sent without one).
+    pub key: Option<String>,
+    /// Whether it is a side effect (applied once per key) or a query.
+    pub effect: bool,
+    /// The request body.
+    pub body: String,
 }
 
 /// A server's answer.
@@ -67,6 +88,8 @@ pub enum Reply {
     StreamBatch(Vec<StreamResult>),
     /// From the tool service: applied now?
     Effect(bool),
+    /// From the external service.
+    External(String),
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -117,6 +140,7 @@ pub async fn serve(oracle: Shared, listen: &'static str, name: &'static str) {
                     fence,
                     key,
                 } => Reply::Effect(o.effect(&node, run, call, fence, &key)),
+                Request::External(call) => Reply::External(o.external(&node, &call)),
             };
             if o.faulty && madsim::rand::random::<f64>() < o.faults.lost_reply_p {
                 o.count("lost_replies");
@@ -158,7 +182,12 @@ impl Client {
         }
     }
 
-    async fn call(&self, to: &'static str, request: Request) -> Result<Reply, Unavailable> {
+    /// Sends `request` to the server at `to` and waits for its reply.
+    pub(crate) async fn call(
+        &self,
+        to: &'static str,
+        request: Request,
+    ) -> Result<Reply, Unavailable> {
         let tag = madsim::rand::random::<u64>() | 1 << 63;
         let payload = Box::new((tag, self.name.clone(), request));
         self.ep

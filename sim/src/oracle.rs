@@ -2,9 +2,10 @@
 //! the guarantees checked as they do, the seed's event counters, its event
 //! log, and a running hash of every event (for determinism checks).
 
+use crate::net::ExternalCall;
 use crate::scenario::FaultMix;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
-use pelican_model::invariants::{self, Broken};
+use pelican_model::invariants::{self, Broken, Guarantee};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, JobEntry, Policy, StreamOp,
     StreamReply,
@@ -44,6 +45,8 @@ pub struct Oracle {
     pub fsynced: Redis,
     /// Side effects each run's job makes when it succeeds.
     pub effects_expected: BTreeMap<RunId, u32>,
+    /// The external service users' handlers call.
+    pub external: ExternalService,
     /// Counters of interesting events.
     pub counters: BTreeMap<&'static str, u64>,
     /// The first guarantees broken, if any.
@@ -83,6 +86,7 @@ impl Oracle {
             faulty: true,
             fsynced,
             effects_expected: BTreeMap::new(),
+            external: ExternalService::default(),
             counters: BTreeMap::new(),
             broken: Vec::new(),
             log: record.then(Vec::new),
@@ -256,6 +260,64 @@ impl Oracle {
         applied
     }
 
+    /// The external service answers `call`. A side effect is applied once
+    /// per key (a key seen before gets its first answer back); each effect
+    /// of a run, by name, may be applied once (S5): a retry that sends it
+    /// again under another key, or none, breaks that.
+    pub fn external(&mut self, node: &str, call: &ExternalCall) -> String {
+        let x = &mut self.external;
+        let id = (call.run, call.name.clone());
+        let n = x.requests.entry(id.clone()).or_insert(0);
+        *n += 1;
+        let fresh = format!("{} #{n} for {}", call.name, call.run);
+        let (answer, applied) = match (&call.key, call.effect) {
+            (Some(key), true) => match x.answers.get(key) {
+                Some(first) => (first.clone(), false),
+                None => {
+                    x.answers.insert(key.clone(), fresh.clone());
+                    (fresh, true)
+                }
+            },
+            (None, true) => (fresh, true),
+            (_, false) => (fresh, false),
+        };
+        if applied {
+            let keys = x.applied.entry(id).or_default();
+            keys.push(call.key.clone());
+            if keys.len() > 1 && self.broken.is_empty() {
+                let detail = format!(
+                    "{}'s external effect {:?} applied {} times, under keys {keys:?}",
+                    call.run,
+                    call.name,
+                    keys.len()
+                );
+                self.note("oracle", format!("broken: S5 {detail}"));
+                self.broken.push(Broken {
+                    guarantee: Guarantee::S5,
+                    detail,
+                });
+            }
+        } else if call.effect {
+            self.count("external_deduplicated");
+        }
+        self.count(if call.effect {
+            "external_effects"
+        } else {
+            "external_queries"
+        });
+        let a = answer.clone();
+        self.event(
+            node,
+            &|| format!("external {call:?}: applied={applied} -> {a:?}"),
+            &|s| {
+                call.run.hash(s);
+                call.name.hash(s);
+                applied.hash(s);
+            },
+        );
+        answer
+    }
+
     /// A job starts: S2 requires a fresh claim of this delivery's own.
     pub fn executing(&mut self, node: &str, e: &Execution, own: Option<Fence>) {
         self.world.check_execution_claimed(e.run, e.fence, own);
@@ -399,6 +461,38 @@ impl Oracle {
         let effects = |run: RunId| self.effects_expected.get(&run).copied().unwrap_or(0);
         out.extend(invariants::quiescent(w, &effects));
         out.extend(invariants::outcomes(&w.db, &effects));
+        for (run, want) in &self.external.expected {
+            let succeeded = w.retired.get(run).or(w.db.runs.get(run).map(|r| &r.status))
+                == Some(&RunStatus::Succeeded);
+            let applied = self
+                .external
+                .applied
+                .range((*run, String::new())..)
+                .take_while(|((r, _), _)| r == run)
+                .count();
+            if succeeded && applied != *want as usize {
+                out.push(Broken {
+                    guarantee: Guarantee::S5,
+                    detail: format!(
+                        "{run} succeeded with {applied} external effects applied, not {want}"
+                    ),
+                });
+            }
+        }
         out
     }
+}
+
+/// The external service of a seed: what it answered, and what it applied.
+#[derive(Debug, Default)]
+pub struct ExternalService {
+    /// The first answer to each idempotency key.
+    answers: BTreeMap<String, String>,
+    /// Each run's effects, by name: the keys they were applied under.
+    pub applied: BTreeMap<(RunId, String), Vec<Option<String>>>,
+    /// Requests of each run, by name (effects and queries).
+    pub requests: BTreeMap<(RunId, String), u32>,
+    /// The effects each run applies when it succeeds, where the harness
+    /// was told ([`crate::harness::JobSim::effects`]).
+    pub expected: BTreeMap<RunId, u32>,
 }

@@ -2,7 +2,8 @@
 //! wait for every run to settle, check. One file, because those steps are
 //! one seed's timeline and share its nodes and oracle.
 
-use crate::net::{self, Client, POSTGRES, REDIS, TOOLS};
+use crate::harness::{External, Jobs, SimStepHook};
+use crate::net::{self, Client, EXTERNAL, POSTGRES, REDIS, TOOLS};
 use crate::oracle::{LogLine, Oracle, Shared, lock};
 use crate::scenario::{FaultMix, Scenario};
 use madsim::net::NetSim;
@@ -71,8 +72,8 @@ impl SeedOutcome {
     }
 }
 
-/// Runs `seed` of `scenario`, with `mutant` injected, recording the event
-/// log if `record`.
+/// Runs `seed` of `scenario` with the built-in job kinds, with `mutant`
+/// injected, recording the event log if `record`.
 #[must_use]
 pub fn run_seed(
     seed: u64,
@@ -80,15 +81,27 @@ pub fn run_seed(
     mutant: Option<Mutant>,
     record: bool,
 ) -> SeedOutcome {
+    run_jobs(seed, scenario, mutant, record, &Jobs::builtins())
+}
+
+/// Runs `seed` of `scenario` with `jobs`' handlers and workload.
+#[must_use]
+pub(crate) fn run_jobs(
+    seed: u64,
+    scenario: &Scenario,
+    mutant: Option<Mutant>,
+    record: bool,
+    jobs: &Jobs,
+) -> SeedOutcome {
     let mut config = madsim::Config::default();
     config.net.send_latency = Duration::from_millis(1)..Duration::from_millis(5);
     let mut rt = Runtime::with_seed_and_config(seed, config);
     rt.set_time_limit(Duration::from_millis(
         scenario.fault_phase_ms + scenario.heal_bound_ms + 60_000,
     ));
-    let sc = scenario.clone();
+    let (sc, jobs) = (scenario.clone(), jobs.clone());
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(simulate(seed, sc, mutant, record))
+        rt.block_on(simulate(seed, sc, mutant, record, jobs))
     }));
     match result {
         Ok(outcome) => outcome,
@@ -176,7 +189,7 @@ async fn io_for(
 struct Planned {
     at_ms: u64,
     run: RunId,
-    kind: &'static str,
+    kind: String,
     input: String,
 }
 
@@ -225,6 +238,29 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
             Planned {
                 at_ms: rng.gen_range(0..window.max(1)),
                 run: RunId(n),
+                kind: kind.to_owned(),
+                input,
+            }
+        })
+        .collect();
+    runs.sort_by_key(|p| p.at_ms);
+    runs
+}
+
+/// A workload of users' jobs: run `n` is what `submit` makes of a random
+/// number, submitted at a random time of the fault phase.
+fn plan_with(
+    rng: &mut impl Rng,
+    scenario: &Scenario,
+    submit: &dyn Fn(u64, u32) -> (String, String),
+) -> Vec<Planned> {
+    let window = scenario.fault_phase_ms * 2 / 3;
+    let mut runs: Vec<Planned> = (1..=scenario.runs)
+        .map(|n| {
+            let (kind, input) = submit(rng.r#gen(), n);
+            Planned {
+                at_ms: rng.gen_range(0..window.max(1)),
+                run: RunId(u64::from(n)),
                 kind,
                 input,
             }
@@ -286,11 +322,11 @@ async fn api_main(
             madsim::time::sleep(Duration::from_millis(left)).await;
             lock(&oracle)
                 .effects_expected
-                .insert(p.run, effects_of(p.kind, &p.input));
+                .insert(p.run, effects_of(&p.kind, &p.input));
             // A client retries a submission that got no answer; the run id
             // makes the retry idempotent.
             for _ in 0..4 {
-                match submit(&*io, p.run, p.kind, &p.input, None).await {
+                match submit(&*io, p.run, &p.kind, &p.input, None).await {
                     pelican_model::protocol::SubmitterEnd::Accepted { published } => {
                         let mut o = lock(&oracle);
                         o.world.accepted.insert(p.run);
@@ -347,11 +383,15 @@ async fn simulate(
     scenario: Scenario,
     mutant: Option<Mutant>,
     record: bool,
+    jobs: Jobs,
 ) -> SeedOutcome {
     let h = Handle::current();
     let mut rng = madsim::rand::thread_rng();
     let faults = draw_mix(&mut rng, &scenario);
-    let plan = plan(&mut rng, &scenario);
+    let plan = match &jobs.submit {
+        None => plan(&mut rng, &scenario),
+        Some(submit) => plan_with(&mut rng, &scenario, &**submit),
+    };
     let mut policy = scenario.driver.policy.clone();
     policy.mutant = mutant;
     let oracle: Shared = Arc::new(Mutex::new(Oracle::new(policy, faults.clone(), record)));
@@ -391,25 +431,43 @@ async fn simulate(
     let redis = server("redis", REDIS, true);
     let pg = server("postgres", POSTGRES, false);
     let _tools = server("tools", TOOLS, false);
+    // Built-in seeds keep the world (and so the schedules) they always had.
+    let _external = jobs
+        .submit
+        .is_some()
+        .then(|| server("external", EXTERNAL, false));
 
+    // Workers that crash themselves at a step boundary ask for it here.
+    let (crash_tx, mut crash_rx) = mpsc::unbounded_channel::<u32>();
     let mut workers = Vec::new();
     for i in 0..scenario.workers {
-        let (o, sc) = (oracle.clone(), scenario.clone());
+        let (o, sc, jobs, crash) = (
+            oracle.clone(),
+            scenario.clone(),
+            jobs.clone(),
+            crash_tx.clone(),
+        );
         let node = h
             .create_node()
             .name(format!("w{i}"))
             .ip(format!("10.0.1.{}", i + 1).parse().expect("valid IP"))
             .init(move || {
-                let (o, sc) = (o.clone(), sc.clone());
+                let (o, sc, jobs, crash) = (o.clone(), sc.clone(), jobs.clone(), crash.clone());
                 async move {
                     let name = format!("w{i}");
                     let skew = i64::try_from(sc.clock_skew_ms).unwrap_or(i64::MAX);
                     let offset = [0, skew, -skew][(i % 3) as usize];
                     let (io, client) = io_for(&o, &name, &sc, mutant, offset).await;
+                    let timeout = Duration::from_millis(io.config.call_timeout_ms);
+                    let external = External::new(client.clone(), timeout);
                     let client = Arc::new(client);
-                    let registry =
-                        Registry::with_builtins(client.clone(), client, &io.config.policy)
-                            .with_tool_timeout(Duration::from_millis(io.config.call_timeout_ms));
+                    let mut registry = Registry::new(client.clone(), client, &io.config.policy)
+                        .with_tool_timeout(timeout);
+                    (jobs.register)(&mut registry, &external);
+                    if jobs.step_crash_p > 0.0 {
+                        let hook = SimStepHook::new(o.clone(), i, jobs.step_crash_p, crash);
+                        registry = registry.with_step_hook(Arc::new(hook));
+                    }
                     Worker::new(io, Arc::new(registry), WorkerId(i), true)
                         .run(std::future::pending())
                         .await;
@@ -438,6 +496,16 @@ async fn simulate(
         workers,
     });
     let damage = Arc::new(Mutex::new(Damage::default()));
+    if jobs.step_crash_p > 0.0 {
+        let (oracle, nodes, damage) = (oracle.clone(), nodes.clone(), damage.clone());
+        let lease_ms = scenario.driver.policy.lease_ms;
+        madsim::task::spawn(async move {
+            while let Some(w) = crash_rx.recv().await {
+                let back = madsim::rand::thread_rng().gen_range(200..lease_ms * 2);
+                kill_worker(w, &nodes, &damage, &oracle, "at a step boundary", back);
+            }
+        });
+    }
     if scenario.faults {
         nemesis(&oracle, &scenario, &faults, &nodes, &damage, &api_tx).await;
     } else {
@@ -558,26 +626,18 @@ async fn nemesis(
         }
         let w = rng.gen_range(0..u32::try_from(nodes.workers.len()).expect("few workers"));
         let node = nodes.workers[w as usize];
+        if fault == 0 {
+            let d = damage.lock().expect("single-threaded");
+            if !d.killed.contains(&w) && !d.paused.contains(&w) {
+                drop(d);
+                let back = rng.gen_range(200..3_000);
+                kill_worker(w, nodes, damage, oracle, "", back);
+            }
+            continue;
+        }
         let mut d = damage.lock().expect("single-threaded");
         let mut o = lock(oracle);
         match fault {
-            0 => {
-                if d.killed.contains(&w) || d.paused.contains(&w) {
-                    continue;
-                }
-                h.kill(node);
-                o.world.worker_crashed(WorkerId(w));
-                d.killed.insert(w);
-                o.count("kills");
-                o.note("nemesis", format!("kill w{w}"));
-                let back = rng.gen_range(200..3_000);
-                mend_later(back, damage, oracle, move |d, o| {
-                    if d.killed.remove(&w) {
-                        Handle::current().restart(node);
-                        o.note("nemesis", format!("restart w{w}"));
-                    }
-                });
-            }
             1 => {
                 if d.killed.contains(&w) || d.paused.contains(&w) {
                     continue;
@@ -725,6 +785,41 @@ async fn nemesis(
             }
         }
     }
+}
+
+/// Kills worker `w` (unless it is down or paused already) and restarts it
+/// after `back_ms`.
+fn kill_worker(
+    w: u32,
+    nodes: &Nodes,
+    damage: &Arc<Mutex<Damage>>,
+    oracle: &Shared,
+    why: &str,
+    back_ms: u64,
+) {
+    let mut d = damage.lock().expect("single-threaded");
+    if d.killed.contains(&w) || d.paused.contains(&w) {
+        return;
+    }
+    let node = nodes.workers[w as usize];
+    Handle::current().kill(node);
+    d.killed.insert(w);
+    drop(d);
+    let mut o = lock(oracle);
+    o.world.worker_crashed(WorkerId(w));
+    o.count(if why.is_empty() {
+        "kills"
+    } else {
+        "step_boundary_kills"
+    });
+    o.note("nemesis", format!("kill w{w} {why}").trim_end().to_owned());
+    drop(o);
+    mend_later(back_ms, damage, oracle, move |d, o| {
+        if d.killed.remove(&w) {
+            Handle::current().restart(node);
+            o.note("nemesis", format!("restart w{w}"));
+        }
+    });
 }
 
 /// Mends damage after `ms`, unless healing mended it first.

@@ -427,6 +427,11 @@ fn verify(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The example crate of users' own jobs (examples/agent), and the feature
+/// of its worker binary.
+const AGENT: &str = "pelican-example-agent";
+const AGENT_WORKER: &str = "pelican-example-agent/worker";
+
 /// Every crate's `mutants` feature, for the builds that include them.
 const ALL_MUTANTS: &str = "pelican-model/mutants,pelican-checker/mutants,pelican-real/mutants,pelican-sim/mutants,pelican-tests/mutants";
 
@@ -445,7 +450,7 @@ fn lint(args: &[String]) -> Result<(), String> {
         c.args(["--", "-D", "warnings"]);
     };
     let mut normal = cargo();
-    clippy(&mut normal, None);
+    clippy(&mut normal, Some(AGENT_WORKER));
     run("clippy", normal)?;
     let mut mutants = cargo();
     clippy(&mut mutants, Some(ALL_MUTANTS));
@@ -455,9 +460,11 @@ fn lint(args: &[String]) -> Result<(), String> {
         "clippy",
         "--package",
         "pelican-sim",
+        "--package",
+        AGENT,
         "--all-targets",
         "--features",
-        "mutants",
+        "pelican-sim/mutants",
         "--",
         "-D",
         "warnings",
@@ -475,8 +482,24 @@ fn test(args: &[String]) -> Result<(), String> {
         return Err(format!("test takes no options, got {a:?}"));
     }
     let mut unit = cargo();
-    unit.args(["test", "--workspace", "--exclude", "pelican-tests"]);
+    unit.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "pelican-tests",
+        "--exclude",
+        AGENT,
+    ]);
     run("unit, property and small-model tests (debug)", unit)?;
+    let mut agent = madsim_cargo();
+    agent.args(["test", "--release", "--package", AGENT]);
+    run(
+        "examples/agent: its handlers under the simulator, 1,000 seeds and the planted bug (madsim, release)",
+        agent,
+    )?;
+    let mut agent_worker = cargo();
+    agent_worker.args(["build", "--package", AGENT, "--features", AGENT_WORKER]);
+    run("examples/agent: its worker binary builds", agent_worker)?;
     let mut core_mutants = cargo();
     core_mutants.args([
         "test",
