@@ -72,6 +72,10 @@ pub struct RunRow {
     /// `Policy::unknown_retries_max`).
     #[serde(default)]
     pub unknown_failures: u32,
+    /// When the run's elapsed budget runs out (its kind's `budget_ms`
+    /// after it was inserted; `None`: no budget).
+    #[serde(default)]
+    pub deadline: Option<Timestamp>,
 }
 
 /// One row of `attempts`.
@@ -115,6 +119,10 @@ pub struct Claimed {
     pub attempts_max: u32,
     /// Retries the run has had after errors of class `unknown`.
     pub unknown_failures: u32,
+    /// What is left of the run's elapsed budget at the claim, by
+    /// Postgres's clock (`None`: no budget; 0 or less: spent).
+    #[serde(default)]
+    pub budget_left_ms: Option<i64>,
 }
 
 /// A claim's answer as the statement returns it: the new attempt and the job
@@ -223,9 +231,22 @@ impl Db {
             .filter(|r| r.active_fence == fence && r.status == RunStatus::Running)
     }
 
-    /// [`Statement::InsertRun`]: a new run, `queued`, dispatch 1, not yet published.
-    /// Idempotent: a second insert of the same id affects no row.
+    /// A new run without a budget ([`Db::insert_run_budgeted`]).
     pub fn insert_run(&mut self, run: RunId, kind: &str, input: &str, attempts_max: u32) -> u64 {
+        self.insert_run_budgeted(run, kind, input, attempts_max, None)
+    }
+
+    /// [`Statement::InsertRun`]: a new run, `queued`, dispatch 1, not yet
+    /// published, whose budget of `budget_ms` (if any) starts now.
+    /// Idempotent: a second insert of the same id affects no row.
+    pub fn insert_run_budgeted(
+        &mut self,
+        run: RunId,
+        kind: &str,
+        input: &str,
+        attempts_max: u32,
+        budget_ms: Option<u64>,
+    ) -> u64 {
         if self.runs.contains_key(&run) {
             return 0;
         }
@@ -248,13 +269,14 @@ impl Db {
                 result: None,
                 error: None,
                 unknown_failures: 0,
+                deadline: budget_ms.map(|b| self.clock.add_ms(b)),
             },
         );
         1
     }
 
     /// [`Statement::InsertRunKeyed`]: `insert_run` under the client's
-    /// idempotency `key`, made at `now`. A new key records `run` and
+    /// idempotency `key`, made now (by [`Db::clock`]). A new key records `run` and
     /// inserts it; a known key inserts nothing. Answers the key's run and
     /// whether its request (kind and input) is this one.
     pub fn insert_run_keyed(
@@ -263,9 +285,10 @@ impl Db {
         kind: &str,
         input: &str,
         attempts_max: u32,
+        budget_ms: Option<u64>,
         key: &str,
-        now: Timestamp,
     ) -> (RunId, bool) {
+        let now = self.clock;
         let request = SubmitKey::request(kind, input);
         if let Some(k) = self.keys.get(key) {
             return (k.run, k.request == request);
@@ -278,7 +301,7 @@ impl Db {
                 created_at: now,
             },
         );
-        self.insert_run(run, kind, input, attempts_max);
+        self.insert_run_budgeted(run, kind, input, attempts_max, budget_ms);
         (run, true)
     }
 
@@ -364,6 +387,7 @@ impl Db {
             attempt: AttemptNo(r.attempts),
             attempts_max: r.attempts_max,
             unknown_failures: r.unknown_failures,
+            budget_left_ms: r.deadline.map(|d| d.0 as i64 - now.0 as i64),
         };
         let dispatch = r.dispatch;
         self.attempts.insert(
@@ -821,6 +845,7 @@ impl Db {
                 &mut r.retry_at,
                 &mut r.published_at,
                 &mut r.finished_at,
+                &mut r.deadline,
             ]
             .into_iter()
             .flatten()

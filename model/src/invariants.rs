@@ -164,13 +164,11 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
         .map(|v| broken(v.guarantee(), format!("{v:?}")))
         .collect();
     for r in world.db.runs.values() {
-        if r.attempts > policy.attempts_max {
+        let attempts_max = policy.attempts_max_of(&r.kind);
+        if r.attempts > attempts_max {
             out.push(broken(
                 Guarantee::S6,
-                format!(
-                    "{} has {} attempts > {}",
-                    r.run_id, r.attempts, policy.attempts_max
-                ),
+                format!("{} has {} attempts > {attempts_max}", r.run_id, r.attempts),
             ));
         }
         if r.unknown_failures > policy.unknown_retries_max {

@@ -96,6 +96,9 @@ pub enum ErrorClass {
     ///
     /// [`Policy::unknown_retries_max`]: crate::protocol::Policy::unknown_retries_max
     Unknown,
+    /// The run's elapsed budget ran out (its kind's `budget_ms`, counted
+    /// from its insert by Postgres's clock): it fails, and is never retried.
+    BudgetExhausted,
 }
 
 impl ErrorClass {
@@ -109,6 +112,7 @@ impl ErrorClass {
             ErrorClass::Exhausted => "exhausted",
             ErrorClass::Unstorable => "unstorable",
             ErrorClass::Unknown => "unknown",
+            ErrorClass::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -122,6 +126,7 @@ impl ErrorClass {
             ErrorClass::Exhausted,
             ErrorClass::Unstorable,
             ErrorClass::Unknown,
+            ErrorClass::BudgetExhausted,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)

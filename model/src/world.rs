@@ -189,6 +189,9 @@ pub enum Violation {
     StepRerun(RunId, u32),
     /// S11: a recorded step (`.1`) of the run was replaced.
     StepReplaced(RunId, u32),
+    /// S6: a job ran under a claim that found the run's elapsed budget
+    /// spent (it must fail the run as `budget_exhausted` instead).
+    RanPastBudget(RunId),
 }
 
 impl Violation {
@@ -203,7 +206,7 @@ impl Violation {
             Violation::AckBeforeDurable(_) => Guarantee::S4,
             Violation::EffectTwice(..) => Guarantee::S5,
             Violation::CancelledRevived(_) => Guarantee::S7,
-            Violation::RefusalRetried(_) => Guarantee::S6,
+            Violation::RefusalRetried(_) | Violation::RanPastBudget(_) => Guarantee::S6,
             Violation::TrimmedDropped(_) => Guarantee::S8,
             Violation::LiveRunDeleted(_) => Guarantee::S1,
             Violation::StepRerun(..) | Violation::StepReplaced(..) => Guarantee::S11,
@@ -231,6 +234,9 @@ pub struct World {
     pub retired: BTreeMap<RunId, RunStatus>,
     /// Deleted IDs reported to each live reclaimer and not yet recovered.
     pub trimmed_owed: BTreeMap<WorkerId, BTreeSet<EntryId>>,
+    /// Attempts (run, fence) claimed with the run's budget already spent.
+    #[serde(default)]
+    pub spent_claims: BTreeSet<(RunId, Fence)>,
     /// Every violation seen.
     pub violations: BTreeSet<Violation>,
 }
@@ -299,6 +305,11 @@ impl World {
             _ => None,
         };
         let reply = self.db.execute(op);
+        if let (Some(run), DbReply::Claimed(Some(job))) = (target, &reply)
+            && job.claimed.budget_left_ms.is_some_and(|left| left <= 0)
+        {
+            self.spent_claims.insert((run, job.claimed.fence));
+        }
         if let (Some(before), DbOp::RecordStep { run, step, .. }) = (step_before, op)
             && self.db.steps.get(&(*run, *step)) != Some(&before)
         {
@@ -571,6 +582,16 @@ impl World {
         if !ok {
             self.violations.insert(Violation::ExecutedWithoutClaim(run));
         }
+        if let Some(fence) = own_fence {
+            self.check_budget(run, fence);
+        }
+    }
+
+    /// S6: no job runs under a claim that found its run's budget spent.
+    fn check_budget(&mut self, run: RunId, fence: Fence) {
+        if self.spent_claims.contains(&(run, fence)) {
+            self.violations.insert(Violation::RanPastBudget(run));
+        }
     }
 
     /// S2, where time passes between a claim's answer and the job's start
@@ -587,6 +608,7 @@ impl World {
         if !claimed {
             self.violations.insert(Violation::ExecutedWithoutClaim(run));
         }
+        self.check_budget(run, fence);
     }
 
     /// S8: every deleted ID reported to `worker`'s live reclaimer must still

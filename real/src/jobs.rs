@@ -24,6 +24,7 @@
 pub use crate::driver::BoxFuture;
 use crate::driver::{DbClient, Tools};
 pub use pelican_model::ids::{Fence, RunId};
+pub use pelican_model::protocol::KindPolicy;
 use pelican_model::protocol::{
     DbOp, DbReply, Execution, Ledger, Policy, StepError, StepPlan, Unavailable,
 };
@@ -260,7 +261,7 @@ impl JobContext {
         };
         let mut slot = self.ledger.lock().await;
         if slot.is_none() {
-            let Ok(DbReply::Steps(recorded)) = self.store.call(Ledger::read(self.run), by).await
+            let Some(DbReply::Steps(recorded)) = self.ledger_call(Ledger::read(self.run), by).await
             else {
                 let name = name.to_owned();
                 return Err(StepError::Unavailable { name }.into());
@@ -276,7 +277,7 @@ impl JobContext {
                 self.at(index, name, StepBoundary::Ran).await;
                 let output = serde_json::to_string(&value).map_err(json)?;
                 let op = ledger.record(index, name, output)?;
-                let reply = self.store.call(op, by).await.ok();
+                let reply = self.ledger_call(op, by).await;
                 if reply == Some(DbReply::Rows(1)) {
                     crate::crash_point!("after_step_record");
                     self.at(index, name, StepBoundary::Recorded).await;
@@ -285,6 +286,16 @@ impl JobContext {
                 Ok(value)
             }
         }
+    }
+
+    /// A ledger statement's answer, or `None` when Postgres does not
+    /// answer within the call timeout.
+    async fn ledger_call(&self, op: DbOp, by: Issuer) -> Option<DbReply> {
+        let call = self.store.call(op, by);
+        tokio::time::timeout(self.tool_timeout, call)
+            .await
+            .ok()?
+            .ok()
     }
 
     async fn at(&self, step: u32, name: &str, at: StepBoundary) {
@@ -356,6 +367,23 @@ pub struct Registry {
     policy: Arc<Policy>,
     tool_timeout: Duration,
     hook: Option<Arc<dyn StepHook>>,
+    policies: BTreeMap<String, KindPolicy>,
+}
+
+/// Neither tools nor a ledger: the registry [`Registry::policies_of`]
+/// builds only to read the policies, and never runs.
+struct Detached;
+
+impl Tools for Detached {
+    fn apply(&self, _: RunId, _: u32, _: Fence, _: String) -> BoxFuture<Result<bool, Unavailable>> {
+        Box::pin(std::future::ready(Err(Unavailable)))
+    }
+}
+
+impl LedgerStore for Detached {
+    fn call(&self, _: DbOp, _: Issuer) -> BoxFuture<Result<DbReply, Unavailable>> {
+        Box::pin(std::future::ready(Err(Unavailable)))
+    }
 }
 
 impl Registry {
@@ -369,7 +397,23 @@ impl Registry {
             policy: Arc::new(policy.clone()),
             tool_timeout: Duration::from_secs(5),
             hook: None,
+            policies: BTreeMap::new(),
         }
+    }
+
+    /// The kinds' policies `handlers` registers (for the API and the
+    /// `submit` command, which run no job).
+    #[must_use]
+    pub fn policies_of(handlers: fn(&mut Registry)) -> BTreeMap<String, KindPolicy> {
+        let mut r = Registry::new(Arc::new(Detached), Arc::new(Detached), &Policy::default());
+        handlers(&mut r);
+        r.policies
+    }
+
+    /// The policies registered with the handlers.
+    #[must_use]
+    pub fn policies(&self) -> &BTreeMap<String, KindPolicy> {
+        &self.policies
     }
 
     /// Shows every step's boundaries to `hook` (the simulator's).
@@ -379,8 +423,9 @@ impl Registry {
         self
     }
 
-    /// How long a side effect may wait for the tool service before the
-    /// attempt fails retryably (default 5 s).
+    /// How long a side effect may wait for the tool service, or a step's
+    /// ledger statement for Postgres, before the attempt fails retryably
+    /// (default 5 s; the worker passes its `--call-timeout-ms`).
     #[must_use]
     pub fn with_tool_timeout(mut self, timeout: Duration) -> Registry {
         self.tool_timeout = timeout;
@@ -409,9 +454,37 @@ impl Registry {
         self.register("steps", steps);
     }
 
-    /// Registers (or replaces) the handler of `kind`.
+    /// Registers (or replaces) the handler of `kind`, under the worker's
+    /// policy.
     pub fn register(&mut self, kind: &str, handler: impl Handler) {
+        self.register_with(kind, handler, KindPolicy::default());
+    }
+
+    /// Registers (or replaces) the handler of `kind`, whose runs follow
+    /// `policy` where it sets a field: attempts, back-off, attempt timeout,
+    /// elapsed budget.
+    ///
+    /// ```
+    /// use pelican_real::jobs::{JobContext, JobError, KindPolicy, Registry};
+    /// async fn charge(ctx: JobContext) -> Result<(), JobError> { Ok(()) }
+    /// fn handlers(registry: &mut Registry) {
+    ///     let policy = KindPolicy {
+    ///         attempts_max: Some(8),
+    ///         backoff_base_ms: Some(500),
+    ///         attempt_timeout_ms: Some(30_000),
+    ///         budget_ms: Some(15 * 60_000),
+    ///         ..KindPolicy::default()
+    ///     };
+    ///     registry.register_with("charge", charge, policy);
+    /// }
+    /// ```
+    pub fn register_with(&mut self, kind: &str, handler: impl Handler, policy: KindPolicy) {
         self.handlers.insert(kind.to_owned(), Arc::new(handler));
+        if policy == KindPolicy::default() {
+            self.policies.remove(kind);
+        } else {
+            self.policies.insert(kind.to_owned(), policy);
+        }
     }
 
     /// The registered kinds.

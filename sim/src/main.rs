@@ -442,7 +442,7 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 11] = [
+    const INTERESTING: [&str; 13] = [
         "batches",
         "reclaims",
         "late_writes_rejected",
@@ -454,6 +454,8 @@ mod cli {
         "ledgers_replayed",
         "step_records_refused",
         "unknown_capped",
+        "budgets_exhausted",
+        "attempt_timeouts",
     ];
 
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {

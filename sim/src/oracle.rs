@@ -175,6 +175,13 @@ impl Oracle {
                 },
                 DbReply::Rows(1),
             ) => self.count("unknown_capped"),
+            (
+                DbOp::Fail {
+                    class: ErrorClass::BudgetExhausted,
+                    ..
+                },
+                DbReply::Rows(1),
+            ) => self.count("budgets_exhausted"),
             (DbOp::RecordStep { .. }, DbReply::Rows(0)) => self.count("step_records_refused"),
             (DbOp::ReadSteps { .. }, DbReply::Steps(s)) if !s.is_empty() => {
                 self.count("ledgers_replayed");
@@ -365,6 +372,13 @@ impl Oracle {
                     ..
                 }),
             ) => self.count("panics"),
+            (
+                _,
+                Input::Executed(JobOutcome::Failed {
+                    class: ErrorClass::Retryable,
+                    message,
+                }),
+            ) if message.starts_with("job timed out") => self.count("attempt_timeouts"),
             (_, Input::Unavailable) => self.count("unavailable"),
             _ => {}
         }

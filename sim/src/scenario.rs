@@ -1,7 +1,7 @@
 //! Scenarios (the fixed shape of a seed's world) and fault mixes (what a
 //! seed draws for itself).
 
-use pelican_model::protocol::Policy;
+use pelican_model::protocol::{KindPolicy, Policy};
 use pelican_real::Config;
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +66,7 @@ impl Scenario {
                     value_bytes_max: 1 << 20,
                     keep_finished_ms: 2_000,
                     unknown_retries_max: 1,
+                    kinds: kinds(),
                     mutant: None,
                 },
                 in_flight_max: 2,
@@ -115,6 +116,23 @@ impl Scenario {
         s.name = name.to_owned();
         Ok(s)
     }
+}
+
+/// The built-in kinds' policies in the simulation: failing jobs have a
+/// back-off of their own and an elapsed budget that some exhaust; sleeps
+/// longer than their attempt timeout time out and are retried.
+fn kinds() -> std::collections::BTreeMap<String, KindPolicy> {
+    let fail = KindPolicy {
+        backoff_base_ms: Some(300),
+        budget_ms: Some(7_000),
+        ..KindPolicy::default()
+    };
+    let sleep = KindPolicy {
+        attempt_timeout_ms: Some(3_000),
+        attempts_max: Some(5),
+        ..KindPolicy::default()
+    };
+    [("fail".to_owned(), fail), ("sleep".to_owned(), sleep)].into()
 }
 
 /// What one seed draws for itself (swarm testing): which faults are on and

@@ -380,11 +380,22 @@ struct Nodes {
 
 async fn simulate(
     seed: u64,
-    scenario: Scenario,
+    mut scenario: Scenario,
     mutant: Option<Mutant>,
     record: bool,
     jobs: Jobs,
 ) -> SeedOutcome {
+    if jobs.submit.is_some() {
+        // The policies users' kinds are registered with, for the API's
+        // submissions, the workers and the oracle alike.
+        let client = Client::bind("registry").await;
+        let external = External::new(client.clone(), Duration::from_millis(1));
+        let client = Arc::new(client);
+        let mut registry = Registry::new(client.clone(), client, &scenario.driver.policy);
+        (jobs.register)(&mut registry, &external);
+        let kinds = registry.policies().clone();
+        scenario.driver.policy.kinds.extend(kinds);
+    }
     let h = Handle::current();
     let mut rng = madsim::rand::thread_rng();
     let faults = draw_mix(&mut rng, &scenario);
@@ -787,8 +798,10 @@ async fn nemesis(
     }
 }
 
-/// Kills worker `w` (unless it is down or paused already) and restarts it
-/// after `back_ms`.
+/// Kills worker `w` (unless it is down already, or paused and `why` is
+/// empty: the nemesis's kills leave paused workers alone) and restarts it
+/// after `back_ms`. A worker asking to die at a step boundary dies even if
+/// it was paused since: its job waits for that.
 fn kill_worker(
     w: u32,
     nodes: &Nodes,
@@ -798,9 +811,10 @@ fn kill_worker(
     back_ms: u64,
 ) {
     let mut d = damage.lock().expect("single-threaded");
-    if d.killed.contains(&w) || d.paused.contains(&w) {
+    if d.killed.contains(&w) || (why.is_empty() && d.paused.contains(&w)) {
         return;
     }
+    d.paused.remove(&w);
     let node = nodes.workers[w as usize];
     Handle::current().kill(node);
     d.killed.insert(w);

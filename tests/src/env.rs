@@ -4,7 +4,7 @@
 use crate::{Database, Redis, rt, scratch};
 use pelican_model::Db;
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{Policy, SubmitterEnd};
+use pelican_model::protocol::{KindPolicy, Policy, SubmitterEnd};
 use pelican_real::live::{PgDb, RedisStream, StreamNames};
 use pelican_real::{Config, Entropy, Io, NoProbe, submit};
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,6 +44,9 @@ pub struct Env {
     pub bin: Option<PathBuf>,
     /// The `--unknown-retries-max` its workers run with, for the audit.
     pub unknown_retries_max: u32,
+    /// The kinds' policies its submissions follow (give workers the same,
+    /// [`Env::kind_policy_args`]).
+    pub kinds: BTreeMap<String, KindPolicy>,
 }
 
 impl Env {
@@ -84,6 +87,7 @@ impl Env {
             trace: true,
             bin: None,
             unknown_retries_max: Policy::default().unknown_retries_max,
+            kinds: BTreeMap::new(),
         };
         let out = env.cli(&["migrate"]);
         assert!(
@@ -116,6 +120,7 @@ impl Env {
         let config = Config {
             policy: Policy {
                 attempts_max,
+                kinds: self.kinds.clone(),
                 mutant: self
                     .mutant
                     .as_deref()
@@ -141,6 +146,28 @@ impl Env {
         self.effects
             .insert(run, pelican_real::jobs::effects_of(kind, input));
         run
+    }
+
+    /// `--kind-policy KIND:field=N,...` for each of [`Env::kinds`].
+    #[must_use]
+    pub fn kind_policy_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for (kind, p) in &self.kinds {
+            let fields = [
+                ("attempts_max", p.attempts_max.map(u64::from)),
+                ("backoff_base_ms", p.backoff_base_ms),
+                ("backoff_cap_ms", p.backoff_cap_ms),
+                ("attempt_timeout_ms", p.attempt_timeout_ms),
+                ("budget_ms", p.budget_ms),
+            ];
+            let set: Vec<String> = fields
+                .iter()
+                .filter_map(|(name, v)| v.map(|v| format!("{name}={v}")))
+                .collect();
+            args.push("--kind-policy".to_owned());
+            args.push(format!("{kind}:{}", set.join(",")));
+        }
+        args
     }
 
     /// Postgres, as the model's `Db`.

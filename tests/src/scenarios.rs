@@ -7,7 +7,7 @@
 
 use crate::{Cluster, Database, Env};
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply};
+use pelican_model::protocol::{DbOp, DbReply, KindPolicy};
 use pelican_model::status::{ErrorClass, RunStatus};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -328,6 +328,52 @@ pub fn unknown_errors_are_retried_up_to_the_cap(mutant: Option<&str>) {
     assert_eq!(r.unknown_failures, 2);
     assert!(!db.dead_letters.contains_key(&run));
     assert_eq!(db.runs[&cleared].status, RunStatus::Succeeded);
+}
+
+/// Kinds' policies bound their runs. A run that keeps failing is failed
+/// as `budget_exhausted` once its kind's elapsed budget is spent, with
+/// attempts left and no dead letter; an attempt still running when the
+/// budget runs out is cut short the same way; an attempt longer than its
+/// kind's attempt timeout fails retryably, and the kind's own attempts
+/// bound the retries.
+pub fn budgets_and_timeouts_bound_runs(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let policy = |attempts_max, backoff_ms, attempt_timeout_ms, budget_ms| KindPolicy {
+        attempts_max,
+        backoff_base_ms: backoff_ms,
+        backoff_cap_ms: backoff_ms,
+        attempt_timeout_ms,
+        budget_ms,
+    };
+    env.kinds = [
+        ("fail", policy(Some(20), Some(300), None, Some(1_500))),
+        ("sleep", policy(None, None, None, Some(1_200))),
+        ("effect", policy(Some(2), Some(100), Some(300), None)),
+    ]
+    .into_iter()
+    .map(|(k, p)| (k.to_owned(), p))
+    .collect();
+    let failing = env.submit("fail", r#"{"class":"retryable","times":99}"#, 5);
+    let slow = env.submit("sleep", r#"{"ms":5000}"#, 5);
+    let timed_out = env.submit("effect", r#"{"calls":1,"ms":1000}"#, 5);
+    let args = env.kind_policy_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _w = env.worker(1, None, &args);
+    env.settle();
+    let db = env.check(&[]);
+    let class = |run: RunId| db.runs[&run].error.as_ref().map(|e| e.0);
+    let r = &db.runs[&failing];
+    assert_eq!(r.status, RunStatus::Failed, "{r:?}");
+    assert_eq!(class(failing), Some(ErrorClass::BudgetExhausted), "{r:?}");
+    assert!((2..20).contains(&r.attempts), "{r:?}");
+    assert!(!db.dead_letters.contains_key(&failing));
+    let r = &db.runs[&slow];
+    assert_eq!((r.status, r.attempts), (RunStatus::Failed, 1), "{r:?}");
+    assert_eq!(class(slow), Some(ErrorClass::BudgetExhausted), "{r:?}");
+    let r = &db.runs[&timed_out];
+    assert_eq!((r.status, r.attempts), (RunStatus::Dead, 2), "{r:?}");
+    let message = r.error.as_ref().map(|e| e.1.as_str()).unwrap_or_default();
+    assert!(message.contains("timed out after 300 ms"), "{r:?}");
 }
 
 /// A terminal error is not retried.
@@ -720,6 +766,7 @@ pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
                 kind: "noop".into(),
                 input: "{}".into(),
                 attempts_max: 3,
+                budget_ms: 0,
             };
             assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
             runs.push(run);
@@ -828,6 +875,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
             kind: "noop".into(),
             input: "{}".into(),
             attempts_max: 3,
+            budget_ms: 0,
         };
         assert!(matches!(pg.execute(&insert).await, Ok(DbReply::Rows(1))));
     });

@@ -21,6 +21,7 @@ live! {
     late_worker_does_not_ack_a_reclaimed_entry,
     retryable_errors_back_off_then_dead_letter,
     unknown_errors_are_retried_up_to_the_cap,
+    budgets_and_timeouts_bound_runs,
     terminal_error_is_not_retried,
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,

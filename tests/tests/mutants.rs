@@ -70,6 +70,7 @@ mutants! {
     retain_live: "RetainLive" => retention_deletes_finished_runs,
     step_rerun: "StepRerun" => kill_right_after_a_step_is_recorded,
     unknown_retried: "UnknownRetried" => unknown_errors_are_retried_up_to_the_cap,
+    ignore_budget: "IgnoreBudget" => budgets_and_timeouts_bound_runs,
 }
 
 /// The mutants' statements answer as their model twins: first on every
@@ -92,6 +93,7 @@ fn mutant_statements_answer_as_the_model() {
             kind: "noop".into(),
             input: "{}".into(),
             attempts_max: 3,
+            budget_ms: 0,
         })
     };
     let claim = |r| DbOp::Claim {

@@ -11,7 +11,9 @@
 //! HTTP client, in tests the simulator's external service
 //! (`tests/sim.rs`), in the example binary a [`CountingProvider`].
 
-use pelican_real::jobs::{BoxFuture, JobContext, JobError, Registry, RunId, StepFailed};
+use pelican_real::jobs::{
+    BoxFuture, JobContext, JobError, KindPolicy, Registry, RunId, StepFailed,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -90,9 +92,22 @@ pub async fn agent(ctx: JobContext, provider: Arc<dyn Provider>) -> Result<Answe
     })
 }
 
-/// Registers the `agent` kind, calling `provider`.
+/// How agent runs are retried: a few attempts, a slow back-off (model
+/// providers rate-limit), a minute per attempt, ten minutes in all.
+#[must_use]
+pub fn policy() -> KindPolicy {
+    KindPolicy {
+        attempts_max: Some(6),
+        backoff_base_ms: Some(2_000),
+        backoff_cap_ms: Some(30_000),
+        attempt_timeout_ms: Some(60_000),
+        budget_ms: Some(10 * 60_000),
+    }
+}
+
+/// Registers the `agent` kind, calling `provider`, under [`policy`].
 pub fn register(registry: &mut Registry, provider: Arc<dyn Provider>) {
-    registry.register("agent", move |ctx| agent(ctx, provider.clone()));
+    registry.register_with("agent", move |ctx| agent(ctx, provider.clone()), policy());
 }
 
 /// A provider that answers at once and counts: model requests, tool

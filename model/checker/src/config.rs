@@ -104,8 +104,19 @@ impl Config {
             value_bytes_max: 1 << 20,
             keep_finished_ms: 0,
             unknown_retries_max: 1,
+            kinds: std::collections::BTreeMap::new(),
             mutant: None,
         }
+    }
+
+    /// The checker's runs' kind (its submissions name none) with an
+    /// elapsed budget: a tick spends it.
+    fn with_budget(policy: &mut Policy) {
+        let budget = pelican_model::protocol::KindPolicy {
+            budget_ms: Some(1_000),
+            ..Default::default()
+        };
+        policy.kinds.insert(String::new(), budget);
     }
 
     /// One run, two workers, a crash and a lost reply.
@@ -245,6 +256,26 @@ impl Config {
         c
     }
 
+    /// One run with three attempts whose kind has an elapsed budget, a job
+    /// that succeeds or fails retryably, a crash, a pause and a lost reply
+    /// (two per path): once time passes, a
+    /// claim finds the budget spent and fails the run without running it.
+    #[must_use]
+    pub fn budget() -> Config {
+        let mut c = Self::small();
+        c.name = "budget".into();
+        c.policy = Self::policy(3);
+        Self::with_budget(&mut c.policy);
+        c.faults = Budget {
+            crashes: 1,
+            pauses: 1,
+            lost: 1,
+            total: 2,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -255,8 +286,9 @@ impl Config {
             "retention" => Ok(Self::retention()),
             "steps" => Ok(Self::steps()),
             "unknown" => Ok(Self::unknown()),
+            "budget" => Ok(Self::budget()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown"
+                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown, budget"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -306,7 +338,8 @@ impl Config {
     /// mutant's bug needs to show: PoisonRetried a job whose result
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
     /// RetainLive retention that runs, StepRerun jobs with steps,
-    /// UnknownRetried a job failing with an unknown error.
+    /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
+    /// kind with a budget.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -330,6 +363,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {
             self.policy.keep_finished_ms = 1;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::IgnoreBudget) && self.policy.kinds.is_empty() {
+            Self::with_budget(&mut self.policy);
         }
         // A skewed worker is not interchangeable with the others.
         self.symmetry &= self.skew_ms == 0;

@@ -222,6 +222,12 @@ impl Model for PelicanModel {
                 |_, s: &State| s.seen.unknown_capped,
             ));
         }
+        if !self.cfg.policy.kinds.is_empty() {
+            properties.push(Property::sometimes(
+                "spent budget fails its run",
+                |_, s: &State| s.seen.budget_exhausted,
+            ));
+        }
         if self.cfg.steps {
             properties.push(Property::sometimes(
                 "recorded step replayed",

@@ -263,6 +263,12 @@ fn unknown_errors_are_retried_up_to_the_cap() {
     holds_and_reaches(&Config::unknown(), "unknown error fails its run at the cap");
 }
 
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn budgets_fail_their_runs_once_spent() {
+    holds_and_reaches(&Config::budget(), "spent budget fails its run");
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -311,5 +317,6 @@ mod mutants {
         mutant_retain_live: RetainLive on standard;
         mutant_step_rerun: StepRerun on standard;
         mutant_unknown_retried: UnknownRetried on standard;
+        mutant_ignore_budget: IgnoreBudget on standard;
     }
 }

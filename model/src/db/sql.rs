@@ -189,3 +189,10 @@ CREATE TABLE IF NOT EXISTS steps (
 pub const SCHEMA_RETRY_POLICY: &str = r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS unknown_failures integer NOT NULL DEFAULT 0;
 "#;
+
+/// Migration 9: elapsed budgets. `deadline_ms` is when a run's kind's
+/// budget runs out, stamped by Postgres's clock at insert (NULL: no
+/// budget); a claim answers what is left of it, by the same clock.
+pub const SCHEMA_BUDGET: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS deadline_ms bigint;
+"#;

@@ -496,7 +496,7 @@ macro_rules! claim_tail {
     () => {
         "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
            SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
-         SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, kind, input FROM claimed"
+         SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed"
     };
 }
 
@@ -515,17 +515,24 @@ macro_rules! delete_picked {
 
 use DbReply::{Candidates, Rows};
 
+/// A statement's `budget_ms` (0: no budget).
+fn budget(budget_ms: u64) -> Option<u64> {
+    (budget_ms > 0).then_some(budget_ms)
+}
+
 statements! {
-    /// A new run, `queued`, dispatch 1, not yet published. Idempotent: a
-    /// second insert of the same id affects no row.
-    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32 } => {
+    /// A new run, `queued`, dispatch 1, not yet published, whose elapsed
+    /// budget (`budget_ms`, 0: none) starts now by Postgres's clock.
+    /// Idempotent: a second insert of the same id affects no row.
+    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64 } => {
         name: "insert_run",
         access: Write,
         reply: Rows,
-        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
-              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4) ON CONFLICT (run_id) DO NOTHING",
+        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
+              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0)) \
+              ON CONFLICT (run_id) DO NOTHING",
         show: [run],
-        model: |db| Rows(db.insert_run(*run, kind, input, *attempts_max)),
+        model: |db| Rows(db.insert_run_budgeted(*run, kind, input, *attempts_max, budget(*budget_ms))),
     }
 
     /// `InsertRun` under a client's idempotency key: a new
@@ -534,23 +541,24 @@ statements! {
     /// concurrent retry with the same key waits for this one and then
     /// answers its run (`DO UPDATE` returns the latest row version, which
     /// a plain read in the same statement could not see).
-    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, key: String } => {
+    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String } => {
         name: "insert_run_keyed",
         access: Write,
         reply: Keyed,
         sql: "WITH k AS ( \
                 INSERT INTO submit_keys (key, run_id, request, created_at) \
-                VALUES ($5, $1, octet_length($2) || ':' || $2 || $3, pelican_now_ms()) \
+                VALUES ($6, $1, octet_length($2) || ':' || $2 || $3, pelican_now_ms()) \
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
                 RETURNING run_id, request), \
               inserted AS ( \
-                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
-                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4 FROM k WHERE k.run_id = $1 \
+                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
+                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0) FROM k WHERE k.run_id = $1 \
                 ON CONFLICT (run_id) DO NOTHING) \
               SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
         show: [run, key],
         model: |db| {
-            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, key, db.clock);
+            let budget = budget(*budget_ms);
+            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, budget, key);
             DbReply::Keyed { run, same }
         },
     }
@@ -590,7 +598,8 @@ statements! {
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
-                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input), ",
               claim_tail!()),
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
@@ -602,11 +611,12 @@ statements! {
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
                    AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
-                RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, r.dispatch, r.kind, r.input, \
+                RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, \
+                          r.deadline_ms - pelican_now_ms() AS budget_left_ms, r.dispatch, r.kind, r.input, \
                           i.entry_id, i.worker), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
                 SELECT run_id, attempts, active_fence, worker, entry_id, dispatch FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, kind, input FROM claimed",
+              SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
             db.claim(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
@@ -620,10 +630,10 @@ statements! {
         access: Read,
         reply: Run,
         sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures \
+              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms \
               FROM runs WHERE run_id = $1",
         many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures \
+               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms \
                FROM runs WHERE run_id = ANY($1::bigint[])",
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run)),
@@ -987,7 +997,8 @@ statements! {
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
-                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
@@ -1009,7 +1020,8 @@ statements! {
                        published_at = coalesce(published_at, $5) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
-                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, dispatch, kind, input), ",
+                RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
+                          deadline_ms - $5 AS budget_left_ms, dispatch, kind, input), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(

@@ -51,7 +51,7 @@ fn only_queued_runs_wait_for_the_outbox() {
 #[test]
 fn retention_deletes_old_finished_runs_with_their_rows() {
     let mut db = db_with(1, 1);
-    db.insert_run_keyed(RunId(2), "noop", "{}", 1, "k2", t(0));
+    db.insert_run_keyed(RunId(2), "noop", "{}", 1, None, "k2");
     db.insert_run(RunId(3), "noop", "{}", 1);
     let c1 = db
         .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)

@@ -22,6 +22,7 @@
 
 use super::{
     Command, DbOp, DbReply, DeadEntry, Execution, Input, JobEntry, Policy, StreamOp, StreamReply,
+    TimeLimit,
 };
 use crate::db::{Claimed, RunRow};
 use crate::ids::{Dispatch, EntryId, RunId, WorkerId};
@@ -182,6 +183,8 @@ pub struct Delivery {
     entropy: u64,
     phase: Phase,
     own: Option<Claimed>,
+    /// The claimed run's kind (its policy's back-off).
+    kind: String,
     outbox: VecDeque<Command>,
 }
 
@@ -205,6 +208,7 @@ impl Delivery {
             entropy,
             phase: Phase::Claiming,
             own: None,
+            kind: String::new(),
             outbox: VecDeque::new(),
         };
         match d.job.clone() {
@@ -451,6 +455,32 @@ impl Delivery {
             "a job runs only under this delivery's own claim (S2)"
         );
         let (run, _) = self.run().expect("claimed a well-formed entry");
+        let timeout_ms = self.policy.kind(&kind).attempt_timeout_ms;
+        self.kind = kind;
+        let budget_left = claimed
+            .budget_left_ms
+            .filter(|_| !crate::injects!(self.policy, IgnoreBudget));
+        if let Some(left) = budget_left
+            && left <= 0
+        {
+            // Spent by Postgres's clock: the run fails without running.
+            let message = format!(
+                "the run's elapsed budget ran out {} ms before this attempt's claim",
+                left.unsigned_abs()
+            );
+            let class = ErrorClass::BudgetExhausted;
+            return self.write_outcome(claimed, JobOutcome::Failed { class, message });
+        }
+        let limits = [
+            budget_left.map(|left| TimeLimit {
+                ms: left.unsigned_abs(),
+                class: ErrorClass::BudgetExhausted,
+            }),
+            timeout_ms.map(|ms| TimeLimit {
+                ms,
+                class: ErrorClass::Retryable,
+            }),
+        ];
         self.phase = Phase::Executing {
             claimed,
             heartbeat: Heartbeat::Idle,
@@ -460,8 +490,9 @@ impl Delivery {
             run,
             fence: claimed.fence,
             attempt: claimed.attempt.0,
-            kind,
+            kind: self.kind.clone(),
             input,
+            limit: limits.into_iter().flatten().min_by_key(|l| l.ms),
         }));
         self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
     }
@@ -482,6 +513,7 @@ impl Delivery {
                     attempt: crate::ids::AttemptNo(row.attempts),
                     attempts_max: row.attempts_max,
                     unknown_failures: row.unknown_failures,
+                    budget_left_ms: None,
                 };
                 return self.start(now, claimed, row.kind, row.input);
             }
@@ -615,12 +647,14 @@ impl Delivery {
             // once the policy's cap is reached (below it, and within the
             // attempts, an unknown error is retried like the others).
             JobOutcome::Failed { class, message }
-                if matches!(class, ErrorClass::Terminal | ErrorClass::Exhausted)
-                    || (class == ErrorClass::Unknown
-                        && claimed.unknown_failures >= self.policy.unknown_retries_max
-                        && !crate::injects!(self.policy, UnknownRetried)) =>
+                if matches!(
+                    class,
+                    ErrorClass::Terminal | ErrorClass::Exhausted | ErrorClass::BudgetExhausted
+                ) || (class == ErrorClass::Unknown
+                    && claimed.unknown_failures >= self.policy.unknown_retries_max
+                    && !crate::injects!(self.policy, UnknownRetried)) =>
             {
-                let class = if class == ErrorClass::Unknown {
+                let class = if matches!(class, ErrorClass::Unknown | ErrorClass::BudgetExhausted) {
                     class
                 } else {
                     ErrorClass::Terminal
@@ -650,7 +684,9 @@ impl Delivery {
                 )
             }
             JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
-                let backoff_ms = self.policy.backoff_ms(claimed.attempt.0, self.entropy);
+                let backoff_ms =
+                    self.policy
+                        .backoff_ms(&self.kind, claimed.attempt.0, self.entropy);
                 (
                     DbOp::ScheduleRetry {
                         run,

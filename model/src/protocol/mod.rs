@@ -45,6 +45,7 @@ use crate::status::{ErrorClass, JobOutcome};
 use crate::stream::{AutoClaim, StreamError};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 mod delivery;
 mod maintenance;
@@ -99,8 +100,43 @@ pub struct Policy {
     /// [`ErrorClass::Unknown`]: crate::status::ErrorClass::Unknown
     #[serde(default = "unknown_retries_max")]
     pub unknown_retries_max: u32,
+    /// Per-kind policies, given when handlers are registered: what they
+    /// set replaces the fields above for runs of that kind.
+    #[serde(default)]
+    pub kinds: BTreeMap<String, KindPolicy>,
     /// The protocol bug to inject (only with the `mutants` feature).
     pub mutant: Option<Mutant>,
+}
+
+/// What a kind of job changes of the [`Policy`] for its runs. Attempts and
+/// the budget are fixed when a run is submitted; back-off and the attempt
+/// timeout are the worker's at each attempt.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KindPolicy {
+    /// Attempts allowed per run (instead of [`Policy::attempts_max`]).
+    pub attempts_max: Option<u32>,
+    /// First retry back-off (instead of [`Policy::backoff_base_ms`]).
+    pub backoff_base_ms: Option<u64>,
+    /// Back-off cap (instead of [`Policy::backoff_cap_ms`]).
+    pub backoff_cap_ms: Option<u64>,
+    /// How long one attempt may run before it fails retryably.
+    pub attempt_timeout_ms: Option<u64>,
+    /// How long a run may take from its submission, over all its attempts
+    /// and waits, by Postgres's clock: a claim past it fails the run as
+    /// `budget_exhausted` without running it, and an attempt is cut short
+    /// when it runs out.
+    pub budget_ms: Option<u64>,
+}
+
+/// How long an attempt may run, and the class it fails with past that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TimeLimit {
+    /// Milliseconds from the job's start.
+    pub ms: u64,
+    /// `retryable` for the kind's attempt timeout, `budget_exhausted` for
+    /// the run's budget.
+    pub class: ErrorClass,
 }
 
 fn value_bytes_max() -> usize {
@@ -130,6 +166,7 @@ impl Default for Policy {
             value_bytes_max: value_bytes_max(),
             keep_finished_ms: keep_finished_ms(),
             unknown_retries_max: unknown_retries_max(),
+            kinds: BTreeMap::new(),
             mutant: None,
         }
     }
@@ -158,15 +195,31 @@ impl Policy {
         }
     }
 
-    /// The delay before retry `attempt + 1`: exponential from
-    /// `backoff_base_ms`, capped at `backoff_cap_ms`, with "equal jitter" drawn
-    /// from `entropy` (the driver's randomness, passed in).
+    /// The policy of `kind` (empty when it has none).
     #[must_use]
-    pub fn backoff_ms(&self, attempt: u32, entropy: u64) -> u64 {
-        let exp = self
-            .backoff_base_ms
+    pub fn kind(&self, kind: &str) -> KindPolicy {
+        self.kinds.get(kind).cloned().unwrap_or_default()
+    }
+
+    /// The attempts a new run of `kind` allows.
+    #[must_use]
+    pub fn attempts_max_of(&self, kind: &str) -> u32 {
+        self.kind(kind).attempts_max.unwrap_or(self.attempts_max)
+    }
+
+    /// The delay before retry `attempt + 1` of a run of `kind`: exponential
+    /// from the back-off base, capped, with "equal jitter" drawn from
+    /// `entropy` (the driver's randomness, passed in).
+    #[must_use]
+    pub fn backoff_ms(&self, kind: &str, attempt: u32, entropy: u64) -> u64 {
+        let k = self.kind(kind);
+        let (base, cap) = (
+            k.backoff_base_ms.unwrap_or(self.backoff_base_ms),
+            k.backoff_cap_ms.unwrap_or(self.backoff_cap_ms),
+        );
+        let exp = base
             .saturating_mul(1u64 << attempt.saturating_sub(1).min(32))
-            .min(self.backoff_cap_ms);
+            .min(cap);
         let half = exp / 2;
         half + entropy % (exp - half + 1)
     }
@@ -342,6 +395,9 @@ pub struct Execution {
     pub kind: String,
     /// The job input.
     pub input: String,
+    /// How long it may run (`None`: the driver's job timeout).
+    #[serde(default)]
+    pub limit: Option<TimeLimit>,
 }
 
 /// What a role asks its driver to do.

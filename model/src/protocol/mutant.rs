@@ -98,6 +98,9 @@ mutants! {
     /// An error of class `unknown` is retried like a retryable one, past
     /// the policy's cap.
     UnknownRetried,
+    /// A claim that finds the run's elapsed budget spent runs the job
+    /// anyway, and no attempt is cut short by the budget.
+    IgnoreBudget,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

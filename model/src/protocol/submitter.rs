@@ -61,8 +61,9 @@ impl Submitter {
         let attempts_max = if crate::injects!(policy, NoDeadLetter) {
             u32::MAX
         } else {
-            policy.attempts_max
+            policy.attempts_max_of(kind)
         };
+        let budget_ms = policy.kind(kind).budget_ms.unwrap_or(0);
         let (kind, input) = (kind.to_owned(), input.to_owned());
         let op = match key {
             None => DbOp::InsertRun {
@@ -70,12 +71,14 @@ impl Submitter {
                 kind,
                 input,
                 attempts_max,
+                budget_ms,
             },
             Some(key) => DbOp::InsertRunKeyed {
                 run,
                 kind,
                 input,
                 attempts_max,
+                budget_ms,
                 key: key.to_owned(),
             },
         };

@@ -474,7 +474,7 @@ fn backoff_is_exponential_capped_and_jittered_within_bounds() {
             (5, 1_000),
             (40, 1_000),
         ] {
-            let b = p.backoff_ms(attempt, entropy);
+            let b = p.backoff_ms("noop", attempt, entropy);
             assert!(
                 (exp / 2..=exp).contains(&b),
                 "attempt {attempt}: {b} not in {}..={exp}",
@@ -676,4 +676,69 @@ fn only_the_current_fence_records_a_step_and_a_record_stays() {
         "never replaced"
     );
     assert_eq!(db.read_steps(RunId(1))[0].1.output, "1");
+}
+
+/// A kind's budget, by Postgres's clock: a claim within it runs the job
+/// with what is left as its time limit; a claim after it fails the run as
+/// `budget_exhausted` without running the job, attempts left or not.
+#[test]
+fn a_spent_budget_fails_the_run_without_running_it() {
+    let mut p = policy();
+    p.attempts_max = 5;
+    let budget = KindPolicy {
+        budget_ms: Some(10_000),
+        attempt_timeout_ms: Some(4_000),
+        ..KindPolicy::default()
+    };
+    p.kinds.insert("noop".into(), budget);
+    let mut world = World::at(T0);
+    let mut s = Submitter::new(&p, RunId(1), "noop", "{}", None);
+    while let Some(c) = s.poll() {
+        let input = exec(&mut world, &c, Issuer::default());
+        s.handle(T0, input);
+    }
+    assert_eq!(world.db.runs[&RunId(1)].deadline, Some(T0.add_ms(10_000)));
+    // Within the budget: the attempt timeout is the tighter limit.
+    let (id, job) = read(&mut world, 0);
+    let mut d = Delivery::new(T0, &p, WorkerId(0), id, job, 7);
+    let execution = loop {
+        match d.poll().expect("the delivery claims, then runs the job") {
+            Command::Execute(e) => break e,
+            c => {
+                let by = Issuer {
+                    worker: None,
+                    own_fence: d.own_fence(),
+                };
+                let input = exec(&mut world, &c, by);
+                d.handle(T0, input);
+            }
+        }
+    };
+    let limit = |ms, class| Some(TimeLimit { ms, class });
+    assert_eq!(execution.limit, limit(4_000, ErrorClass::Retryable));
+    world.db.clock = T0.add_ms(7_000);
+    d.handle(T0, Input::Executed(failed(ErrorClass::Retryable)));
+    assert_eq!(
+        drive(&mut world, &mut d, None),
+        DeliveryEnd::Acked(AckReason::Written)
+    );
+    // The retry is due once the budget is spent.
+    world.db.clock = T0.add_ms(10_000);
+    world.db.promote_retries(T0.add_ms(10_000), usize::MAX);
+    let entry = JobEntry::Job {
+        run: RunId(1),
+        dispatch: world.db.runs[&RunId(1)].dispatch,
+    };
+    world
+        .stream(&StreamOp::Publish { entry, now: T0 }, Issuer::default())
+        .unwrap();
+    let (_, end) = deliver(&mut world, 1, None);
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    let r = &world.db.runs[&RunId(1)];
+    assert_eq!((r.status, r.attempts), (RunStatus::Failed, 2), "{r:?}");
+    assert_eq!(
+        r.error.as_ref().map(|e| e.0),
+        Some(ErrorClass::BudgetExhausted)
+    );
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
 }

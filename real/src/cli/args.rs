@@ -1,8 +1,11 @@
 //! The command line: every command, flag and environment variable.
 
 use crate::Config;
+use crate::jobs::Registry;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use pelican_model::protocol::KindPolicy;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 #[derive(Parser)]
@@ -75,6 +78,59 @@ pub(crate) struct Connection {
     #[cfg(feature = "mutants")]
     #[arg(long, env = "PELICAN_MUTANT", global = true)]
     pub(crate) mutant: Option<String>,
+    /// A kind's policy, over what its handler was registered with:
+    /// `KIND:field=N,...` with fields attempts_max, backoff_base_ms,
+    /// backoff_cap_ms, attempt_timeout_ms, budget_ms (0: none). Repeat
+    /// the flag per kind; in the variable, separate kinds with `;`.
+    /// Attempts and budget apply to runs submitted after; give the API and
+    /// the workers the same.
+    #[arg(
+        long,
+        env = "PELICAN_KIND_POLICY",
+        value_delimiter = ';',
+        value_parser = parse_kind_policy,
+        global = true
+    )]
+    pub(crate) kind_policy: Vec<(String, KindPolicy)>,
+}
+
+/// `KIND:field=N,...` (see `--kind-policy`).
+fn parse_kind_policy(text: &str) -> Result<(String, KindPolicy), String> {
+    let (kind, fields) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not KIND:field=N,..."))?;
+    let mut p = KindPolicy::default();
+    for field in fields.split(',').filter(|f| !f.trim().is_empty()) {
+        let (name, value) = field
+            .split_once('=')
+            .ok_or_else(|| format!("{field:?} is not field=N"))?;
+        let n: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={value:?} is not a number"))?;
+        let ms = (n > 0).then_some(n);
+        match name.trim() {
+            "attempts_max" => {
+                let n = u32::try_from(n).ok().filter(|n| *n >= 1);
+                p.attempts_max = Some(n.ok_or("attempts_max must be 1 to 2^32-1")?);
+            }
+            "backoff_base_ms" => p.backoff_base_ms = Some(n),
+            "backoff_cap_ms" => p.backoff_cap_ms = Some(n),
+            "attempt_timeout_ms" => p.attempt_timeout_ms = ms,
+            "budget_ms" => p.budget_ms = ms,
+            other => {
+                return Err(format!(
+                    "unknown field {other:?}; known: attempts_max, backoff_base_ms, \
+                     backoff_cap_ms, attempt_timeout_ms, budget_ms"
+                ));
+            }
+        }
+    }
+    let kind = kind.trim();
+    if kind.is_empty() {
+        return Err(format!("{text:?} names no kind"));
+    }
+    Ok((kind.to_owned(), p))
 }
 
 impl Connection {
@@ -90,13 +146,37 @@ impl Connection {
         Ok(None)
     }
 
-    /// The driver's defaults with this process's call timeout and mutant.
-    pub(crate) fn config(&self, attempts_max: u32) -> Result<Config> {
+    /// The driver's defaults with this process's call timeout, mutant and
+    /// kinds' policies.
+    pub(crate) fn config(&self, attempts_max: u32, handlers: fn(&mut Registry)) -> Result<Config> {
         let mut config = Config::default();
         config.policy.attempts_max = attempts_max;
         config.policy.mutant = self.mutant()?;
+        config.policy.kinds = self.kinds(handlers);
         config.call_timeout_ms = self.call_timeout_ms;
         Ok(config)
+    }
+
+    /// The policies `handlers` registers kinds with, each field given by
+    /// `--kind-policy` replacing the registered one.
+    pub(crate) fn kinds(&self, handlers: fn(&mut Registry)) -> BTreeMap<String, KindPolicy> {
+        let mut kinds = Registry::policies_of(handlers);
+        for (kind, p) in &self.kind_policy {
+            let k = kinds.entry(kind.clone()).or_default();
+            let KindPolicy {
+                attempts_max,
+                backoff_base_ms,
+                backoff_cap_ms,
+                attempt_timeout_ms,
+                budget_ms,
+            } = p.clone();
+            k.attempts_max = attempts_max.or(k.attempts_max);
+            k.backoff_base_ms = backoff_base_ms.or(k.backoff_base_ms);
+            k.backoff_cap_ms = backoff_cap_ms.or(k.backoff_cap_ms);
+            k.attempt_timeout_ms = attempt_timeout_ms.or(k.attempt_timeout_ms);
+            k.budget_ms = budget_ms.or(k.budget_ms);
+        }
+        kinds
     }
 }
 

@@ -157,6 +157,7 @@ pub(crate) async fn worker(
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         keep_finished_ms: a.keep_finished_ms,
         unknown_retries_max: a.unknown_retries_max,
+        kinds: c.kinds(handlers),
         mutant: c.mutant()?,
     };
     let config = Config {
@@ -236,7 +237,11 @@ pub(crate) async fn worker(
     Ok(())
 }
 
-pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
+pub(crate) async fn serve_api(
+    c: &Connection,
+    a: ApiArgs,
+    handlers: fn(&mut Registry),
+) -> Result<()> {
     if a.api_token.is_none() && !a.insecure_no_auth {
         bail!(
             "refusing to serve the API without a token: set --api-token (PELICAN_API_TOKEN), \
@@ -248,7 +253,7 @@ pub(crate) async fn serve_api(c: &Connection, a: ApiArgs) -> Result<()> {
     }
     let handle = install_metrics(None)?;
     let clients = connect(c, 0).await?;
-    let config = c.config(a.attempts_max)?;
+    let config = c.config(a.attempts_max, handlers)?;
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy, 0)?;
     let state = Arc::new(ApiState {
         io: io(clients, config, trace),
@@ -287,14 +292,17 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
     let c = &cli.conn;
     match cli.command {
         Cmd::Migrate => migrate(c).await,
-        Cmd::Api(a) => serve_api(c, a).await,
+        Cmd::Api(a) => serve_api(c, a, handlers).await,
         Cmd::Worker(a) => worker(c, a, handlers).await,
         Cmd::Submit {
             kind,
             input,
             attempts_max,
             key,
-        } => submit_one(c, &kind, &input, attempts_max, key.as_deref()).await,
+        } => {
+            let config = c.config(attempts_max, handlers)?;
+            submit_one(c, config, &kind, &input, key.as_deref()).await
+        }
         Cmd::Status { run: Some(r) } => {
             let view = api::run_view(&connect_db(c).await?, run_id(&r)?)
                 .await
@@ -333,9 +341,9 @@ async fn migrate(c: &Connection) -> Result<()> {
 /// `pelican submit`: one run, through the submitter the API uses.
 async fn submit_one(
     c: &Connection,
+    config: Config,
     kind: &str,
     input: &str,
-    attempts_max: u32,
     key: Option<&str>,
 ) -> Result<()> {
     api::validate_kind(kind).map_err(anyhow::Error::msg)?;
@@ -344,7 +352,7 @@ async fn submit_one(
     }
     let input: serde_json::Value = serde_json::from_str(input).context("the input is not JSON")?;
     let clients = connect(c, 0).await?;
-    let io = io(clients, c.config(attempts_max)?, NoProbe);
+    let io = io(clients, config, NoProbe);
     let run = match io.db.execute(&DbOp::NextRunId).await? {
         DbReply::NewRun(r) => r,
         other => bail!("unexpected answer {other:?}"),

@@ -76,19 +76,30 @@ where
                 Command::Execute(execution) => {
                     io.probe.sent(&role, &Command::Execute(execution.clone()));
                     io.probe.executing(worker, &execution, d.own_fence());
+                    // The kind's attempt timeout or the run's budget, if
+                    // shorter than the driver's job timeout.
+                    let (ms, class) = match execution.limit {
+                        Some(l) if l.ms < io.config.job_timeout_ms => (l.ms, l.class),
+                        _ => (io.config.job_timeout_ms, ErrorClass::Retryable),
+                    };
                     let job = executor.execute(execution);
-                    let limit = Duration::from_millis(io.config.job_timeout_ms);
                     let task = tokio::spawn(async move {
                         let guarded = AssertUnwindSafe(job).catch_unwind();
-                        match tokio::time::timeout(limit, guarded).await {
+                        match tokio::time::timeout(Duration::from_millis(ms), guarded).await {
                             Ok(Ok(outcome)) => outcome,
                             Ok(Err(panic)) => JobOutcome::Failed {
                                 class: ErrorClass::Panic,
                                 message: panic_message(&panic),
                             },
+                            Err(_) if class == ErrorClass::BudgetExhausted => JobOutcome::Failed {
+                                class,
+                                message: format!(
+                                    "the run's elapsed budget ran out {ms} ms into this attempt"
+                                ),
+                            },
                             Err(_) => JobOutcome::Failed {
-                                class: ErrorClass::Retryable,
-                                message: format!("job timed out after {} ms", limit.as_millis()),
+                                class,
+                                message: format!("job timed out after {ms} ms"),
                             },
                         }
                     });

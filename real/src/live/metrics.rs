@@ -161,7 +161,10 @@ impl Probe for MetricsProbe {
             JobOutcome::Succeeded { .. } => 0,
             JobOutcome::Failed { class, .. } => match class {
                 ErrorClass::Retryable => 1,
-                ErrorClass::Terminal | ErrorClass::Exhausted | ErrorClass::Unstorable => 2,
+                ErrorClass::Terminal
+                | ErrorClass::Exhausted
+                | ErrorClass::Unstorable
+                | ErrorClass::BudgetExhausted => 2,
                 ErrorClass::Panic => 3,
                 ErrorClass::Unknown => 4,
             },

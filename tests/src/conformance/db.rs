@@ -103,7 +103,8 @@ impl Pick<ErrorClass> for Words<'_> {
             ErrorClass::Exhausted,
             ErrorClass::Unstorable,
             ErrorClass::Unknown,
-        ][(self.word() % 6) as usize]
+            ErrorClass::BudgetExhausted,
+        ][(self.word() % 7) as usize]
     }
 }
 impl Pick<String> for Words<'_> {
@@ -128,6 +129,8 @@ impl Pick<u64> for Words<'_> {
         let w = self.word();
         match field {
             "grace_ms" => w % 3_001,
+            // No budget, or one that runs out within the drawn clocks.
+            "budget_ms" => [0, 1_000, 5_000][(w % 3) as usize],
             _ => 2_000,
         }
     }

@@ -134,6 +134,7 @@ async fn race(url: &str, db: &PgDb, binding: Binding) -> Result<(), String> {
             kind: "noop".into(),
             input: "{}".into(),
             attempts_max: 3,
+            budget_ms: 0,
         };
         model.execute(&insert);
         db.execute(&insert).await.map_err(pg)?;

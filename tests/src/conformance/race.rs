@@ -288,6 +288,7 @@ pub fn reachable() -> BTreeMap<RunClass, Vec<DbStep>> {
         kind: "noop".into(),
         input: "{}".into(),
         attempts_max: 2,
+        budget_ms: 0,
     });
     let mut start = Db::new();
     start.clock = START;

@@ -314,6 +314,13 @@ impl State {
                 },
                 DbReply::Rows(1),
             ) => self.seen.unknown_capped = true,
+            (
+                DbOp::Fail {
+                    class: ErrorClass::BudgetExhausted,
+                    ..
+                },
+                DbReply::Rows(1),
+            ) => self.seen.budget_exhausted = true,
             (op, DbReply::Rows(0)) => {
                 if let Some((run, fence)) = op.fenced_write()
                     && self

@@ -177,8 +177,10 @@ impl State {
             effects,
             retired,
             trimmed_owed: _, // labeled
+            spent_claims,
             violations,
         } = world;
+        spent_claims.hash(h);
         let pelican_model::stream::Stream {
             exists,
             entries: stream_entries,

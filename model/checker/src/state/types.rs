@@ -163,4 +163,6 @@ pub struct Seen {
     pub step_replayed: bool,
     /// An unknown error failed its run at the policy's cap.
     pub unknown_capped: bool,
+    /// A claim found its run's budget spent and failed it.
+    pub budget_exhausted: bool,
 }

@@ -69,6 +69,7 @@ pub fn migrator() -> Migrator {
         migration(6, "live runs and retention", sql::SCHEMA_LIVE),
         migration(7, "execution ledger", sql::SCHEMA_STEPS),
         migration(8, "retry policy", sql::SCHEMA_RETRY_POLICY),
+        migration(9, "elapsed budgets", sql::SCHEMA_BUDGET),
     ])
 }
 
@@ -137,7 +138,7 @@ impl PgDb {
         let mut db = pelican_model::Db::new();
         let runs = sqlx::query(
             "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures FROM runs",
+             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms FROM runs",
         )
         .fetch_all(p)
         .await?;

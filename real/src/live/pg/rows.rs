@@ -81,6 +81,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
             None => None,
         },
         unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
+        deadline: time("deadline_ms", r.try_get("deadline_ms")?)?,
     })
 }
 
@@ -149,6 +150,7 @@ fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
             attempt: AttemptNo(unsigned32("attempts", r.try_get("attempts")?)?),
             attempts_max: unsigned32("attempts_max", r.try_get("attempts_max")?)?,
             unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
+            budget_left_ms: r.try_get("budget_left_ms")?,
         },
         kind: r.try_get("kind")?,
         input: r.try_get("input")?,
