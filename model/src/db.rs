@@ -203,6 +203,14 @@ pub struct Db {
     /// `steps`: the execution ledger, by (run, step index).
     #[serde(default)]
     pub steps: BTreeMap<(RunId, u32), StepRow>,
+    /// `provider_slots`: (provider, slot) → the permit holding it (empty:
+    /// none) and until when.
+    #[serde(default)]
+    pub slots: BTreeMap<(String, u32), (String, Timestamp)>,
+    /// `provider_rates`: provider → the theoretical arrival time of its
+    /// next request (GCRA).
+    #[serde(default)]
+    pub rates: BTreeMap<String, Timestamp>,
     /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
     /// or compares. Whoever runs the model sets it; a worker's clock never
     /// reaches a statement.
@@ -303,6 +311,91 @@ impl Db {
         );
         self.insert_run_budgeted(run, kind, input, attempts_max, budget_ms);
         (run, true)
+    }
+
+    /// [`Statement::EnsureSlots`]: slots `0..slots` of `provider` exist
+    /// (free, unless held already). Answers the slots made.
+    pub fn ensure_slots(&mut self, provider: &str, slots: u32) -> u64 {
+        let mut made = 0;
+        for slot in 0..slots {
+            self.slots
+                .entry((provider.to_owned(), slot))
+                .or_insert_with(|| {
+                    made += 1;
+                    (String::new(), Timestamp::ZERO)
+                });
+        }
+        made
+    }
+
+    /// [`Statement::AcquireSlot`]: `holder` takes the lowest free slot of
+    /// `provider` below `slots` (free: its hold ran out) until `hold_ms`
+    /// from now. Answers 1, or 0 when every slot is held.
+    pub fn acquire_slot(&mut self, provider: &str, slots: u32, holder: &str, hold_ms: u64) -> u64 {
+        self.take_slot(provider, slots, holder, hold_ms, true)
+    }
+
+    /// [`Statement::AcquireAnySlot`], the mutant twin (`Overbooked`): takes
+    /// the lowest slot, held or not.
+    #[cfg(feature = "mutants")]
+    pub fn acquire_any_slot(
+        &mut self,
+        provider: &str,
+        slots: u32,
+        holder: &str,
+        hold_ms: u64,
+    ) -> u64 {
+        self.take_slot(provider, slots, holder, hold_ms, false)
+    }
+
+    fn take_slot(
+        &mut self,
+        provider: &str,
+        slots: u32,
+        holder: &str,
+        hold_ms: u64,
+        free_only: bool,
+    ) -> u64 {
+        let now = self.clock;
+        let free = self
+            .slots
+            .range_mut((provider.to_owned(), 0)..(provider.to_owned(), slots))
+            .find(|(_, (_, until))| !free_only || *until <= now);
+        match free {
+            Some((_, hold)) => {
+                *hold = (holder.to_owned(), now.add_ms(hold_ms));
+                1
+            }
+            None => 0,
+        }
+    }
+
+    /// [`Statement::ReleaseSlot`]: frees the slots of `provider` that
+    /// `holder` holds. Answers how many.
+    pub fn release_slot(&mut self, provider: &str, holder: &str) -> u64 {
+        let mut n = 0;
+        for ((p, _), hold) in &mut self.slots {
+            if p == provider && hold.0 == holder {
+                *hold = (String::new(), Timestamp::ZERO);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// [`Statement::TakeToken`]: one request of `provider` at a rate of one
+    /// per `interval_ms`, `burst` at once (GCRA). Answers 1 and advances
+    /// the provider's theoretical arrival time, or 0 (too soon).
+    pub fn take_token(&mut self, provider: &str, interval_ms: u64, burst: u32) -> u64 {
+        let now = self.clock;
+        let tat = self.rates.get(provider).copied().unwrap_or(now).max(now);
+        let tolerance = u64::from(burst.saturating_sub(1)).saturating_mul(interval_ms);
+        if tat.0 - now.0 > tolerance {
+            return 0;
+        }
+        self.rates
+            .insert(provider.to_owned(), tat.add_ms(interval_ms));
+        1
     }
 
     /// [`Statement::ExpireKeys`]: forgets up to `limit` idempotency keys
@@ -852,6 +945,12 @@ impl Db {
             {
                 *t = Timestamp::ZERO;
             }
+        }
+        for (_, until) in self.slots.values_mut() {
+            *until = Timestamp::ZERO;
+        }
+        for tat in self.rates.values_mut() {
+            *tat = Timestamp::ZERO;
         }
     }
 }

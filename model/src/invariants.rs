@@ -1,4 +1,4 @@
-//! The guarantees S1–S10 ([`Guarantee`]) as functions over a [`World`] or
+//! The guarantees S1–S12 ([`Guarantee`]) as functions over a [`World`] or
 //! its database.
 //!
 //! Step guarantees (S2, S3, S4, S5, S7, S8) are checked as commands execute
@@ -28,8 +28,7 @@ macro_rules! guarantees {
         ///
         /// A closed set: the model checker has one `always` property per
         /// guarantee, named by [`Guarantee::property_name`], and every report
-        /// names a broken one by its code. More will be added (S11 "steps
-        /// once", S12 "submit once"): a new line in the table in
+        /// names a broken one by its code. A new one is a new line in the table in
         /// `invariants.rs` (with its number, at most 15: the checker keeps
         /// one bit per guarantee in a `u16`), after which the compiler points
         /// at each exhaustive `match` over guarantees and at the checker's
@@ -108,6 +107,10 @@ guarantees! {
     /// runs in that attempt (it is replayed), a record is never replaced,
     /// and only the current fence can record one.
     S11 = 11, "durable steps";
+    /// Provider limits: a provider never has more unexpired permits than
+    /// its concurrency limit allows, and its calls start no faster than its
+    /// rate allows (at most `burst + d / interval` in any span `d`).
+    S12 = 12, "provider limits";
 }
 
 impl Guarantee {
@@ -421,6 +424,7 @@ mod tests {
                 "S9 no PEL leak",
                 "S10 bad input",
                 "S11 durable steps",
+                "S12 provider limits",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

@@ -17,6 +17,7 @@ use crate::invariants::Guarantee;
 use crate::protocol::{DbOp, DbReply, DeadEntry, DeliveryEnd, JobEntry, StreamOp, StreamReply};
 use crate::status::RunStatus;
 use crate::stream::{AddId, Stream, StreamError};
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -81,7 +82,7 @@ impl Redis {
     /// `Retain`: the cutoff below which every entry is delivered,
     /// acknowledged and older than `before`; `None` without the group.
     #[must_use]
-    pub fn retention_cutoff(&self, before: crate::time::Timestamp) -> Option<EntryId> {
+    pub fn retention_cutoff(&self, before: Timestamp) -> Option<EntryId> {
         let group = self.jobs.group.as_ref()?;
         Some(retention_cutoff(
             before,
@@ -90,7 +91,7 @@ impl Redis {
         ))
     }
 
-    fn retain(&mut self, before: crate::time::Timestamp) -> u64 {
+    fn retain(&mut self, before: Timestamp) -> u64 {
         match self.retention_cutoff(before) {
             Some(cutoff) => self.jobs.xtrim(crate::stream::Trim::MinId(cutoff)),
             None => 0,
@@ -122,7 +123,7 @@ impl Redis {
 /// acknowledged and older than `before`.
 #[must_use]
 pub fn retention_cutoff(
-    before: crate::time::Timestamp,
+    before: Timestamp,
     oldest_pending: Option<EntryId>,
     last_delivered: EntryId,
 ) -> EntryId {
@@ -192,6 +193,10 @@ pub enum Violation {
     /// S6: a job ran under a claim that found the run's elapsed budget
     /// spent (it must fail the run as `budget_exhausted` instead).
     RanPastBudget(RunId),
+    /// S12: the provider had more unexpired permits than slots.
+    SlotOverbooked(String),
+    /// S12: the provider's calls started faster than its rate allows.
+    RateExceeded(String),
 }
 
 impl Violation {
@@ -210,6 +215,7 @@ impl Violation {
             Violation::TrimmedDropped(_) => Guarantee::S8,
             Violation::LiveRunDeleted(_) => Guarantee::S1,
             Violation::StepRerun(..) | Violation::StepReplaced(..) => Guarantee::S11,
+            Violation::SlotOverbooked(_) | Violation::RateExceeded(_) => Guarantee::S12,
         }
     }
 }
@@ -237,15 +243,27 @@ pub struct World {
     /// Attempts (run, fence) claimed with the run's budget already spent.
     #[serde(default)]
     pub spent_claims: BTreeSet<(RunId, Fence)>,
+    /// Each provider's permits as they were granted and not released:
+    /// holder → until when its slot is held (S12).
+    #[serde(default)]
+    pub permits: BTreeMap<String, BTreeMap<String, Timestamp>>,
+    /// Each rate-limited provider's latest token grants, oldest first, at
+    /// most [`TOKENS_KEPT`] (S12).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, Vec<Timestamp>>,
     /// Every violation seen.
     pub violations: BTreeSet<Violation>,
 }
+
+/// How many of a provider's latest token grants [`World::tokens`] keeps:
+/// the rate is checked over every span they cover.
+pub const TOKENS_KEPT: usize = 32;
 
 impl World {
     /// An empty world whose servers' clock reads `now`; the consumer group
     /// exists (as after `pelican migrate`).
     #[must_use]
-    pub fn at(now: crate::time::Timestamp) -> World {
+    pub fn at(now: Timestamp) -> World {
         let mut w = World::new();
         w.db.clock = now;
         w
@@ -389,7 +407,90 @@ impl World {
         {
             owed.remove(entry);
         }
+        self.check_limits(op, &reply);
         reply
+    }
+
+    /// S12 at a permit's grant or release and at a token's grant. A permit
+    /// counts until it is released or its hold runs out by Postgres's
+    /// clock, whether or not its holder is still alive: a dead holder's
+    /// slot is free only once its hold has run out.
+    fn check_limits(&mut self, op: &DbOp, reply: &DbReply) {
+        let now = self.db.clock;
+        let granted = *reply == DbReply::Rows(1);
+        let (provider, slots, holder, hold_ms) = match op {
+            DbOp::AcquireSlot {
+                provider,
+                slots,
+                holder,
+                hold_ms,
+            } => (provider, *slots, holder, *hold_ms),
+            #[cfg(feature = "mutants")]
+            DbOp::AcquireAnySlot {
+                provider,
+                slots,
+                holder,
+                hold_ms,
+            } => (provider, *slots, holder, *hold_ms),
+            DbOp::ReleaseSlot { provider, holder } => {
+                if let Some(held) = self.permits.get_mut(provider) {
+                    held.remove(holder);
+                }
+                return;
+            }
+            DbOp::TakeToken {
+                provider,
+                interval_ms,
+                burst,
+            } if granted && *interval_ms > 0 => {
+                self.token_granted(provider, *interval_ms, *burst);
+                return;
+            }
+            _ => return,
+        };
+        if !granted {
+            return;
+        }
+        let held = self.permits.entry(provider.clone()).or_default();
+        held.retain(|_, until| *until > now);
+        held.insert(holder.clone(), now.add_ms(hold_ms));
+        if held.len() > slots as usize {
+            self.violations
+                .insert(Violation::SlotOverbooked(provider.clone()));
+        }
+    }
+
+    /// A token of `provider` was granted now: over every span ending now
+    /// that the kept grants cover, at most `burst + span / interval_ms`
+    /// calls started (the bound of the GCRA that grants them).
+    fn token_granted(&mut self, provider: &str, interval_ms: u64, burst: u32) {
+        let now = self.db.clock;
+        let grants = self.tokens.entry(provider.to_owned()).or_default();
+        grants.push(now);
+        if grants.len() > TOKENS_KEPT {
+            grants.remove(0);
+        }
+        let burst = u64::from(burst.max(1));
+        let too_many = grants
+            .iter()
+            .rev()
+            .zip(1u64..)
+            .any(|(t, n)| n > burst + now.ms_since(*t) / interval_ms);
+        if too_many {
+            self.violations
+                .insert(Violation::RateExceeded(provider.to_owned()));
+        }
+    }
+
+    /// A long time passes (the model checker's tick): every lease, retry
+    /// time, idle time, slot hold and rate-limit state expires at once.
+    pub fn age_all(&mut self) {
+        self.redis.jobs.age_all();
+        self.db.age_all();
+        for until in self.permits.values_mut().flat_map(BTreeMap::values_mut) {
+            *until = Timestamp::ZERO;
+        }
+        self.tokens.clear();
     }
 
     /// The claim statement's postconditions, for claim `op` granted
@@ -654,7 +755,6 @@ impl World {
 mod tests {
     use super::*;
     use crate::ids::{Dispatch, RunId};
-    use crate::time::Timestamp;
 
     fn job(n: u64) -> JobEntry {
         JobEntry::Job {
@@ -712,5 +812,53 @@ mod tests {
             StreamReply::Trimmed(0),
             "no group: no trim"
         );
+    }
+
+    /// S12: a permit counts until its hold runs out, whether its holder
+    /// lives or not; a second unexpired one on a single slot is flagged,
+    /// and so are calls starting faster than the rate.
+    #[test]
+    fn provider_limits_are_checked_at_each_grant() {
+        let limit = crate::protocol::ProviderLimit {
+            concurrent: Some(1),
+            per_second: Some(10),
+            burst: 1,
+            hold_ms: 1_000,
+        };
+        let policy = crate::protocol::Policy::default();
+        let mut w = World::at(Timestamp(5_000));
+        let by = Issuer::default();
+        let acquire = |h| limit.acquire(&policy, "p", h).expect("a concurrency limit");
+        w.db(&limit.ensure("p").expect("slots"), by);
+        assert_eq!(w.db(&acquire("a"), by), DbReply::Rows(1));
+        assert_eq!(w.db(&acquire("b"), by), DbReply::Rows(0), "held");
+        w.db.clock = Timestamp(6_000);
+        assert_eq!(
+            w.db(&acquire("b"), by),
+            DbReply::Rows(1),
+            "a's hold ran out"
+        );
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+        // A statement that hands out a held slot (as Overbooked's does).
+        w.db.slots
+            .values_mut()
+            .for_each(|(_, until)| *until = Timestamp::ZERO);
+        assert_eq!(w.db(&acquire("c"), by), DbReply::Rows(1));
+        assert!(
+            w.violations
+                .contains(&Violation::SlotOverbooked("p".into()))
+        );
+
+        let mut w = World::at(Timestamp(5_000));
+        let take = limit.take_token("p").expect("a rate limit");
+        assert_eq!(w.db(&take, by), DbReply::Rows(1));
+        assert_eq!(w.db(&take, by), DbReply::Rows(0), "too soon");
+        w.db.clock = Timestamp(5_100);
+        assert_eq!(w.db(&take, by), DbReply::Rows(1), "one interval later");
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+        // A rate limit that forgot its state.
+        w.db.rates.clear();
+        assert_eq!(w.db(&take, by), DbReply::Rows(1));
+        assert!(w.violations.contains(&Violation::RateExceeded("p".into())));
     }
 }

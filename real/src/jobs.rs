@@ -13,6 +13,7 @@
 //! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call) |
 //! | `echo` | `{"text": S}` | succeeds with S itself as its result text (not JSON-encoded): a handler's raw result, for tests of what Postgres stores |
 //! | `steps` | `{"calls": K, "ms": M}` | as `effect`, each side effect in a durable step of its own (`call-0`, `call-1`, ...): a later attempt replays the recorded ones |
+//! | `limited` | `{"provider": P, "ms": M}` | waits for provider P's limits ([`JobContext::limit`]), holds its permit M ms; its result is when (`started_ms`, `ended_ms`, the worker's clock) |
 //!
 //! Handlers run at least once per attempt that reaches them and may run
 //! again after a crash: a handler's side effects must go through
@@ -24,10 +25,10 @@
 pub use crate::driver::BoxFuture;
 use crate::driver::{DbClient, Tools};
 pub use pelican_model::ids::{Fence, RunId};
-pub use pelican_model::protocol::KindPolicy;
 use pelican_model::protocol::{
     DbOp, DbReply, Execution, Ledger, Policy, StepError, StepPlan, Unavailable,
 };
+pub use pelican_model::protocol::{KindPolicy, ProviderLimit};
 pub use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::world::Issuer;
 use serde::Deserialize;
@@ -36,7 +37,12 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+/// How soon a call that found every slot of its provider held asks again:
+/// at first, and at the most (the wait doubles in between).
+const SLOT_POLL_MS: (u64, u64) = (10, 200);
 
 /// Postgres as a job sees it: the statements of its run's execution
 /// ledger ([`Ledger`]). Every [`DbClient`] that can be cloned is one.
@@ -157,6 +163,35 @@ pub struct JobContext {
     policy: Arc<Policy>,
     tool_timeout: Duration,
     hook: Option<Arc<dyn StepHook>>,
+    limits: Arc<BTreeMap<String, ProviderLimit>>,
+    permits: Arc<AtomicU32>,
+}
+
+/// Leave to call a limited provider ([`JobContext::limit`]): holds one of
+/// its slots until dropped or [`Permit::release`]d.
+#[must_use = "the slot is freed when the permit is dropped"]
+pub struct Permit {
+    held: Option<(Arc<dyn LedgerStore>, DbOp, Issuer)>,
+}
+
+impl Permit {
+    /// Frees the slot now, and waits for Postgres to take it back (a drop
+    /// frees it in the background).
+    pub async fn release(mut self) {
+        if let Some((store, op, by)) = self.held.take() {
+            let _ = store.call(op, by).await;
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some((store, op, by)) = self.held.take() {
+            tokio::spawn(async move {
+                let _ = store.call(op, by).await;
+            });
+        }
+    }
 }
 
 /// Where a durable step is in its life, for a [`StepHook`].
@@ -288,6 +323,76 @@ impl JobContext {
         }
     }
 
+    /// Waits for leave to call `provider` under its limits (registered
+    /// with [`Registry::limit`], or `--provider-limit`): a free slot of
+    /// its concurrency limit, then a token of its rate limit. Hold the
+    /// permit while the call is in flight. A provider without limits
+    /// answers at once.
+    ///
+    /// # Errors
+    /// Postgres did not answer: a retryable error.
+    ///
+    /// ```
+    /// use pelican_real::jobs::{JobContext, JobError};
+    /// # async fn call_model(input: &str) -> Result<String, JobError> { Ok(input.into()) }
+    /// async fn ask(ctx: &JobContext) -> Result<String, JobError> {
+    ///     let permit = ctx.limit("model-provider").await?;
+    ///     let answer = call_model(&ctx.input).await;
+    ///     permit.release().await;
+    ///     answer
+    /// }
+    /// ```
+    pub async fn limit(&self, provider: &str) -> Result<Permit, JobError> {
+        let mut permit = Permit { held: None };
+        let Some(limit) = self.limits.get(provider).copied() else {
+            return Ok(permit);
+        };
+        let by = Issuer {
+            worker: None,
+            own_fence: Some(self.fence),
+        };
+        let unanswered = || {
+            JobError::retryable(format!(
+                "the limits of provider {provider:?} could not be checked: Postgres did not answer"
+            ))
+        };
+        let n = self.permits.fetch_add(1, Ordering::Relaxed);
+        let holder = ProviderLimit::holder(self.run, self.fence, n);
+        if let Some(acquire) = limit.acquire(&self.policy, provider, &holder) {
+            let (mut ensured, mut poll_ms) = (false, SLOT_POLL_MS.0);
+            loop {
+                match self.ledger_call(acquire.clone(), by).await {
+                    Some(DbReply::Rows(1)) => break,
+                    Some(DbReply::Rows(_)) if !ensured => {
+                        let ensure = limit.ensure(provider).expect("a concurrency limit");
+                        self.ledger_call(ensure, by).await.ok_or_else(unanswered)?;
+                        ensured = true;
+                    }
+                    Some(DbReply::Rows(_)) => {
+                        tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+                        poll_ms = (poll_ms * 2).min(SLOT_POLL_MS.1);
+                    }
+                    _ => return Err(unanswered()),
+                }
+            }
+            crate::crash_point!("after_permit");
+            let release = ProviderLimit::release(provider, &holder);
+            permit.held = Some((self.store.clone(), release, by));
+        }
+        if let (Some(take), Some(interval_ms)) = (limit.take_token(provider), limit.interval_ms()) {
+            loop {
+                match self.ledger_call(take.clone(), by).await {
+                    Some(DbReply::Rows(1)) => break,
+                    Some(DbReply::Rows(_)) => {
+                        tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+                    }
+                    _ => return Err(unanswered()),
+                }
+            }
+        }
+        Ok(permit)
+    }
+
     /// A ledger statement's answer, or `None` when Postgres does not
     /// answer within the call timeout.
     async fn ledger_call(&self, op: DbOp, by: Issuer) -> Option<DbReply> {
@@ -368,6 +473,7 @@ pub struct Registry {
     tool_timeout: Duration,
     hook: Option<Arc<dyn StepHook>>,
     policies: BTreeMap<String, KindPolicy>,
+    limits: Arc<BTreeMap<String, ProviderLimit>>,
 }
 
 /// Neither tools nor a ledger: the registry [`Registry::policies_of`]
@@ -398,7 +504,20 @@ impl Registry {
             tool_timeout: Duration::from_secs(5),
             hook: None,
             policies: BTreeMap::new(),
+            limits: Arc::default(),
         }
+    }
+
+    /// Sets (or replaces) the limits of `provider`, which handlers wait for
+    /// with [`JobContext::limit`]. Give every worker the same limits.
+    ///
+    /// # Panics
+    /// The limit cannot be enforced as stated ([`ProviderLimit::validate`]).
+    pub fn limit(&mut self, provider: &str, limit: ProviderLimit) {
+        if let Err(e) = limit.validate() {
+            panic!("the limits of provider {provider:?}: {e}");
+        }
+        Arc::make_mut(&mut self.limits).insert(provider.to_owned(), limit);
     }
 
     /// The kinds' policies `handlers` registers (for the API and the
@@ -452,6 +571,7 @@ impl Registry {
         self.register("effect", effect);
         self.register("echo", echo);
         self.register("steps", steps);
+        self.register("limited", limited);
     }
 
     /// Registers (or replaces) the handler of `kind`, under the worker's
@@ -515,6 +635,8 @@ impl Executor for Registry {
             policy: self.policy.clone(),
             tool_timeout: self.tool_timeout,
             hook: self.hook.clone(),
+            limits: self.limits.clone(),
+            permits: Arc::default(),
         })
     }
 }
@@ -678,6 +800,30 @@ async fn steps(ctx: JobContext) -> JobOutcome {
         }
     }
     succeeded(format!("{{\"calls\":{}}}", i.calls))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitedInput {
+    provider: String,
+    #[serde(default)]
+    ms: u64,
+}
+
+async fn limited(ctx: JobContext) -> JobOutcome {
+    let i = match serde_json::from_str::<LimitedInput>(&ctx.input) {
+        Ok(i) => i,
+        Err(e) => return bad_input("limited", &e),
+    };
+    let permit = match ctx.limit(&i.provider).await {
+        Ok(p) => p,
+        Err(e) => return e.into(),
+    };
+    let started = crate::now().0;
+    pause(i.ms).await;
+    let ended = crate::now().0;
+    permit.release().await;
+    succeeded(format!("{{\"started_ms\":{started},\"ended_ms\":{ended}}}"))
 }
 
 /// The number of side effects a built-in job of `kind` with `input` makes

@@ -62,7 +62,10 @@ impl Jobs {
     /// The built-in kinds and their plan: the simulator's own seeds.
     pub(crate) fn builtins() -> Jobs {
         Jobs {
-            register: Arc::new(|r: &mut Registry, _: &External| r.register_builtins()),
+            register: Arc::new(|r: &mut Registry, _: &External| {
+                r.register_builtins();
+                r.limit(crate::seed::PROVIDER, crate::seed::provider_limit());
+            }),
             submit: None,
             effects: None,
             step_crash_p: 0.0,

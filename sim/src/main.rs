@@ -442,7 +442,7 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 13] = [
+    const INTERESTING: [&str; 15] = [
         "batches",
         "reclaims",
         "late_writes_rejected",
@@ -456,6 +456,8 @@ mod cli {
         "unknown_capped",
         "budgets_exhausted",
         "attempt_timeouts",
+        "slot_waits",
+        "token_waits",
     ];
 
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {

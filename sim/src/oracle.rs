@@ -183,6 +183,9 @@ impl Oracle {
                 DbReply::Rows(1),
             ) => self.count("budgets_exhausted"),
             (DbOp::RecordStep { .. }, DbReply::Rows(0)) => self.count("step_records_refused"),
+            (DbOp::AcquireSlot { .. }, DbReply::Rows(1)) => self.count("permits"),
+            (DbOp::AcquireSlot { .. }, DbReply::Rows(0)) => self.count("slot_waits"),
+            (DbOp::TakeToken { .. }, DbReply::Rows(0)) => self.count("token_waits"),
             (DbOp::ReadSteps { .. }, DbReply::Steps(s)) if !s.is_empty() => {
                 self.count("ledgers_replayed");
             }

@@ -15,7 +15,7 @@ use pelican_model::invariants::Broken;
 use pelican_model::protocol::{Command, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp};
 use pelican_model::stream::Trim;
 use pelican_model::world::Redis;
-use pelican_real::jobs::{Registry, effects_of};
+use pelican_real::jobs::{ProviderLimit, Registry, effects_of};
 use pelican_real::{Batching, Entropy, Io, Probe, RoleId, Worker, cancel, submit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -184,6 +184,20 @@ async fn io_for(
     (Arc::new(io), client)
 }
 
+/// The provider the built-in `limited` runs call.
+pub(crate) const PROVIDER: &str = "p";
+
+/// Its limits: one call at once and two a second; a dead holder's slot is
+/// free after 1.5 s.
+pub(crate) fn provider_limit() -> ProviderLimit {
+    ProviderLimit {
+        concurrent: Some(1),
+        per_second: Some(2),
+        burst: 1,
+        hold_ms: 1_500,
+    }
+}
+
 /// A run the API will submit.
 #[derive(Clone, Debug)]
 struct Planned {
@@ -200,8 +214,16 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
             let (kind, input) = match rng.gen_range(0..100) {
                 0..15 => ("noop", "{}".to_owned()),
                 15..40 => ("sleep", format!("{{\"ms\":{}}}", rng.gen_range(0..3_500))),
+                // Calls to a provider under its limits (S12), held 0-0.8 s.
+                40..48 => (
+                    "limited",
+                    format!(
+                        "{{\"provider\":\"{PROVIDER}\",\"ms\":{}}}",
+                        rng.gen_range(0..800)
+                    ),
+                ),
                 // Side effects, alone or each in a durable step.
-                40..65 => (
+                48..65 => (
                     if rng.gen_bool(0.4) { "steps" } else { "effect" },
                     format!(
                         "{{\"calls\":{},\"ms\":{}}}",

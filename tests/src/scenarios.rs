@@ -376,6 +376,121 @@ pub fn budgets_and_timeouts_bound_runs(mutant: Option<&str>) {
     assert!(message.contains("timed out after 300 ms"), "{r:?}");
 }
 
+/// A provider's limits hold across two workers with 8 job slots each:
+/// 16 `limited` runs of provider `p` (2 at once, 4 started per second)
+/// never overlap more than 2 deep nor start more than 4 (plus one for
+/// clock jitter) in any second, and both workers ran some. The control,
+/// 8 runs of an unlimited provider, does overlap: the workers could have
+/// broken the limits.
+pub fn provider_limits_hold_across_two_workers(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let limited: Vec<RunId> = (0..16)
+        .map(|_| env.submit("limited", r#"{"provider":"p","ms":300}"#, 5))
+        .collect();
+    let free: Vec<RunId> = (0..8)
+        .map(|_| env.submit("limited", r#"{"provider":"free","ms":300}"#, 5))
+        .collect();
+    let flags = [
+        "--in-flight-max",
+        "8",
+        "--provider-limit",
+        "p:concurrent=2,per_second=4",
+    ];
+    let _w1 = env.worker(1, None, &flags);
+    let _w2 = env.worker(2, None, &flags);
+    env.settle();
+    let db = env.check(&[]);
+    let spans = |runs: &[RunId]| -> Vec<(u64, u64)> {
+        runs.iter()
+            .map(|run| {
+                let r = &db.runs[run];
+                assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+                let v: Value = serde_json::from_str(r.result.as_deref().unwrap_or("")).unwrap();
+                (
+                    v["started_ms"].as_u64().unwrap(),
+                    v["ended_ms"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let deepest = |spans: &[(u64, u64)]| {
+        spans
+            .iter()
+            .map(|(s, _)| spans.iter().filter(|(a, b)| a <= s && s < b).count())
+            .max()
+            .unwrap_or(0)
+    };
+    let busiest_second = |spans: &[(u64, u64)]| {
+        spans
+            .iter()
+            .map(|(s, _)| {
+                spans
+                    .iter()
+                    .filter(|(a, _)| s <= a && *a < s + 1_000)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    let p = spans(&limited);
+    assert!(deepest(&p) <= 2, "more than 2 calls at once: {p:?}");
+    assert!(
+        busiest_second(&p) <= 5,
+        "more than 4 (+1) starts in a second: {p:?}"
+    );
+    let workers: std::collections::BTreeSet<&str> = db
+        .attempts
+        .iter()
+        .filter(|((run, _), _)| limited.contains(run))
+        .map(|(_, a)| a.worker.as_str())
+        .collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "one worker ran every limited run: {workers:?}"
+    );
+    let f = spans(&free);
+    assert!(
+        deepest(&f) > 2 && busiest_second(&f) > 5,
+        "the control never overlapped: {f:?}"
+    );
+}
+
+/// A worker killed while it holds a provider's only slot keeps it held
+/// for the permit's hold, not forever and not less: a second run of that
+/// provider, on another worker, starts only once the hold has run out by
+/// Postgres's clock, and the killed run is reclaimed and finishes too.
+pub fn a_dead_workers_permit_frees_after_its_hold(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let first = env.submit("limited", r#"{"provider":"p","ms":100}"#, 3);
+    let flags = ["--provider-limit", "p:concurrent=1,hold_ms=4000"];
+    let mut w1 = env.worker(1, Some("after_permit"), &flags);
+    w1.wait(Duration::from_secs(20));
+    let (holder, until) = env.db().slots[&("p".to_owned(), 0)].clone();
+    assert!(!holder.is_empty(), "the dead worker holds the slot");
+    let until_ms = i64::try_from(until.as_ms()).unwrap();
+    let second = env.submit("limited", r#"{"provider":"p","ms":100}"#, 3);
+    let _w2 = env.worker(2, None, &flags);
+    env.settle();
+    let db = env.check(&[]);
+    let started = |run: RunId| {
+        let r = &db.runs[&run];
+        assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+        let v: Value = serde_json::from_str(r.result.as_deref().unwrap_or("")).unwrap();
+        i64::try_from(v["started_ms"].as_u64().unwrap()).unwrap()
+    };
+    let (a, b) = (started(first), started(second));
+    assert_eq!(
+        db.runs[&first].attempts, 2,
+        "the killed attempt was reclaimed"
+    );
+    // Both calls start after the hold; the clocks are one machine's.
+    assert!(
+        a >= until_ms && b >= until_ms,
+        "a call started while the dead worker's permit held its slot (until {until_ms}): {a}, {b}"
+    );
+}
+
 /// A terminal error is not retried.
 pub fn terminal_error_is_not_retried(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
@@ -1048,6 +1163,16 @@ pub fn bad_flags_and_unreachable_servers_fail_clearly(mutant: Option<&str>) {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert!(err(&["worker", "--lease-ms", "soon"]).contains("invalid value"));
+    for (limit, says) in [
+        ("p:concurrent=0", "concurrent must be at least 1"),
+        ("p:per_second=5000", "per_second must be at most 1000"),
+        ("p:burst=x", "is not a number"),
+        ("p:speed=3", "unknown field \"speed\""),
+        (":concurrent=1", "names no provider"),
+    ] {
+        let e = err(&["worker", "--provider-limit", limit]);
+        assert!(e.contains(says), "--provider-limit {limit}: {e}");
+    }
     assert!(
         err(&[
             "worker",

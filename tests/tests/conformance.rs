@@ -66,3 +66,17 @@ fn postgres_answers_as_the_model() {
         panic!("model::Db and Postgres differ:\n{m}");
     }
 }
+
+/// Permits and tokens taken, made and released in two sessions at once
+/// answer as the model does in one order or the other, and an acquire
+/// never waits for a slot another session holds.
+#[test]
+fn provider_limits_race_in_two_sessions() {
+    use pelican_tests::conformance::limits::provider_limits_race;
+    let db = Database::create();
+    let policy = pelican_model::protocol::Policy::default();
+    match provider_limits_race(db.url(), &policy) {
+        Ok(n) => assert_eq!(n, 7, "every race ran"),
+        Err(e) => panic!("{e}"),
+    }
+}

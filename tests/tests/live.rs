@@ -22,6 +22,8 @@ live! {
     retryable_errors_back_off_then_dead_letter,
     unknown_errors_are_retried_up_to_the_cap,
     budgets_and_timeouts_bound_runs,
+    provider_limits_hold_across_two_workers,
+    a_dead_workers_permit_frees_after_its_hold,
     terminal_error_is_not_retried,
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,

@@ -71,6 +71,7 @@ mutants! {
     step_rerun: "StepRerun" => kill_right_after_a_step_is_recorded,
     unknown_retried: "UnknownRetried" => unknown_errors_are_retried_up_to_the_cap,
     ignore_budget: "IgnoreBudget" => budgets_and_timeouts_bound_runs,
+    overbooked: "Overbooked" => a_dead_workers_permit_frees_after_its_hold,
 }
 
 /// The mutants' statements answer as their model twins: first on every
@@ -163,6 +164,22 @@ fn mutant_statements_answer_as_the_model() {
     if let Some(m) = outcome.mismatch {
         panic!("model::Db and Postgres differ:\n{m}");
     }
+}
+
+/// The limits' race test has teeth: Overbooked's acquire waits for the
+/// slot another session holds, then takes it as well.
+#[test]
+fn overbooked_acquire_fails_the_limits_race() {
+    use pelican_model::protocol::{Mutant, Policy};
+    use pelican_tests::conformance::limits::provider_limits_race;
+    let db = pelican_tests::Database::create();
+    let policy = Policy {
+        mutant: Some(Mutant::Overbooked),
+        ..Policy::default()
+    };
+    let e = provider_limits_race(db.url(), &policy)
+        .expect_err("an acquire that takes held slots passed the race");
+    assert!(e.starts_with("two acquires of the last slot"), "{e}");
 }
 
 /// What only a build with the mutants may hold: every mutant's name, every

@@ -12,7 +12,7 @@
 //! (`tests/sim.rs`), in the example binary a [`CountingProvider`].
 
 use pelican_real::jobs::{
-    BoxFuture, JobContext, JobError, KindPolicy, Registry, RunId, StepFailed,
+    BoxFuture, JobContext, JobError, KindPolicy, ProviderLimit, Registry, RunId, StepFailed,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -67,8 +67,15 @@ pub const TOOLS: [&str; 2] = ["search", "notify"];
 pub async fn agent(ctx: JobContext, provider: Arc<dyn Provider>) -> Result<Answer, StepFailed> {
     let input: Question = serde_json::from_str(&ctx.input)
         .map_err(|e| JobError::terminal(format!("bad agent input: {e}")))?;
+    // The model provider's limits hold across every worker; a replayed
+    // step asks for no permit.
     let plan: String = ctx
-        .step("model", provider.complete(ctx.run, input.question))
+        .step("model", async {
+            let permit = ctx.limit("model").await?;
+            let plan = provider.complete(ctx.run, input.question).await;
+            permit.release().await;
+            plan
+        })
         .await?;
     let [search, notify] = TOOLS;
     let key = ctx.idempotency_key(search);
@@ -105,9 +112,23 @@ pub fn policy() -> KindPolicy {
     }
 }
 
-/// Registers the `agent` kind, calling `provider`, under [`policy`].
+/// The model provider's limits: 4 calls at once and 20 a second, across
+/// every worker; a dead worker's slot is free again after 30 s.
+#[must_use]
+pub fn model_limit() -> ProviderLimit {
+    ProviderLimit {
+        concurrent: Some(4),
+        per_second: Some(20),
+        burst: 4,
+        hold_ms: 30_000,
+    }
+}
+
+/// Registers the `agent` kind, calling `provider`, under [`policy`], and
+/// the model's limits.
 pub fn register(registry: &mut Registry, provider: Arc<dyn Provider>) {
     registry.register_with("agent", move |ctx| agent(ctx, provider.clone()), policy());
+    registry.limit("model", model_limit());
 }
 
 /// A provider that answers at once and counts: model requests, tool

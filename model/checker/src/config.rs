@@ -81,6 +81,11 @@ pub struct Config {
     /// a step of its own (S11).
     #[serde(default)]
     pub steps: bool,
+    /// Jobs call their side effect under a provider's limits
+    /// ([`Config::provider_limit`]): a permit (its one slot) and a token,
+    /// taken before the effect and released as the job ends (S12).
+    #[serde(default)]
+    pub limits: bool,
 }
 
 fn yes() -> bool {
@@ -136,6 +141,7 @@ impl Config {
             skew_ms: 0,
             symmetry: true,
             steps: false,
+            limits: false,
         }
     }
 
@@ -169,6 +175,7 @@ impl Config {
             skew_ms: 0,
             symmetry: true,
             steps: false,
+            limits: false,
         }
     }
 
@@ -276,6 +283,39 @@ impl Config {
         c
     }
 
+    /// The provider every job of a configuration with limits calls: one
+    /// slot, held until a tick, and one call a tick (burst 1).
+    #[must_use]
+    pub fn provider_limit() -> pelican_model::protocol::ProviderLimit {
+        pelican_model::protocol::ProviderLimit {
+            concurrent: Some(1),
+            per_second: Some(1),
+            burst: 1,
+            hold_ms: 30_000,
+        }
+    }
+
+    /// Two runs on two workers whose jobs call one provider under its
+    /// limits, with a crash (a dead holder's slot stays held until time
+    /// passes), a pause (a holder outlives its hold, and its slot is taken)
+    /// or a lost reply, one per path: no two unexpired permits at once, no
+    /// two calls in one tick, and every run still ends.
+    #[must_use]
+    pub fn limits() -> Config {
+        let mut c = Self::small();
+        c.name = "limits".into();
+        c.runs = 2;
+        c.limits = true;
+        c.faults = Budget {
+            crashes: 1,
+            pauses: 1,
+            lost: 1,
+            total: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -287,8 +327,9 @@ impl Config {
             "steps" => Ok(Self::steps()),
             "unknown" => Ok(Self::unknown()),
             "budget" => Ok(Self::budget()),
+            "limits" => Ok(Self::limits()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown, budget"
+                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown, budget, limits"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -339,7 +380,7 @@ impl Config {
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
     /// RetainLive retention that runs, StepRerun jobs with steps,
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
-    /// kind with a budget.
+    /// kind with a budget, Overbooked jobs under a provider's limits.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -359,6 +400,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::StepRerun) {
             self.steps = true;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::Overbooked) {
+            self.limits = true;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {

@@ -111,6 +111,7 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<8>,
     holds::<9>,
     holds::<10>,
+    holds::<11>,
 ];
 
 /// Whether some run has consecutive attempts whose dispatches satisfy
@@ -232,6 +233,12 @@ impl Model for PelicanModel {
             properties.push(Property::sometimes(
                 "recorded step replayed",
                 |_, s: &State| s.seen.step_replayed,
+            ));
+        }
+        if self.cfg.limits {
+            properties.push(Property::sometimes(
+                "a call waits for a held slot",
+                |_, s: &State| s.seen.slot_waited,
             ));
         }
         if self.cfg.policy.keep_finished_ms > 0 {

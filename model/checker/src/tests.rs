@@ -269,6 +269,12 @@ fn budgets_fail_their_runs_once_spent() {
     holds_and_reaches(&Config::budget(), "spent budget fails its run");
 }
 
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn limits_hold_and_calls_wait_for_slots() {
+    holds_and_reaches(&Config::limits(), "a call waits for a held slot");
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -318,5 +324,6 @@ mod mutants {
         mutant_step_rerun: StepRerun on standard;
         mutant_unknown_retried: UnknownRetried on standard;
         mutant_ignore_budget: IgnoreBudget on standard;
+        mutant_overbooked: Overbooked on standard;
     }
 }

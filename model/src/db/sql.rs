@@ -196,3 +196,22 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS unknown_failures integer NOT NULL DEFA
 pub const SCHEMA_BUDGET: &str = r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS deadline_ms bigint;
 "#;
+
+/// Migration 10: per-provider limits, shared by every worker. A provider's
+/// concurrency limit is its slots (`provider_slots`, one row per slot, held
+/// until `until_ms` by the permit named `holder`); its rate limit is one
+/// row of GCRA state (`provider_rates.tat_ms`: the theoretical arrival time
+/// of the next request), both by Postgres's clock.
+pub const SCHEMA_LIMITS: &str = r#"
+CREATE TABLE IF NOT EXISTS provider_slots (
+    provider text NOT NULL,
+    slot integer NOT NULL,
+    holder text NOT NULL DEFAULT '',
+    until_ms bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (provider, slot)
+);
+CREATE TABLE IF NOT EXISTS provider_rates (
+    provider text PRIMARY KEY,
+    tat_ms bigint NOT NULL
+);
+"#;

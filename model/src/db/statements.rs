@@ -969,6 +969,72 @@ statements! {
         model: |db| Rows(db.delete_finished(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
     }
 
+    /// Slots `0..slots` of `provider`'s concurrency limit exist (made free).
+    EnsureSlots { provider: String, slots: u32 } => {
+        name: "ensure_slots",
+        access: Write,
+        reply: Rows,
+        sql: "INSERT INTO provider_slots (provider, slot) SELECT $1, g FROM generate_series(0, $2 - 1) g \
+              ON CONFLICT (provider, slot) DO NOTHING",
+        show: [provider],
+        model: |db| Rows(db.ensure_slots(provider, *slots)),
+    }
+
+    /// `holder` takes the lowest free slot of `provider` below `slots`
+    /// for `hold_ms` (1), or finds them all held (0). A held slot is
+    /// skipped, not waited for.
+    AcquireSlot { provider: String, slots: u32, holder: String, hold_ms: u64 } => {
+        name: "acquire_slot",
+        access: Write,
+        reply: Rows,
+        sql: "WITH free AS ( \
+                SELECT slot FROM provider_slots \
+                 WHERE provider = $1 AND slot < $2 AND until_ms <= pelican_now_ms() \
+                 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED) \
+              UPDATE provider_slots p SET holder = $3, until_ms = pelican_now_ms() + $4 FROM free \
+               WHERE p.provider = $1 AND p.slot = free.slot AND p.until_ms <= pelican_now_ms()",
+        show: [provider, holder],
+        model: |db| Rows(db.acquire_slot(provider, *slots, holder, *hold_ms)),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `AcquireSlot` (`Overbooked`): takes the lowest slot
+    /// of `provider` below `slots`, whether or not its hold has run out.
+    AcquireAnySlot { provider: String, slots: u32, holder: String, hold_ms: u64 } => {
+        name: "acquire_any_slot",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE provider_slots SET holder = $3, until_ms = pelican_now_ms() + $4 \
+               WHERE provider = $1 AND slot = ( \
+                 SELECT min(slot) FROM provider_slots WHERE provider = $1 AND slot < $2)",
+        show: [provider, holder],
+        model: |db| Rows(db.acquire_any_slot(provider, *slots, holder, *hold_ms)),
+    }
+
+    /// Frees the slots of `provider` that `holder` holds.
+    ReleaseSlot { provider: String, holder: String } => {
+        name: "release_slot",
+        access: Write,
+        reply: Rows,
+        sql: "UPDATE provider_slots SET holder = '', until_ms = 0 WHERE provider = $1 AND holder = $2",
+        show: [provider, holder],
+        model: |db| Rows(db.release_slot(provider, holder)),
+    }
+
+    /// One request of `provider` at one per `interval_ms`, `burst` at once
+    /// (GCRA on the provider's row, locked by the upsert): 1, or 0 when it
+    /// is too soon.
+    TakeToken { provider: String, interval_ms: u64, burst: u32 } => {
+        name: "take_token",
+        access: Write,
+        reply: Rows,
+        sql: "INSERT INTO provider_rates AS r (provider, tat_ms) VALUES ($1, pelican_now_ms() + $2) \
+              ON CONFLICT (provider) DO UPDATE SET tat_ms = GREATEST(r.tat_ms, pelican_now_ms()) + $2 \
+               WHERE GREATEST(r.tat_ms, pelican_now_ms()) - pelican_now_ms() <= ($3 - 1) * $2",
+        show: [provider],
+        model: |db| Rows(db.take_token(provider, *interval_ms, *burst)),
+    }
+
     /// An operator's re-run of a dead run, with `extra_attempts` more.
     DlqRequeue { run: RunId, extra_attempts: u32 } => {
         name: "dlq_requeue",

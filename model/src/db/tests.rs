@@ -302,3 +302,54 @@ fn age_all_expires_every_deadline() {
             .is_some()
     );
 }
+
+/// A permit takes the lowest free slot; a held slot is free again once its
+/// hold runs out, not before; a release frees only its holder's slot.
+#[test]
+fn slots_are_held_until_released_or_their_hold_runs_out() {
+    let mut db = Db::new();
+    db.clock = t(1_000);
+    assert_eq!(db.acquire_slot("p", 2, "a", LEASE), 0, "no slots made yet");
+    assert_eq!(db.ensure_slots("p", 2), 2);
+    assert_eq!(db.ensure_slots("p", 2), 0, "made once");
+    assert_eq!(db.acquire_slot("p", 2, "a", LEASE), 1);
+    assert_eq!(db.acquire_slot("p", 2, "b", LEASE), 1);
+    assert_eq!(db.acquire_slot("p", 2, "c", LEASE), 0, "both held");
+    assert_eq!(db.acquire_slot("p", 1, "c", LEASE), 0, "a lower limit");
+    assert_eq!(db.release_slot("p", "x"), 0);
+    assert_eq!(db.release_slot("p", "b"), 1);
+    assert_eq!(db.acquire_slot("p", 2, "c", LEASE), 1, "b's slot");
+    assert_eq!(db.slots[&("p".to_owned(), 1)].0, "c");
+    db.clock = t(1_999);
+    assert_eq!(db.acquire_slot("p", 2, "d", LEASE), 0);
+    db.clock = t(2_000);
+    assert_eq!(db.acquire_slot("p", 2, "d", LEASE), 1, "a's hold ran out");
+    assert_eq!(db.slots[&("p".to_owned(), 0)].0, "d");
+    assert_eq!(db.release_slot("p", "a"), 0, "a no longer holds it");
+}
+
+/// The rate limit is a GCRA: `burst` calls at once after a quiet spell,
+/// then one per interval.
+#[test]
+fn tokens_come_at_the_rate_after_a_burst() {
+    let mut db = Db::new();
+    db.clock = t(10_000);
+    let granted = |db: &mut Db| db.take_token("p", 100, 3);
+    assert_eq!(
+        [granted(&mut db), granted(&mut db), granted(&mut db)],
+        [1, 1, 1]
+    );
+    assert_eq!(granted(&mut db), 0, "the burst is spent");
+    db.clock = t(10_099);
+    assert_eq!(granted(&mut db), 0);
+    db.clock = t(10_100);
+    assert_eq!(granted(&mut db), 1, "one interval later");
+    assert_eq!(granted(&mut db), 0);
+    db.clock = t(20_000);
+    assert_eq!(db.take_token("q", 100, 1), 1, "providers apart");
+    assert_eq!(
+        [granted(&mut db), granted(&mut db), granted(&mut db)],
+        [1, 1, 1]
+    );
+    assert_eq!(granted(&mut db), 0, "a quiet spell refills only the burst");
+}

@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 mod delivery;
+mod limits;
 mod maintenance;
 mod mutant;
 mod reclaimer;
@@ -55,6 +56,7 @@ mod steps;
 mod submitter;
 
 pub use delivery::{AckReason, Delivery, DeliveryEnd, PendingReason, superseded};
+pub use limits::ProviderLimit;
 pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
 pub use mutant::{Mutant, none_injected};
 pub use reclaimer::{Reclaimer, ReclaimerEvent};

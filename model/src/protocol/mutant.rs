@@ -101,6 +101,9 @@ mutants! {
     /// A claim that finds the run's elapsed budget spent runs the job
     /// anyway, and no attempt is cut short by the budget.
     IgnoreBudget,
+    /// A permit of a provider's concurrency limit takes the provider's
+    /// lowest slot whether or not another permit still holds it.
+    Overbooked,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -1,7 +1,7 @@
 //! The command line: every command, flag and environment variable.
 
 use crate::Config;
-use crate::jobs::Registry;
+use crate::jobs::{ProviderLimit, Registry};
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pelican_model::protocol::KindPolicy;
@@ -94,22 +94,64 @@ pub(crate) struct Connection {
     pub(crate) kind_policy: Vec<(String, KindPolicy)>,
 }
 
+/// `WHAT:field=N,...`, as `--kind-policy` and `--provider-limit` take it:
+/// the name before the colon (`what` names it in errors), then each field
+/// with its number, in order.
+fn parse_fields(text: &str, what: &str) -> Result<(String, Vec<(String, u64)>), String> {
+    let (name, fields) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not {}:field=N,...", what.to_uppercase()))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("{text:?} names no {what}"));
+    }
+    let fields = fields
+        .split(',')
+        .filter(|f| !f.trim().is_empty())
+        .map(|field| {
+            let (key, value) = field
+                .split_once('=')
+                .ok_or_else(|| format!("{field:?} is not field=N"))?;
+            let n = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{key}={value:?} is not a number"))?;
+            Ok((key.trim().to_owned(), n))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((name.to_owned(), fields))
+}
+
+/// `NAME:field=N,...` (see `--provider-limit`).
+fn parse_provider_limit(text: &str) -> Result<(String, ProviderLimit), String> {
+    let (name, fields) = parse_fields(text, "provider")?;
+    let mut l = ProviderLimit::default();
+    for (key, n) in fields {
+        let small = || u32::try_from(n).map_err(|_| format!("{key} must be below 2^32"));
+        match key.as_str() {
+            "concurrent" => l.concurrent = Some(small()?),
+            "per_second" => l.per_second = Some(small()?),
+            "burst" => l.burst = small()?,
+            "hold_ms" => l.hold_ms = n,
+            other => {
+                return Err(format!(
+                    "unknown field {other:?}; known: concurrent, per_second, burst, hold_ms"
+                ));
+            }
+        }
+    }
+    l.validate()
+        .map_err(|e| format!("provider {name:?}: {e}"))?;
+    Ok((name, l))
+}
+
 /// `KIND:field=N,...` (see `--kind-policy`).
 fn parse_kind_policy(text: &str) -> Result<(String, KindPolicy), String> {
-    let (kind, fields) = text
-        .split_once(':')
-        .ok_or_else(|| format!("{text:?} is not KIND:field=N,..."))?;
+    let (kind, fields) = parse_fields(text, "kind")?;
     let mut p = KindPolicy::default();
-    for field in fields.split(',').filter(|f| !f.trim().is_empty()) {
-        let (name, value) = field
-            .split_once('=')
-            .ok_or_else(|| format!("{field:?} is not field=N"))?;
-        let n: u64 = value
-            .trim()
-            .parse()
-            .map_err(|_| format!("{name}={value:?} is not a number"))?;
+    for (key, n) in fields {
         let ms = (n > 0).then_some(n);
-        match name.trim() {
+        match key.as_str() {
             "attempts_max" => {
                 let n = u32::try_from(n).ok().filter(|n| *n >= 1);
                 p.attempts_max = Some(n.ok_or("attempts_max must be 1 to 2^32-1")?);
@@ -126,11 +168,7 @@ fn parse_kind_policy(text: &str) -> Result<(String, KindPolicy), String> {
             }
         }
     }
-    let kind = kind.trim();
-    if kind.is_empty() {
-        return Err(format!("{text:?} names no kind"));
-    }
-    Ok((kind.to_owned(), p))
+    Ok((kind, p))
 }
 
 impl Connection {
@@ -326,6 +364,17 @@ pub(crate) struct WorkerArgs {
     /// fails the run.
     #[arg(long, env = "PELICAN_UNKNOWN_RETRIES_MAX", default_value_t = 1)]
     pub(crate) unknown_retries_max: u32,
+    /// A provider's limits, shared by every worker (over what the handlers
+    /// registered): `NAME:field=N,...` with fields concurrent, per_second,
+    /// burst, hold_ms. Repeat the flag per provider; in the variable,
+    /// separate providers with `;`.
+    #[arg(
+        long,
+        env = "PELICAN_PROVIDER_LIMIT",
+        value_delimiter = ';',
+        value_parser = parse_provider_limit
+    )]
+    pub(crate) provider_limit: Vec<(String, ProviderLimit)>,
     /// The longest result or error message an attempt may store, in bytes;
     /// a longer one fails its run with class `unstorable`.
     #[arg(long, env = "PELICAN_VALUE_BYTES_MAX", default_value_t = 4 << 20,

@@ -203,6 +203,9 @@ pub(crate) async fn worker(
     let mut registry = Registry::new(tools, ledger, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
     handlers(&mut registry);
+    for (provider, limit) in a.provider_limit {
+        registry.limit(&provider, limit);
+    }
     let trace = trace_probe(
         a.trace_file.as_deref(),
         &config.policy,

@@ -245,7 +245,8 @@ pub(super) fn verdict(
                 | Guarantee::S7
                 | Guarantee::S8
                 | Guarantee::S10
-                | Guarantee::S11 => {
+                | Guarantee::S11
+                | Guarantee::S12 => {
                     report.other_broken += 1;
                 }
             },

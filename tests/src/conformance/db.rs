@@ -119,6 +119,8 @@ impl Pick<String> for Words<'_> {
             "result" if w % 8 == 7 => "\"r\u{0}\"".into(),
             "result" => format!("\"r{}\"", w % 3),
             "key" => format!("run-1/{}", w % 3),
+            "provider" => ["p", "q"][(w % 2) as usize].into(),
+            "holder" => format!("h{}", w % 3),
             _ if w % 8 == 7 => "bo\u{0}om".into(),
             _ => ["boom", "timeout"][(w % 2) as usize].into(),
         }
@@ -215,7 +217,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
-        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers, steps RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
+        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers, steps, provider_slots, provider_rates RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
     )
     .await
     .map(|_| ())
@@ -288,6 +290,12 @@ pub(super) fn same_rows(model: &Db, live: &Db) -> Result<(), String> {
     }
     if model.steps != live.steps {
         return differ("steps", &model.steps, &live.steps);
+    }
+    if model.slots != live.slots {
+        return differ("provider slots", &model.slots, &live.slots);
+    }
+    if model.rates != live.rates {
+        return differ("provider rates", &model.rates, &live.rates);
     }
     Ok(())
 }

@@ -213,7 +213,12 @@ async fn race(url: &str, db: &PgDb, binding: Binding) -> Result<(), String> {
 }
 
 /// Waits until the sessions blocking `pid` satisfy `ok`.
-async fn until(db: &PgDb, what: &str, pid: i32, ok: impl Fn(&[i32]) -> bool) -> Result<(), String> {
+pub(super) async fn until(
+    db: &PgDb,
+    what: &str,
+    pid: i32,
+    ok: impl Fn(&[i32]) -> bool,
+) -> Result<(), String> {
     let started = Instant::now();
     loop {
         let by: Vec<i32> = sqlx::query_scalar("SELECT pg_blocking_pids($1)")

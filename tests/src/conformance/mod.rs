@@ -19,6 +19,7 @@
 //!   can reach the run in, alone and racing another in a second session.
 
 pub mod db;
+pub mod limits;
 pub mod lock_order;
 pub mod race;
 pub mod stream;

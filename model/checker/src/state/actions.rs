@@ -274,5 +274,12 @@ impl State {
             .group
             .as_ref()
             .is_some_and(|g| g.pel.values().any(|p| p.delivery_time.as_ms() > 0))
+            || self
+                .world
+                .db
+                .slots
+                .values()
+                .any(|(_, until)| until.as_ms() > 0)
+            || self.world.db.rates.values().any(|tat| tat.as_ms() > 0)
     }
 }

@@ -7,8 +7,8 @@ use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ReclaimerEvent,
-    StepPlan, StreamOp, StreamReply, Submitter,
+    Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ProviderLimit,
+    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
@@ -89,8 +89,7 @@ impl State {
             }
             Action::Resume(w) => self.workers[usize::from(w)].paused = false,
             Action::Tick(k) => {
-                self.world.redis.jobs.age_all();
-                self.world.db.age_all();
+                self.world.age_all();
                 // Time passed while jobs ran: a live worker's heartbeat timer
                 // fired meanwhile (a late heartbeat is the pause fault).
                 for w in &permutations(self.workers.len())[usize::from(k)] {
@@ -186,6 +185,9 @@ impl State {
     /// is step 0: the job reads its ledger first and replays a recorded
     /// step instead (the read and the effect are one step of the model).
     fn effect(&mut self, cfg: &Config, w: u8) {
+        if cfg.limits && !self.leave_to_call(cfg, w) {
+            return;
+        }
         let job = self.workers[usize::from(w)].job.clone().expect("guarded");
         let (run, fence) = (job.run, job.fence);
         let by = Issuer {
@@ -218,6 +220,42 @@ impl State {
         }
     }
 
+    /// With limits, worker `w`'s job asks for leave to call the provider:
+    /// its permit (kept once granted), then a token. Whether it has both;
+    /// if not, it asks again at its next step.
+    fn leave_to_call(&mut self, cfg: &Config, w: u8) -> bool {
+        const PROVIDER: &str = "p";
+        let limit = Config::provider_limit();
+        let job = self.workers[usize::from(w)].job.clone().expect("guarded");
+        let by = Issuer {
+            worker: Some(WorkerId(u32::from(w))),
+            own_fence: Some(job.fence),
+        };
+        if !job.permit {
+            let holder = ProviderLimit::holder(job.run, job.fence, 0);
+            let acquire = limit
+                .acquire(&cfg.policy, PROVIDER, &holder)
+                .expect("a concurrency limit");
+            let mut granted = self.world.db(&acquire, by) == DbReply::Rows(1);
+            if !granted && self.world.db.slots.is_empty() {
+                let ensure = limit.ensure(PROVIDER).expect("a concurrency limit");
+                self.world.db(&ensure, by);
+                granted = self.world.db(&acquire, by) == DbReply::Rows(1);
+            }
+            if !granted {
+                self.seen.slot_waited = true;
+                return false;
+            }
+            self.workers[usize::from(w)]
+                .job
+                .as_mut()
+                .expect("guarded")
+                .permit = true;
+        }
+        let take = limit.take_token(PROVIDER).expect("a rate limit");
+        self.world.db(&take, by) == DbReply::Rows(1)
+    }
+
     /// Worker `w`'s job records its step (whatever the answer, the job
     /// goes on to its outcome: a refused record means a later attempt holds
     /// the run, and the outcome's write is refused too).
@@ -238,7 +276,15 @@ impl State {
     /// Worker `w`'s job ends with an outcome of kind `kind`.
     fn finish(&mut self, cfg: &Config, w: u8, kind: OutcomeKind) {
         let wp = &mut self.workers[usize::from(w)];
-        wp.job = None;
+        if let Some(job) = wp.job.take().filter(|j| j.permit) {
+            let by = Issuer {
+                worker: Some(WorkerId(u32::from(w))),
+                own_fence: Some(job.fence),
+            };
+            let holder = ProviderLimit::holder(job.run, job.fence, 0);
+            self.world.db(&ProviderLimit::release("p", &holder), by);
+        }
+        let wp = &mut self.workers[usize::from(w)];
         let outcome = match kind {
             OutcomeKind::Success => JobOutcome::Succeeded {
                 result: String::new(),
@@ -491,6 +537,7 @@ impl State {
                         fence: e.fence,
                         effect_done: false,
                         record_due: false,
+                        permit: false,
                     });
                     self.world.check_execution(e.run, own);
                 }

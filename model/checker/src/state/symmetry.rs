@@ -178,9 +178,11 @@ impl State {
             retired,
             trimmed_owed: _, // labeled
             spent_claims,
+            permits,
+            tokens,
             violations,
         } = world;
-        spent_claims.hash(h);
+        (spent_claims, permits, tokens).hash(h);
         let pelican_model::stream::Stream {
             exists,
             entries: stream_entries,
@@ -221,8 +223,10 @@ impl State {
             clock,
             workers: registered,
             steps,
+            slots,
+            rates,
         } = db;
-        (registered, steps).hash(h);
+        (registered, steps, slots, rates).hash(h);
         clock.hash(h);
         (
             runs,

@@ -44,6 +44,8 @@ pub struct Job {
     pub effect_done: bool,
     /// Whether its step ran and its record is still to be sent.
     pub record_due: bool,
+    /// With limits: whether it holds its permit (a slot of the provider).
+    pub permit: bool,
 }
 
 /// One worker process.
@@ -161,6 +163,8 @@ pub struct Seen {
     pub retired_delivered: bool,
     /// An attempt replayed a step an earlier attempt recorded.
     pub step_replayed: bool,
+    /// A job waited for a slot another permit held.
+    pub slot_waited: bool,
     /// An unknown error failed its run at the policy's cap.
     pub unknown_capped: bool,
     /// A claim found its run's budget spent and failed it.

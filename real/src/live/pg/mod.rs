@@ -70,6 +70,7 @@ pub fn migrator() -> Migrator {
         migration(7, "execution ledger", sql::SCHEMA_STEPS),
         migration(8, "retry policy", sql::SCHEMA_RETRY_POLICY),
         migration(9, "elapsed budgets", sql::SCHEMA_BUDGET),
+        migration(10, "provider limits", sql::SCHEMA_LIMITS),
     ])
 }
 
@@ -202,6 +203,33 @@ impl PgDb {
         {
             let (step, row) = rows::step_row(r)?;
             db.steps.insert((rows::run_id(r)?, step), row);
+        }
+        for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
+            .fetch_all(p)
+            .await?
+        {
+            let slot: i32 = r.try_get("slot")?;
+            let until: i64 = r.try_get("until_ms")?;
+            db.slots.insert(
+                (
+                    r.try_get("provider")?,
+                    u32::try_from(slot).map_err(|_| rows::corrupt("slot", slot.to_string()))?,
+                ),
+                (
+                    r.try_get("holder")?,
+                    pelican_model::time::Timestamp(rows::unsigned("until_ms", until)?),
+                ),
+            );
+        }
+        for r in &sqlx::query("SELECT provider, tat_ms FROM provider_rates")
+            .fetch_all(p)
+            .await?
+        {
+            let tat: i64 = r.try_get("tat_ms")?;
+            db.rates.insert(
+                r.try_get("provider")?,
+                pelican_model::time::Timestamp(rows::unsigned("tat_ms", tat)?),
+            );
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
             .fetch_all(p)

@@ -1,0 +1,145 @@
+//! Per-provider limits (S12): how many calls to a provider may be in flight
+//! at once, and how fast they may start, across every worker.
+//!
+//! Both live in Postgres and are judged by its clock. A concurrency limit
+//! of N is N slots (`provider_slots`); a permit holds one until it is
+//! released or its hold runs out, so a worker that dies holding one frees it
+//! after [`ProviderLimit::hold_ms`], never before. A rate limit is one row of
+//! GCRA state (`provider_rates`): a call may start when the provider's
+//! theoretical arrival time is at most `(burst - 1) * interval` ahead of now.
+//! Limits bound load on the provider; they never change what a run writes.
+
+use super::Policy;
+use crate::db::DbOp;
+use crate::ids::{Fence, RunId};
+use serde::{Deserialize, Serialize};
+
+/// A provider's limits, shared by every worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProviderLimit {
+    /// Calls in flight at once, across all workers (`None`: no limit).
+    pub concurrent: Option<u32>,
+    /// Calls started per second, on average (`None`: no limit); at most
+    /// [`ProviderLimit::PER_SECOND_MAX`].
+    pub per_second: Option<u32>,
+    /// Calls that may start together after a quiet spell (at least 1).
+    pub burst: u32,
+    /// The longest a permit holds its slot. A worker that dies holding one
+    /// frees it after this; a call that takes longer shares its slot.
+    pub hold_ms: u64,
+}
+
+impl Default for ProviderLimit {
+    fn default() -> ProviderLimit {
+        ProviderLimit {
+            concurrent: None,
+            per_second: None,
+            burst: 1,
+            hold_ms: 60_000,
+        }
+    }
+}
+
+impl ProviderLimit {
+    /// The fastest rate a limit can state: one call a millisecond (the
+    /// clock's unit) on average; a larger burst lets more start together.
+    pub const PER_SECOND_MAX: u32 = 1_000;
+
+    /// Whether the limit can be enforced as stated.
+    ///
+    /// # Errors
+    /// A zero count, a rate above [`ProviderLimit::PER_SECOND_MAX`], or a
+    /// zero hold.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.concurrent == Some(0) {
+            return Err("concurrent must be at least 1".into());
+        }
+        match self.per_second {
+            Some(0) => return Err("per_second must be at least 1".into()),
+            Some(n) if n > Self::PER_SECOND_MAX => {
+                return Err(format!(
+                    "per_second must be at most {} (raise burst for more at once)",
+                    Self::PER_SECOND_MAX
+                ));
+            }
+            _ => {}
+        }
+        if self.burst == 0 {
+            return Err("burst must be at least 1".into());
+        }
+        if self.hold_ms == 0 {
+            return Err("hold_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The permit name of the `n`th permit the attempt of `run` holding
+    /// `fence` asks for: unique across attempts and workers.
+    #[must_use]
+    pub fn holder(run: RunId, fence: Fence, n: u32) -> String {
+        format!("{}/{}/{n}", run.0, fence.0)
+    }
+
+    /// The statement that takes one of `provider`'s slots for `holder`
+    /// (`None`: no concurrency limit). Answers 1, or 0 when all are held
+    /// or none exist yet ([`ProviderLimit::ensure`]).
+    #[must_use]
+    pub fn acquire(&self, policy: &Policy, provider: &str, holder: &str) -> Option<DbOp> {
+        let (provider, slots) = (provider.to_owned(), self.concurrent?);
+        let (holder, hold_ms) = (holder.to_owned(), self.hold_ms);
+        #[cfg(feature = "mutants")]
+        if crate::injects!(policy, Overbooked) {
+            return Some(DbOp::AcquireAnySlot {
+                provider,
+                slots,
+                holder,
+                hold_ms,
+            });
+        }
+        #[cfg(not(feature = "mutants"))]
+        let _ = policy;
+        Some(DbOp::AcquireSlot {
+            provider,
+            slots,
+            holder,
+            hold_ms,
+        })
+    }
+
+    /// The statement that makes `provider`'s slots (free), for a first
+    /// acquire that found none.
+    #[must_use]
+    pub fn ensure(&self, provider: &str) -> Option<DbOp> {
+        Some(DbOp::EnsureSlots {
+            provider: provider.to_owned(),
+            slots: self.concurrent?,
+        })
+    }
+
+    /// The statement that frees `holder`'s slot of `provider`.
+    #[must_use]
+    pub fn release(provider: &str, holder: &str) -> DbOp {
+        DbOp::ReleaseSlot {
+            provider: provider.to_owned(),
+            holder: holder.to_owned(),
+        }
+    }
+
+    /// The time between calls at the stated rate (`None`: no rate limit).
+    #[must_use]
+    pub fn interval_ms(&self) -> Option<u64> {
+        self.per_second
+            .map(|n| (1_000 / u64::from(n.clamp(1, Self::PER_SECOND_MAX))).max(1))
+    }
+
+    /// The statement that takes a token of `provider`'s rate limit (`None`:
+    /// no rate limit). Answers 1, or 0 when it is too soon.
+    #[must_use]
+    pub fn take_token(&self, provider: &str) -> Option<DbOp> {
+        Some(DbOp::TakeToken {
+            provider: provider.to_owned(),
+            interval_ms: self.interval_ms()?,
+            burst: self.burst.max(1),
+        })
+    }
+}
