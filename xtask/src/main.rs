@@ -575,7 +575,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "--ignored",
     ]);
     run(
-        "the standard, retention, steps, unknown and budget configurations, correct build (release)",
+        "the standard, retention, steps, unknown, budget and limits configurations, correct build (release)",
         release,
     )?;
     let mut mutants = cargo();

@@ -66,13 +66,15 @@ mod simulated {
         let sweep = simulation(register).check(0..1_000);
         eprintln!("{} seeds: {:?}", sweep.seeds, sweep.counters);
         // The seeds did what they are for: workers died at step boundaries,
-        // and a tool call that reached the provider before its attempt died
-        // was sent again under its key and not applied again.
+        // a tool call that reached the provider before its attempt died was
+        // sent again under its key and not applied again, and model calls
+        // waited for the model's limits (S12).
         for event in [
             "step_boundary_kills",
             "kills",
             "external_deduplicated",
             "redis_wipes",
+            "slot_waits",
         ] {
             assert!(sweep.count(event) > 0, "no seed had {event}: {sweep:?}");
         }
