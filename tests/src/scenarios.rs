@@ -985,14 +985,15 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
             .run_to(1, pg.pool())
             .await
             .expect("schema version 1 applies");
-        let insert = DbOp::InsertRun {
-            run,
-            kind: "noop".into(),
-            input: "{}".into(),
-            attempts_max: 3,
-            budget_ms: 0,
-        };
-        assert!(matches!(pg.execute(&insert).await, Ok(DbReply::Rows(1))));
+        // As that release inserted it: today's statement names columns
+        // later migrations add.
+        let insert = format!(
+            "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max) \
+             VALUES ({}, 'noop', '{{}}', 'queued', 1, 0, 0, 3)",
+            run.0
+        );
+        let inserted = pelican_real::live::pg::raw_execute(&pg, &insert).await;
+        assert!(matches!(inserted, Ok(1)), "{inserted:?}");
     });
     // `Env` runs `pelican migrate`: the upgrade under test.
     let mut env = Env::with_database(url, Some(db), mutant);
