@@ -136,6 +136,8 @@ pub enum Shape {
     Candidates,
     /// One new id ([`DbReply::NewRun`]).
     NewRun,
+    /// New ids, in order ([`DbReply::NewRuns`]).
+    NewRuns,
     /// One new worker number ([`DbReply::NewWorker`]).
     NewWorker,
     /// Attempt rows ([`DbReply::Attempts`]).
@@ -164,6 +166,8 @@ pub enum DbReply {
     Candidates(Vec<Candidate>),
     /// A fresh run id.
     NewRun(RunId),
+    /// Fresh run ids, in increasing order.
+    NewRuns(Vec<RunId>),
     /// A fresh worker number.
     NewWorker(WorkerId),
     /// A run's attempts.
@@ -531,6 +535,13 @@ statements! {
         sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
               VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0)) \
               ON CONFLICT (run_id) DO NOTHING",
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms)) \
+              INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
+              SELECT run_id, kind, input, 'queued', 1, 0, 0, attempts_max, pelican_now_ms() + NULLIF(budget_ms, 0) \
+                FROM input ORDER BY run_id \
+              ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
         show: [run],
         model: |db| Rows(db.insert_run_budgeted(*run, kind, input, *attempts_max, budget(*budget_ms))),
     }
@@ -582,6 +593,12 @@ statements! {
         reply: Rows,
         sql: "UPDATE runs SET published_at = pelican_now_ms(), entry_id = $3 \
               WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'",
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[]) AS i(run_id, dispatch, entry_id)) \
+              UPDATE runs r SET published_at = pelican_now_ms(), entry_id = i.entry_id \
+                FROM input i \
+               WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.status = 'queued' \
+              RETURNING r.run_id",
         show: [run, dispatch, entry],
         model: |db| Rows(db.mark_published(*run, *dispatch, *entry, db.clock)),
     }
@@ -890,6 +907,16 @@ statements! {
         sql: "SELECT nextval('run_ids')",
         show: [],
         model: |db| DbReply::NewRun(db.next_run_id()),
+    }
+
+    /// `count` fresh run ids, in increasing order: a bulk submission's.
+    NextRunIds { count: u32 } => {
+        name: "next_run_ids",
+        access: Write,
+        reply: NewRuns,
+        sql: "SELECT nextval('run_ids') AS run_id FROM generate_series(1, $1) ORDER BY 1",
+        show: [count],
+        model: |db| DbReply::NewRuns((0..*count).map(|_| db.next_run_id()).collect()),
     }
 
     /// The run's attempts in order.

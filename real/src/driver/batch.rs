@@ -1,5 +1,6 @@
 //! Batching: many deliveries' claims, completions, reads (and
-//! acknowledgements) sent as one request.
+//! acknowledgements), and many submissions' inserts and publications, sent
+//! as one request.
 //!
 //! [`Batching`] wraps a client. Each delivery still sends its own command
 //! and waits for its own answer — the protocol's state machines do not
@@ -10,11 +11,13 @@
 //! for nothing.
 //!
 //! - [`Batching::db`] wraps a [`DbClient`]: [`DbOp::Claim`]s, on distinct
-//!   runs, go out as one batch, [`DbOp::Complete`]s as another, and
-//!   [`DbOp::ReadRun`]s as a third ([`DbClient::call_batch`]); the Postgres
-//!   binding sends each as one statement (its batched form).
+//!   runs, go out as one batch, [`DbOp::Complete`]s as another,
+//!   [`DbOp::ReadRun`]s as a third, and a submission's [`DbOp::InsertRun`]
+//!   and [`DbOp::MarkPublished`] as two more ([`DbClient::call_batch`]);
+//!   the Postgres binding sends each as one statement (its batched form).
 //! - [`Batching::stream`] wraps a [`StreamClient`]: [`StreamOp::Ack`]s go
-//!   out as one pipeline of `XACK`s, one round trip for the lot
+//!   out as one pipeline of `XACK`s, one round trip for the lot, and
+//!   [`StreamOp::Publish`]es as one of `XADD`s
 //!   ([`StreamClient::call_batch`]).
 //!
 //! Why this keeps S1–S10: a batch is what
@@ -50,7 +53,10 @@ pub struct Batching<C> {
     claims: Option<Queue<DbOp, DbReply>>,
     completions: Option<Queue<DbOp, DbReply>>,
     reads: Option<Queue<DbOp, DbReply>>,
+    inserts: Option<Queue<DbOp, DbReply>>,
+    marks: Option<Queue<DbOp, DbReply>>,
     acks: Option<Queue<StreamOp, StreamResult>>,
+    publishes: Option<Queue<StreamOp, StreamResult>>,
 }
 
 /// A command waiting in a queue, with where its answer goes.
@@ -79,13 +85,22 @@ impl<O: Send + 'static, R: Send + 'static> Queue<O, R> {
     }
 }
 
+impl<C> Batching<C> {
+    /// The wrapped client, for what it does besides the protocol's
+    /// commands.
+    #[must_use]
+    pub fn inner(&self) -> &C {
+        &self.inner
+    }
+}
+
 impl<D: DbClient> Batching<D> {
-    /// Wraps a database client: claims, completions and reads in batches of at
-    /// most `max`, each given up after `timeout` (as a lost reply: the
-    /// batch task must not wait forever for an answer that was lost, or
-    /// every later claim would wait behind it). `max == 1` sends every
-    /// command on its own. Spawns the three batching tasks on the current
-    /// runtime; they end when this is dropped.
+    /// Wraps a database client: claims, completions, reads, inserts and
+    /// publication marks in batches of at most `max`, each given up after
+    /// `timeout` (as a lost reply: the batch task must not wait forever for
+    /// an answer that was lost, or every later claim would wait behind it).
+    /// `max == 1` sends every command on its own. Spawns the five batching
+    /// tasks on the current runtime; they end when this is dropped.
     #[must_use]
     pub fn db(inner: D, max: usize, timeout: Duration) -> Batching<D> {
         let inner = Arc::new(inner);
@@ -94,25 +109,33 @@ impl<D: DbClient> Batching<D> {
             claims: queue(),
             completions: queue(),
             reads: queue(),
+            inserts: queue(),
+            marks: queue(),
             acks: None,
+            publishes: None,
             inner: inner.clone(),
         }
     }
 }
 
 impl<S: StreamClient> Batching<S> {
-    /// Wraps a stream client: acknowledgements pipelined, at most `max` in
-    /// one round trip, each pipeline given up after `timeout`. `max == 1`
-    /// sends every command on its own. Spawns the batching task on the
-    /// current runtime; it ends when this is dropped.
+    /// Wraps a stream client: acknowledgements pipelined, and publications
+    /// apart from them, at most `max` in one round trip, each pipeline given
+    /// up after `timeout`. `max == 1` sends every command on its own.
+    /// Spawns the two batching tasks on the current runtime; they end when
+    /// this is dropped.
     #[must_use]
     pub fn stream(inner: S, max: usize, timeout: Duration) -> Batching<S> {
         let inner = Arc::new(inner);
+        let queue = || (max > 1).then(|| Queue::spawn(Stream(inner.clone()), max, timeout));
         Batching {
             claims: None,
             completions: None,
             reads: None,
-            acks: (max > 1).then(|| Queue::spawn(Stream(inner.clone()), max, timeout)),
+            inserts: None,
+            marks: None,
+            acks: queue(),
+            publishes: queue(),
             inner,
         }
     }
@@ -124,6 +147,8 @@ impl<D: DbClient> DbClient for Batching<D> {
             DbOp::Claim { .. } => self.claims.as_ref(),
             DbOp::Complete { .. } => self.completions.as_ref(),
             DbOp::ReadRun { .. } => self.reads.as_ref(),
+            DbOp::InsertRun { .. } => self.inserts.as_ref(),
+            DbOp::MarkPublished { .. } => self.marks.as_ref(),
             _ => None,
         };
         match queue {
@@ -139,9 +164,14 @@ impl<D: DbClient> DbClient for Batching<D> {
 
 impl<S: StreamClient> StreamClient for Batching<S> {
     async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
-        match (&op, &self.acks) {
-            (StreamOp::Ack { .. }, Some(queue)) => queue.call(op, by).await,
-            _ => self.inner.call(op, by).await,
+        let queue = match op {
+            StreamOp::Ack { .. } => self.acks.as_ref(),
+            StreamOp::Publish { .. } => self.publishes.as_ref(),
+            _ => None,
+        };
+        match queue {
+            Some(queue) => queue.call(op, by).await,
+            None => self.inner.call(op, by).await,
         }
     }
 
@@ -173,7 +203,10 @@ impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
     /// Writes on one run never share a batch; reads of one run may.
     fn run(op: &DbOp) -> Option<RunId> {
         match op {
-            DbOp::Claim { run, .. } | DbOp::Complete { run, .. } => Some(*run),
+            DbOp::Claim { run, .. }
+            | DbOp::Complete { run, .. }
+            | DbOp::InsertRun { run, .. }
+            | DbOp::MarkPublished { run, .. } => Some(*run),
             _ => None,
         }
     }
@@ -189,7 +222,8 @@ impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
 }
 
 impl<S: StreamClient> Sink<StreamOp, StreamResult> for Stream<S> {
-    /// Acks of one entry may share a pipeline: each is its own command.
+    /// Acks of one entry, or publications of one run, may share a
+    /// pipeline: each is its own command.
     fn run(_: &StreamOp) -> Option<RunId> {
         None
     }

@@ -112,6 +112,15 @@ impl RedisStream {
 
     /// `XACK <jobs> <group> <id>...`: the twin of `Stream::xack` (alone, or
     /// one of a pipeline).
+    fn xadd(&self, entry: &JobEntry) -> Cmd {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&self.names.jobs).arg("*");
+        for (k, v) in encode_job(entry) {
+            cmd.arg(k).arg(v);
+        }
+        cmd
+    }
+
     fn xack(&self, ids: &[EntryId]) -> Cmd {
         let mut cmd = redis::cmd("XACK");
         cmd.arg(&self.names.jobs).arg(&self.names.group);
@@ -131,12 +140,7 @@ impl RedisStream {
         let n = &self.names;
         Ok(match op {
             StreamOp::Publish { entry, .. } => {
-                let mut cmd = redis::cmd("XADD");
-                cmd.arg(&n.jobs).arg("*");
-                for (k, v) in encode_job(&entry) {
-                    cmd.arg(k).arg(v);
-                }
-                self.query(&cmd).await?.and_then(added)
+                self.query(&self.xadd(&entry)).await?.and_then(added)
             }
             StreamOp::PublishDead { entry, .. } => {
                 let mut cmd = redis::cmd("XADD");
@@ -307,14 +311,23 @@ impl StreamClient for RedisStream {
         &self,
         ops: Vec<(StreamOp, Issuer)>,
     ) -> Result<Vec<StreamResult>, Unavailable> {
-        if !ops.iter().all(|(op, _)| matches!(op, StreamOp::Ack { .. })) {
+        // Acks and publications pipeline: each is its own command, and its
+        // answer is read as a lone one's.
+        type Read = fn(Value) -> Result<StreamReply, StreamError>;
+        let pipelined: Option<Vec<(Cmd, Read)>> = ops
+            .iter()
+            .map(|(op, _)| match op {
+                StreamOp::Ack { ids } => Some((self.xack(ids), (|v| Ok(acked(v))) as Read)),
+                StreamOp::Publish { entry, .. } => Some((self.xadd(entry), added as Read)),
+                _ => None,
+            })
+            .collect();
+        let Some(pipelined) = pipelined else {
             return crate::driver::one_by_one(ops, |op, _| self.execute(op)).await;
-        }
+        };
         let mut pipe = redis::pipe();
-        for (op, _) in &ops {
-            if let StreamOp::Ack { ids } = op {
-                pipe.add_command(self.xack(ids));
-            }
+        for (cmd, _) in &pipelined {
+            pipe.add_command(cmd.clone());
         }
         let mut conn = self.conn.clone();
         let replies: Vec<redis::RedisResult<Value>> = pipe
@@ -324,7 +337,8 @@ impl StreamClient for RedisStream {
             .map_err(|_| Unavailable)?;
         replies
             .into_iter()
-            .map(|r| Ok(answer(r)?.map(acked)))
+            .zip(pipelined)
+            .map(|(r, (_, read))| Ok(answer(r)?.and_then(read)))
             .collect()
     }
 }

@@ -178,6 +178,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
             let row = one.ok_or_else(|| corrupt("nextval", "no row"))?;
             DbReply::NewRun(RunId(unsigned("run_id", row.try_get(0)?)?))
         }
+        Shape::NewRuns => DbReply::NewRuns(all(rows, run_id)?),
         Shape::NewWorker => {
             let row = one.ok_or_else(|| corrupt("worker_id", "no row"))?;
             let id: i32 = row.try_get("worker_id")?;
