@@ -62,6 +62,6 @@ pub mod live;
 pub mod trace;
 
 pub use driver::{
-    Batching, Config, DbClient, Entropy, Io, NoProbe, Probe, RoleId, Start, StreamClient,
-    StreamResult, Tools, Worker, cancel, maintain, now, submit,
+    Batching, Config, DbClient, Entropy, Io, NewRun, NoProbe, Probe, RoleId, Start, StreamClient,
+    StreamResult, Tools, Worker, cancel, maintain, new_run_ids, now, submit, submit_many,
 };

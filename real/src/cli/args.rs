@@ -226,10 +226,12 @@ pub(crate) enum Cmd {
     Api(ApiArgs),
     /// Run a worker.
     Worker(WorkerArgs),
-    /// Submit a run (as `POST /runs` does) and print its id.
+    /// Submit a run (as `POST /runs` does) and print its id, or every line
+    /// of a file.
     Submit {
         /// The job kind.
-        kind: String,
+        #[arg(required_unless_present = "from_file")]
+        kind: Option<String>,
         /// The job input (JSON).
         #[arg(default_value = "{}")]
         input: String,
@@ -240,6 +242,14 @@ pub(crate) enum Cmd {
         /// stores nothing and prints the key's run.
         #[arg(long)]
         key: Option<String>,
+        /// Submit every line of FILE instead: one JSON object a line,
+        /// `{"kind": K, "input": I, "key": KEY}` (input and key optional).
+        /// A bad line fails alone; the rest are stored.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["kind", "key"])]
+        from_file: Option<std::path::PathBuf>,
+        /// With --from-file: lines inserted, published and marked together.
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        batch_max: u64,
     },
     /// Show one run, or the queue's state when no run is given.
     Status {
@@ -308,6 +318,12 @@ pub(crate) struct ApiArgs {
     /// Largest request body accepted.
     #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub(crate) body_limit_bytes: usize,
+    /// The most runs one `POST /runs` array may submit; they are inserted,
+    /// published and marked together (and concurrent submissions share
+    /// batches up to this size).
+    #[arg(long, env = "PELICAN_BULK_MAX", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub(crate) bulk_max: u64,
     /// Attempts each submitted run allows.
     #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
     pub(crate) attempts_max: u32,

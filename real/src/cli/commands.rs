@@ -258,8 +258,17 @@ pub(crate) async fn serve_api(
     let clients = connect(c, 0).await?;
     let config = c.config(a.attempts_max, handlers)?;
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy, 0)?;
+    let timeout = Duration::from_millis(config.call_timeout_ms);
+    let bulk_max = a.bulk_max as usize;
     let state = Arc::new(ApiState {
-        io: io(clients, config, trace),
+        io: Io {
+            stream: Batching::stream(clients.stream, bulk_max, timeout),
+            db: Batching::db(clients.db, bulk_max, timeout),
+            probe: trace,
+            entropy: Arc::new(OsEntropy),
+            config,
+        },
+        bulk_max,
         token: a.api_token,
         read_token: a.api_read_token,
         metrics: handle,
@@ -302,9 +311,15 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             input,
             attempts_max,
             key,
+            from_file,
+            batch_max,
         } => {
             let config = c.config(attempts_max, handlers)?;
-            submit_one(c, config, &kind, &input, key.as_deref()).await
+            match (from_file, kind) {
+                (Some(path), _) => submit_file(c, config, &path, batch_max as usize).await,
+                (None, Some(kind)) => submit_one(c, config, &kind, &input, key.as_deref()).await,
+                (None, None) => bail!("name a KIND, or give --from-file"),
+            }
         }
         Cmd::Status { run: Some(r) } => {
             let view = api::run_view(&connect_db(c).await?, run_id(&r)?)
@@ -389,6 +404,154 @@ async fn submit_one(
         SubmitterEnd::Refused => {
             bail!("Postgres refused the run's values (text holding a NUL byte); nothing was stored")
         }
+    }
+}
+
+/// How many batches of a `--from-file` submission are in flight at once:
+/// while one inserts, another publishes and a third marks.
+const FILE_BATCHES_IN_FLIGHT: usize = 4;
+
+/// A line of a `--from-file` submission.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLine {
+    kind: String,
+    #[serde(default = "empty_object")]
+    input: serde_json::Value,
+    key: Option<String>,
+}
+
+fn empty_object() -> serde_json::Value {
+    json!({})
+}
+
+/// Line `text`, as a run to submit, or why it is not one.
+fn file_line(text: &str) -> Result<crate::NewRun, String> {
+    let line: FileLine = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    api::validate_kind(&line.kind)?;
+    if let Some(k) = &line.key {
+        api::validate_key(k)?;
+    }
+    Ok(crate::NewRun {
+        kind: line.kind,
+        input: line.input.to_string(),
+        key: line.key,
+    })
+}
+
+/// `pelican submit --from-file`: one JSON object a line (`{"kind", "input",
+/// "key"}`), submitted `batch_max` lines at a time ([`crate::submit_many`]),
+/// a few batches at once. A bad line, or a run Postgres refuses, fails
+/// alone: every other line is stored. Prints what became of the lines.
+async fn submit_file(
+    c: &Connection,
+    config: Config,
+    path: &std::path::Path,
+    batch_max: usize,
+) -> Result<()> {
+    use futures_util::StreamExt;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut runs = Vec::new();
+    let mut line_of = Vec::new();
+    let mut failed = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        match file_line(line) {
+            Ok(run) => {
+                runs.push(run);
+                line_of.push(i + 1);
+            }
+            Err(e) => failed.push(json!({ "line": i + 1, "error": e })),
+        }
+    }
+    let clients = connect(c, 0).await?;
+    let timeout = Duration::from_millis(config.call_timeout_ms);
+    let io = Io {
+        stream: Batching::stream(clients.stream, batch_max, timeout),
+        db: Batching::db(clients.db, batch_max, timeout),
+        probe: NoProbe,
+        entropy: Arc::new(OsEntropy),
+        config,
+    };
+    let batch_max = batch_max.max(1);
+    let mut ends = futures_util::stream::iter(runs.chunks(batch_max).enumerate())
+        .map(|(b, chunk)| {
+            let io = &io;
+            async move {
+                let ids = crate::new_run_ids(io, chunk.len()).await;
+                let ends = match ids {
+                    Ok(ids) => {
+                        let runs: Vec<_> = ids.into_iter().zip(chunk.iter().cloned()).collect();
+                        let ends = crate::submit_many(io, &runs).await;
+                        Ok(runs
+                            .into_iter()
+                            .map(|(run, _)| run)
+                            .zip(ends)
+                            .collect::<Vec<_>>())
+                    }
+                    Err(e) => Err(e),
+                };
+                (b, ends)
+            }
+        })
+        .buffer_unordered(FILE_BATCHES_IN_FLIGHT);
+    let (mut accepted, mut existing, mut unpublished) = (0u64, 0u64, 0u64);
+    while let Some((b, ends)) = ends.next().await {
+        let lines = &line_of[b * batch_max..(b * batch_max + batch_max).min(line_of.len())];
+        let Ok(ends) = ends else {
+            for line in lines {
+                failed.push(json!({ "line": line, "error": "Postgres did not answer; nothing of this line was stored" }));
+            }
+            continue;
+        };
+        for (line, (run, end)) in lines.iter().zip(ends) {
+            let error = match end {
+                SubmitterEnd::Accepted { published } => {
+                    accepted += 1;
+                    unpublished += u64::from(!published);
+                    continue;
+                }
+                SubmitterEnd::Existing(_) => {
+                    existing += 1;
+                    continue;
+                }
+                SubmitterEnd::KeyConflict(first) => {
+                    format!(
+                        "its key was first used for run {} with another request",
+                        first.0
+                    )
+                }
+                SubmitterEnd::Unavailable => format!(
+                    "Postgres did not answer: run {} may or may not be stored (a line with a key is safe to submit again)",
+                    run.0
+                ),
+                SubmitterEnd::Refused => {
+                    "Postgres refused its values (text holding a NUL byte)".to_owned()
+                }
+            };
+            failed.push(json!({ "line": line, "error": error }));
+        }
+    }
+    failed.sort_by_key(|f| f["line"].as_u64());
+    print(&json!({
+        "accepted": accepted,
+        "existing": existing,
+        "unpublished": unpublished,
+        "failed": failed.len(),
+        "failures": failed.iter().take(100).collect::<Vec<_>>(),
+    }));
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "{} line(s) of {} were not stored",
+            failed.len(),
+            path.display()
+        )
     }
 }
 

@@ -60,6 +60,96 @@ pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
         .expect("a submission ends once its commands are answered")
 }
 
+/// One run of a bulk submission ([`submit_many`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRun {
+    /// The job kind.
+    pub kind: String,
+    /// The job input (JSON text).
+    pub input: String,
+    /// The client's idempotency key, if any.
+    pub key: Option<String>,
+}
+
+/// `count` fresh run ids, from one statement.
+///
+/// # Errors
+/// Postgres did not answer: no id was handed out to anyone who will use
+/// it, and nothing was stored.
+pub async fn new_run_ids<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    count: usize,
+) -> Result<Vec<RunId>, Unavailable> {
+    let count = u32::try_from(count).map_err(|_| Unavailable)?;
+    match io
+        .db
+        .call(DbOp::NextRunIds { count }, Issuer::default())
+        .await
+    {
+        Ok(DbReply::NewRuns(ids)) if ids.len() == count as usize => Ok(ids),
+        _ => Err(Unavailable),
+    }
+}
+
+/// Submits `runs` (each with its id, from [`new_run_ids`]) together: one
+/// [`Submitter`] each, driven in step, each step's commands sent at once
+/// ([`Io::run_each`]): the inserts as one statement, the publications as
+/// one pipeline, the marks as one statement. Answers each run's end, in
+/// order: every run keeps its own key and its own answer, and a value
+/// Postgres refuses fails only its run. A key that comes again later in
+/// `runs` is submitted after its first run has its answer, so the first in
+/// order is the key's run, as if they were sent one by one.
+pub async fn submit_many<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    runs: &[(RunId, NewRun)],
+) -> Vec<SubmitterEnd> {
+    let mut keys = std::collections::BTreeSet::new();
+    let (first, again): (Vec<usize>, Vec<usize>) =
+        (0..runs.len()).partition(|&i| runs[i].1.key.as_ref().is_none_or(|k| keys.insert(k)));
+    let mut machines: Vec<(usize, RoleId, Submitter)> = first
+        .into_iter()
+        .map(|i| {
+            let (run, r) = &runs[i];
+            let role = RoleId::Submitter(*run);
+            io.probe.started(
+                &role,
+                &super::Start::Submit {
+                    run: *run,
+                    kind: r.kind.clone(),
+                    input: r.input.clone(),
+                    key: r.key.clone(),
+                },
+            );
+            let s = Submitter::new(&io.config.policy, *run, &r.kind, &r.input, r.key.as_deref());
+            (i, role, s)
+        })
+        .collect();
+    loop {
+        let (at, commands): (Vec<usize>, Vec<(RoleId, Command, Issuer)>) = machines
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(m, (_, role, s))| Some((m, (role.clone(), s.poll()?, Issuer::default()))))
+            .unzip();
+        if commands.is_empty() {
+            break;
+        }
+        for (m, (now, input)) in at.into_iter().zip(io.run_each(commands).await) {
+            machines[m].2.handle(now, input);
+        }
+    }
+    let mut ends = vec![SubmitterEnd::Unavailable; runs.len()];
+    for (i, _, s) in machines {
+        ends[i] = s
+            .end()
+            .expect("a submission ends once its commands are answered");
+    }
+    for i in again {
+        let (run, r) = &runs[i];
+        ends[i] = submit(io, *run, &r.kind, &r.input, r.key.as_deref()).await;
+    }
+    ends
+}
+
 /// Cancels `run` (S7): `Ok(true)` if this request made it cancelled,
 /// `Ok(false)` if it was already terminal or unknown.
 ///

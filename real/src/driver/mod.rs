@@ -11,7 +11,7 @@ use pelican_model::stream::StreamError;
 use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ mod maintenance;
 mod worker;
 
 pub use batch::Batching;
-pub use maintenance::{cancel, maintain, submit};
+pub use maintenance::{NewRun, cancel, maintain, new_run_ids, submit, submit_many};
 pub use worker::Worker;
 
 /// A boxed future, for trait objects.
@@ -426,6 +426,63 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
         let at = self.now();
         self.probe.received(role, at, &input);
         (at, input)
+    }
+
+    /// Runs the commands of many roles at once, each role's own command
+    /// answered to it as [`Io::run_at`] answers one: the database commands
+    /// of one statement as one batch ([`DbClient::call_batch`]: one fused
+    /// statement where it has a batched form), the stream commands as one
+    /// pipeline. A batch without an answer is a lost request or reply for
+    /// each of its commands.
+    pub async fn run_each(
+        &self,
+        commands: Vec<(RoleId, Command, Issuer)>,
+    ) -> Vec<(Timestamp, Input)> {
+        let timeout = Duration::from_millis(self.config.call_timeout_ms);
+        let mut inputs = vec![Input::Unavailable; commands.len()];
+        let mut db: BTreeMap<&'static str, Vec<(usize, DbOp, Issuer)>> = BTreeMap::new();
+        let mut stream: Vec<(usize, StreamOp, Issuer)> = Vec::new();
+        for (i, (role, command, by)) in commands.iter().enumerate() {
+            self.probe.sent(role, command);
+            match command {
+                Command::Db(op) => db.entry(op.name()).or_default().push((i, op.clone(), *by)),
+                Command::Stream(op) => stream.push((i, op.clone(), *by)),
+                other => panic!("not a server command: {other:?}"),
+            }
+        }
+        for (statement, group) in db {
+            let (at, ops): (Vec<usize>, Vec<(DbOp, Issuer)>) =
+                group.into_iter().map(|(i, op, by)| (i, (op, by))).unzip();
+            if let Ok(Ok(replies)) = tokio::time::timeout(timeout, self.db.call_batch(ops)).await {
+                for (i, reply) in at.iter().zip(replies) {
+                    inputs[*i] = Input::Db(reply);
+                }
+            }
+            for i in at {
+                self.probe
+                    .db_answered(&commands[i].0, statement, &inputs[i]);
+            }
+        }
+        if !stream.is_empty() {
+            let (at, ops): (Vec<usize>, Vec<(StreamOp, Issuer)>) =
+                stream.into_iter().map(|(i, op, by)| (i, (op, by))).unzip();
+            if let Ok(Ok(replies)) =
+                tokio::time::timeout(timeout, self.stream.call_batch(ops)).await
+            {
+                for (i, reply) in at.into_iter().zip(replies) {
+                    inputs[i] = Input::Stream(reply);
+                }
+            }
+        }
+        let at = self.now();
+        commands
+            .iter()
+            .zip(inputs)
+            .map(|((role, _, _), input)| {
+                self.probe.received(role, at, &input);
+                (at, input)
+            })
+            .collect()
     }
 }
 

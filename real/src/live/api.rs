@@ -17,7 +17,7 @@
 use super::metrics;
 use super::pg::PgDb;
 use super::redis::RedisStream;
-use crate::driver::{Io, cancel, submit};
+use crate::driver::{Batching, Io, NewRun as Submission, cancel, new_run_ids, submit, submit_many};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -34,7 +34,11 @@ use std::sync::Arc;
 /// The API's dependencies.
 pub struct ApiState {
     /// The driver's clients (the API runs submissions and cancels).
-    pub io: Io<RedisStream, PgDb, Option<crate::trace::TraceProbe>>,
+    /// Submissions go through batching clients: concurrent ones, and the
+    /// runs of one bulk submission, share statements and pipelines.
+    pub io: Io<Batching<RedisStream>, Batching<PgDb>, Option<crate::trace::TraceProbe>>,
+    /// The most runs one `POST /runs` may submit (an array's length).
+    pub bulk_max: usize,
     /// The bearer token every route but `/healthz` requires (`None`: the
     /// operator chose to serve without auth).
     pub token: Option<String>,
@@ -122,6 +126,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// An item of a `POST /runs` array.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkRun {
+    kind: String,
+    #[serde(default = "empty_object")]
+    input: Value,
+    key: Option<String>,
+}
+
 /// `POST /runs` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -175,7 +189,7 @@ pub fn validate_key(key: &str) -> Result<(), String> {
 async fn create_run(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
-    body: Result<Json<NewRun>, JsonRejection>,
+    body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers, Need::Write)?;
     let key = match headers.get(IDEMPOTENCY_KEY) {
@@ -188,10 +202,24 @@ async fn create_run(
             Some(k.to_owned())
         }
     };
-    let Json(new) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
+    let Json(body) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
+    if let Value::Array(items) = body {
+        if key.is_some() {
+            return Err(bad(format!(
+                "{IDEMPOTENCY_KEY} names one run: give each item of an array its own \"key\""
+            )));
+        }
+        return create_runs(&state, items).await;
+    }
+    let new: NewRun = serde_json::from_value(body).map_err(|e| {
+        ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Failed to deserialize the JSON body into the target type: {e}"),
+        )
+    })?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
-    let Ok(DbReply::NewRun(run)) = state.io.db.execute(&DbOp::NextRunId).await else {
+    let Ok(DbReply::NewRun(run)) = state.io.db.inner().execute(&DbOp::NextRunId).await else {
         // Nothing was sent that could store a run.
         return Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -206,7 +234,13 @@ async fn create_run(
                 (StatusCode::ACCEPTED, Json(body)).into_response()
             }
             SubmitterEnd::Existing(first) => {
-                let status = match state.io.db.execute(&DbOp::ReadRun { run: first }).await {
+                let status = match state
+                    .io
+                    .db
+                    .inner()
+                    .execute(&DbOp::ReadRun { run: first })
+                    .await
+                {
                     Ok(DbReply::Run(Some(r))) => json!(r.status.as_str()),
                     _ => Value::Null,
                 };
@@ -246,6 +280,99 @@ async fn create_run(
     )
 }
 
+/// `POST /runs` with an array: each item a run (`{"kind", "input", "key"}`),
+/// all submitted together ([`submit_many`]: one statement for their ids,
+/// one for their inserts, a pipeline of XADDs, one statement for the
+/// marks). Each item gets its own answer, with the status code a lone
+/// submission of it would have had; a bad item fails alone.
+async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, ApiError> {
+    if items.is_empty() {
+        return Err(bad("an empty array submits nothing"));
+    }
+    if items.len() > state.bulk_max {
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} runs in one request; at most {} (--bulk-max)",
+                items.len(),
+                state.bulk_max
+            ),
+        ));
+    }
+    let mut answers = vec![Value::Null; items.len()];
+    let (mut runs, mut at) = (Vec::new(), Vec::new());
+    for (i, item) in items.into_iter().enumerate() {
+        match bulk_item(item) {
+            Ok(run) => {
+                runs.push(run);
+                at.push(i);
+            }
+            Err((code, error)) => answers[i] = json!({ "code": code.as_u16(), "error": error }),
+        }
+    }
+    let ids = if runs.is_empty() {
+        Vec::new()
+    } else {
+        new_run_ids(&state.io, runs.len()).await.map_err(|_| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Postgres is unavailable; nothing was stored; retry later".into(),
+            )
+        })?
+    };
+    let runs: Vec<(RunId, Submission)> = ids.into_iter().zip(runs).collect();
+    let ends = submit_many(&state.io, &runs).await;
+    let accepted = ends
+        .iter()
+        .filter(|e| matches!(e, SubmitterEnd::Accepted { .. }))
+        .count();
+    for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
+        answers[i] = match end {
+            SubmitterEnd::Accepted { published } => json!({
+                "code": 202, "run_id": run.0, "status": "queued", "published": published,
+            }),
+            SubmitterEnd::Existing(first) => {
+                json!({ "code": 200, "run_id": first.0, "existing": true })
+            }
+            SubmitterEnd::KeyConflict(first) => json!({
+                "code": 422,
+                "error": format!(
+                    "key {:?} was first used for run {} with another request",
+                    submitted.key.as_deref().unwrap_or_default(),
+                    first.0
+                ),
+            }),
+            SubmitterEnd::Unavailable => json!({
+                "code": 504,
+                "outcome": "unknown",
+                "error": "Postgres did not answer in time: the run may or may not be stored; \
+                          an item with a key is safe to submit again",
+            }),
+            SubmitterEnd::Refused => json!({
+                "code": 422,
+                "error": "Postgres refused the run's values (text holding a NUL byte); nothing was stored",
+            }),
+        };
+    }
+    tracing::info!(runs = answers.len(), accepted, "bulk submission");
+    Ok((StatusCode::OK, Json(json!({ "runs": answers }))).into_response())
+}
+
+/// An array item as a run to submit, or the status and reason it is not.
+fn bulk_item(item: Value) -> Result<Submission, (StatusCode, String)> {
+    let run: BulkRun = serde_json::from_value(item)
+        .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+    validate_kind(&run.kind).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    if let Some(k) = &run.key {
+        validate_key(k).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    }
+    Ok(Submission {
+        kind: run.kind,
+        input: serde_json::to_string(&run.input).expect("a JSON value serializes"),
+        key: run.key,
+    })
+}
+
 /// Forgets idempotency keys older than `keep`, in batches, every
 /// `keep / 24` (at most once a minute); runs until the process ends.
 pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
@@ -261,6 +388,7 @@ pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
             match io
                 .io
                 .db
+                .inner()
                 .execute(&DbOp::ExpireKeys {
                     keep_ms,
                     limit: BATCH,
@@ -335,7 +463,7 @@ async fn get_run(
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers, Need::Read)?;
     let run = parse_run(&id)?;
-    Ok(Json(run_view(&state.io.db, run).await?))
+    Ok(Json(run_view(state.io.db.inner(), run).await?))
 }
 
 async fn cancel_run(
@@ -347,7 +475,7 @@ async fn cancel_run(
     let run = parse_run(&id)?;
     match cancel(&state.io, run).await {
         Ok(true) => Ok(Json(json!({ "run_id": run.0, "status": "cancelled" }))),
-        Ok(false) => match state.io.db.execute(&DbOp::ReadRun { run }).await {
+        Ok(false) => match state.io.db.inner().execute(&DbOp::ReadRun { run }).await {
             Ok(DbReply::Run(Some(r))) => Err(ApiError(
                 StatusCode::CONFLICT,
                 format!("run {} already ended: {}", run.0, r.status),
@@ -362,8 +490,11 @@ async fn cancel_run(
 }
 
 async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = matches!(state.io.db.execute(&DbOp::Ping).await, Ok(DbReply::Rows(1)));
-    let mut conn = state.io.stream.connection();
+    let pg = matches!(
+        state.io.db.inner().execute(&DbOp::Ping).await,
+        Ok(DbReply::Rows(1))
+    );
+    let mut conn = state.io.stream.inner().connection();
     let redis = redis::cmd("PING")
         .query_async::<String>(&mut conn)
         .await
@@ -385,7 +516,7 @@ async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) ->
     if let Err(e) = authorize(&state, &headers, Need::Read) {
         return e.into_response();
     }
-    metrics::observe_queue(&state.io.stream, &state.io.db).await;
+    metrics::observe_queue(state.io.stream.inner(), state.io.db.inner()).await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
