@@ -12,11 +12,13 @@ use madsim::runtime::{Handle, Runtime};
 use madsim::task::NodeId;
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::Broken;
-use pelican_model::protocol::{Command, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp};
+use pelican_model::protocol::{
+    Command, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp, SubmitterEnd,
+};
 use pelican_model::stream::Trim;
 use pelican_model::world::Redis;
 use pelican_real::jobs::{ProviderLimit, Registry, effects_of};
-use pelican_real::{Batching, Entropy, Io, Probe, RoleId, Worker, cancel, submit};
+use pelican_real::{Batching, Entropy, Io, NewRun, Probe, RoleId, Worker, cancel, submit_many};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -336,41 +338,81 @@ async fn api_main(
 ) {
     let (io, _) = io_for(&oracle, "api", &scenario, mutant, 0).await;
     let started = pelican_real::now().0;
-    for p in plan {
-        let io = io.clone();
-        let oracle = oracle.clone();
-        madsim::task::spawn(async move {
-            let left = (started + p.at_ms).saturating_sub(pelican_real::now().0);
-            madsim::time::sleep(Duration::from_millis(left)).await;
-            lock(&oracle)
-                .effects_expected
-                .insert(p.run, effects_of(&p.kind, &p.input));
-            // A client retries a submission that got no answer; the run id
-            // makes the retry idempotent.
-            for _ in 0..4 {
-                match submit(&*io, p.run, &p.kind, &p.input, None).await {
-                    pelican_model::protocol::SubmitterEnd::Accepted { published } => {
+    // Planned runs in groups of three, in order: every other group is one
+    // bulk submission at its first run's time (their inserts fused, their
+    // publications pipelined), the rest one submission a run.
+    for (g, group) in plan.chunks(3).enumerate() {
+        let bulk = g % 2 == 0 && group.len() > 1;
+        let groups: Vec<Vec<Planned>> = if bulk {
+            vec![group.to_vec()]
+        } else {
+            group.iter().map(|p| vec![p.clone()]).collect()
+        };
+        for mut runs in groups {
+            let io = io.clone();
+            let oracle = oracle.clone();
+            madsim::task::spawn(async move {
+                let left = (started + runs[0].at_ms).saturating_sub(pelican_real::now().0);
+                madsim::time::sleep(Duration::from_millis(left)).await;
+                for p in &runs {
+                    lock(&oracle)
+                        .effects_expected
+                        .insert(p.run, effects_of(&p.kind, &p.input));
+                }
+                if runs.len() > 1 {
+                    lock(&oracle).count("bulk_submissions");
+                }
+                // A client retries what got no answer; the run id makes
+                // the retry idempotent.
+                for _ in 0..4 {
+                    let batch: Vec<(RunId, NewRun)> = runs
+                        .iter()
+                        .map(|p| {
+                            let run = NewRun {
+                                kind: p.kind.clone(),
+                                input: p.input.clone(),
+                                key: None,
+                            };
+                            (p.run, run)
+                        })
+                        .collect();
+                    let ends = submit_many(&*io, &batch).await;
+                    let left = {
                         let mut o = lock(&oracle);
-                        o.world.accepted.insert(p.run);
-                        o.count(if published {
-                            "submitted"
-                        } else {
-                            "submitted_unpublished"
-                        });
+                        let mut left = Vec::new();
+                        for (p, end) in runs.into_iter().zip(ends) {
+                            match end {
+                                SubmitterEnd::Accepted { published } => {
+                                    o.world.accepted.insert(p.run);
+                                    o.count(if published {
+                                        "submitted"
+                                    } else {
+                                        "submitted_unpublished"
+                                    });
+                                }
+                                end @ (SubmitterEnd::Refused
+                                | SubmitterEnd::Existing(_)
+                                | SubmitterEnd::KeyConflict(_)) => {
+                                    unreachable!(
+                                        "unkeyed submissions of valid text answer no {end:?}"
+                                    )
+                                }
+                                SubmitterEnd::Unavailable => {
+                                    o.count("submit_retries");
+                                    left.push(p);
+                                }
+                            }
+                        }
+                        left
+                    };
+                    runs = left;
+                    if runs.is_empty() {
                         break;
                     }
-                    end @ (pelican_model::protocol::SubmitterEnd::Refused
-                    | pelican_model::protocol::SubmitterEnd::Existing(_)
-                    | pelican_model::protocol::SubmitterEnd::KeyConflict(_)) => {
-                        unreachable!("unkeyed submissions of valid text answer no {end:?}")
-                    }
-                    pelican_model::protocol::SubmitterEnd::Unavailable => {
-                        lock(&oracle).count("submit_retries");
-                        madsim::time::sleep(Duration::from_millis(300)).await;
-                    }
+                    madsim::time::sleep(Duration::from_millis(300)).await;
                 }
-            }
-        });
+            });
+        }
     }
     while let Some(command) = commands.recv().await {
         match command {

@@ -491,6 +491,155 @@ pub fn a_dead_workers_permit_frees_after_its_hold(mutant: Option<&str>) {
     );
 }
 
+/// `pelican submit --from-file` stores and publishes 50,000 lines, a batch
+/// of them at a time, and a bad line fails alone: one not JSON, one whose
+/// kind is misspelt, one with an unknown field; a key given twice with the
+/// same body answers its first run, and with another body is refused.
+pub fn submit_from_file_stores_every_line(mutant: Option<&str>) {
+    use std::fmt::Write as _;
+    const LINES: u64 = 50_000;
+    let env = Env::mutated(mutant);
+    let mut text = String::new();
+    for i in 0..LINES {
+        let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
+    }
+    for line in [
+        "{not json",
+        r#"{"kind":"Bad Kind"}"#,
+        r#"{"kind":"noop","speed":1}"#,
+        r#"{"kind":"noop","key":"k1"}"#,
+        "",
+        r#"{"kind":"noop","key":"k1"}"#,
+        r#"{"kind":"noop","input":{"x":1},"key":"k1"}"#,
+    ] {
+        text.push_str(line);
+        text.push('\n');
+    }
+    let path = std::env::temp_dir().join(format!("pelican-lines-{}.jsonl", std::process::id()));
+    std::fs::write(&path, text).expect("the test writes its lines");
+    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "bad lines fail the command: {stderr}"
+    );
+    assert!(stderr.contains("4 line(s)"), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("it prints JSON");
+    assert_eq!(
+        (&v["accepted"], &v["existing"], &v["failed"]),
+        (&json!(LINES + 1), &json!(1), &json!(4)),
+        "{v}"
+    );
+    let failed: Vec<(u64, String)> = v["failures"]
+        .as_array()
+        .expect("failures")
+        .iter()
+        .map(|f| {
+            (
+                f["line"].as_u64().unwrap(),
+                f["error"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let lines: Vec<u64> = failed.iter().map(|f| f.0).collect();
+    assert_eq!(
+        lines,
+        [LINES + 1, LINES + 2, LINES + 3, LINES + 7],
+        "{failed:?}"
+    );
+    assert!(failed[1].1.contains("kind"), "{failed:?}");
+    assert!(failed[2].1.contains("unknown field"), "{failed:?}");
+    assert!(failed[3].1.contains("another request"), "{failed:?}");
+    let db = env.db();
+    assert_eq!(db.runs.len() as u64, LINES + 1, "one run per good line");
+    assert!(
+        db.runs
+            .values()
+            .all(|r| r.published_at.is_some() && r.entry_id.is_some()),
+        "every run published"
+    );
+    let len: u64 = redis::cmd("XLEN")
+        .arg("pelican:jobs")
+        .query(&mut env.redis.conn())
+        .expect("XLEN");
+    assert_eq!(len, LINES + 1, "one entry per run");
+    let inputs: std::collections::BTreeSet<&str> =
+        db.runs.values().map(|r| r.input.as_str()).collect();
+    assert!(inputs.contains(r#"{"i":0}"#) && inputs.contains(r#"{"i":49999}"#));
+}
+
+/// `POST /runs` with an array stores every good item and answers each on
+/// its own: a bad kind (400), an unknown field (422), a key's first run
+/// (202), the same item again (200, the first run), the key with another
+/// body (422). An array with an `Idempotency-Key` header, an empty one and
+/// one past `--bulk-max` store nothing. The stored runs run to their end.
+pub fn bulk_submit_answers_each_item(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api_with_flags("sekret", 3, &["--bulk-max", "8"]);
+    let agent = agent();
+    let post = |body: &Value, key: Option<&str>| {
+        let mut req = agent
+            .post(format!("{base}/runs"))
+            .header("Authorization", "Bearer sekret");
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        let mut resp = req.send_json(body).expect("the API answers");
+        let status = resp.status().as_u16();
+        (
+            status,
+            resp.body_mut().read_json::<Value>().unwrap_or(Value::Null),
+        )
+    };
+    let items = json!([
+        {"kind": "noop"},
+        {"kind": "Bad Kind"},
+        {"kind": "effect", "input": {"calls": 1}, "key": "b1"},
+        {"kind": "noop", "speed": 1},
+        {"kind": "effect", "input": {"calls": 1}, "key": "b1"},
+        {"kind": "noop", "key": "b1"},
+        {"kind": "sleep", "input": {"ms": 10}},
+    ]);
+    let (status, body) = post(&items, None);
+    assert_eq!(status, 200, "{body}");
+    let answers = body["runs"].as_array().expect("one answer per item");
+    let codes: Vec<u64> = answers
+        .iter()
+        .map(|a| a["code"].as_u64().unwrap())
+        .collect();
+    assert_eq!(codes, [202, 400, 202, 422, 200, 422, 202], "{body}");
+    assert_eq!(
+        answers[4]["run_id"], answers[2]["run_id"],
+        "the key's first run"
+    );
+    for (i, a) in answers.iter().enumerate() {
+        if [1, 3, 5].contains(&i) {
+            assert!(a["error"].is_string(), "{a}");
+        }
+    }
+    let stored = env.db().runs.len();
+    assert_eq!(stored, 3, "the good items alone");
+    for (body, key, want) in [
+        (json!([{"kind": "noop"}]), Some("k"), 400),
+        (json!([]), None, 400),
+        (json!(vec![json!({"kind": "noop"}); 9]), None, 413),
+    ] {
+        let (status, answer) = post(&body, key);
+        assert_eq!(status, want, "{answer}");
+        assert!(answer["error"].is_string(), "{answer}");
+    }
+    assert_eq!(env.db().runs.len(), stored, "nothing more stored");
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let db = env.check(&[]);
+    assert!(
+        db.runs.values().all(|r| r.status == RunStatus::Succeeded),
+        "{:?}",
+        db.runs
+    );
+}
+
 /// A terminal error is not retried.
 pub fn terminal_error_is_not_retried(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);

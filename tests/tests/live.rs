@@ -24,6 +24,8 @@ live! {
     budgets_and_timeouts_bound_runs,
     provider_limits_hold_across_two_workers,
     a_dead_workers_permit_frees_after_its_hold,
+    submit_from_file_stores_every_line,
+    bulk_submit_answers_each_item,
     terminal_error_is_not_retried,
     poison_values_fail_alone,
     keyed_retry_through_a_lock_wait,

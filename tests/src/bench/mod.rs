@@ -120,6 +120,9 @@ pub struct LiveFigures {
     pub submit_seconds: f64,
     /// Runs submitted per second.
     pub submit_per_s: f64,
+    /// Runs `pelican submit --from-file` stored and published per second
+    /// (process start and file included).
+    pub submit_from_file_per_s: Option<f64>,
     /// From the workers' start to every run's outcome and an empty PEL.
     pub drain_seconds: f64,
     /// `drain_jobs / drain_seconds`.
@@ -179,6 +182,7 @@ impl LiveFigures {
             "drain_jobs": self.drain_jobs,
             "submit_seconds": round(self.submit_seconds, 2),
             "submit_per_s": round(self.submit_per_s, 0),
+            "submit_from_file_per_s": self.submit_from_file_per_s.map(|x| round(x, 0)),
             "drain_seconds": round(self.drain_seconds, 2),
             "live_jobs_per_s": round(self.jobs_per_s, 0),
             "live_jobs_per_s_unbatched": self.unbatched_jobs_per_s.map(|x| round(x, 0)),
@@ -362,6 +366,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
             figures.unguarded_drains,
         );
     }
+    figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
         let (_, unbatched_s) = drain(&rt, &cluster, plan, 1, false);
         figures.unbatched_jobs_per_s = Some(jobs / unbatched_s);
@@ -517,6 +522,40 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
          (medians of 20); counting every run by status (pelican status) {count_all:.1} ms (median of 5)"
     );
     (pass, metrics, count_all)
+}
+
+/// Times `pelican submit --from-file` of `n` no-op lines into an empty
+/// database, checks that it stored every line, and answers runs per
+/// second.
+fn submit_from_file(cluster: &Cluster, n: u32) -> f64 {
+    use std::fmt::Write as _;
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), None);
+    env.trace = false;
+    let mut text = String::with_capacity(n as usize * 40);
+    for i in 0..n {
+        let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
+    }
+    let path = std::env::temp_dir().join(format!("pelican-bench-{}.jsonl", std::process::id()));
+    std::fs::write(&path, text).expect("the bench writes its lines");
+    eprintln!("bench: pelican submit --from-file of {n} lines");
+    let t = Instant::now();
+    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+    let seconds = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "pelican submit --from-file failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("it prints JSON");
+    assert_eq!(v["accepted"], n, "every line stored: {v}");
+    eprintln!(
+        "bench: submitted from a file in {seconds:.2} s ({:.0}/s)",
+        f64::from(n) / seconds
+    );
+    f64::from(n) / seconds
 }
 
 /// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
