@@ -17,6 +17,7 @@
 //! The file is long because it is the whole schema's semantics: one short
 //! method per statement, meant to be read beside its SQL.
 
+use crate::events::{EventKind, RunEvent};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{AttemptOutcome, ErrorClass, RunStatus};
 use crate::time::Timestamp;
@@ -76,6 +77,14 @@ pub struct RunRow {
     /// after it was inserted; `None`: no budget).
     #[serde(default)]
     pub deadline: Option<Timestamp>,
+    /// The number of the run's latest event ([`crate::events`]): 1 when
+    /// inserted (its `queued` event), one more at each event.
+    #[serde(default = "first_event")]
+    pub events: u32,
+}
+
+fn first_event() -> u32 {
+    1
 }
 
 /// One row of `attempts`.
@@ -91,6 +100,13 @@ pub struct AttemptRow {
     pub dispatch: Dispatch,
     /// How it ended, once recorded.
     pub outcome: Option<AttemptOutcome>,
+    /// The number of its `claimed` event (none for attempts claimed before
+    /// the run had events: schema version 10).
+    #[serde(default)]
+    pub claimed_seq: Option<u32>,
+    /// The number of its `succeeded` event.
+    #[serde(default)]
+    pub outcome_seq: Option<u32>,
 }
 
 /// One row of `dead_letters`: what an operator needs to investigate (S6).
@@ -211,6 +227,10 @@ pub struct Db {
     /// next request (GCRA).
     #[serde(default)]
     pub rates: BTreeMap<String, Timestamp>,
+    /// `run_events`: the events that are not an attempt row's, by (run,
+    /// number).
+    #[serde(default)]
+    pub events: BTreeMap<(RunId, u32), RunEvent>,
     /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
     /// or compares. Whoever runs the model sets it; a worker's clock never
     /// reaches a statement.
@@ -237,6 +257,29 @@ impl Db {
         self.runs
             .get_mut(&run)
             .filter(|r| r.active_fence == fence && r.status == RunStatus::Running)
+    }
+
+    /// Writes event `kind` of `run` as a `run_events` row, numbered by the
+    /// run's row, at its current attempt; `fence` is the writer's.
+    fn log(
+        &mut self,
+        run: RunId,
+        kind: EventKind,
+        fence: Fence,
+        class: Option<ErrorClass>,
+        data: &str,
+    ) {
+        let r = self.runs.get_mut(&run).expect("caller checked the row");
+        r.events += 1;
+        let event = RunEvent {
+            seq: r.events,
+            kind,
+            attempt: AttemptNo(r.attempts),
+            fence,
+            class,
+            data: data.to_owned(),
+        };
+        self.events.insert((run, event.seq), event);
     }
 
     /// A new run without a budget ([`Db::insert_run_budgeted`]).
@@ -278,6 +321,7 @@ impl Db {
                 error: None,
                 unknown_failures: 0,
                 deadline: budget_ms.map(|b| self.clock.add_ms(b)),
+                events: 1,
             },
         );
         1
@@ -475,6 +519,8 @@ impl Db {
         r.retry_at = None;
         r.entry_id = Some(entry);
         r.published_at.get_or_insert(now);
+        r.events += 1;
+        let claimed_seq = Some(r.events);
         let claimed = Claimed {
             fence: r.active_fence,
             attempt: AttemptNo(r.attempts),
@@ -491,6 +537,8 @@ impl Db {
                 entry_id: entry,
                 dispatch,
                 outcome: None,
+                claimed_seq,
+                outcome_seq: None,
             },
         );
         claimed
@@ -566,6 +614,76 @@ impl Db {
         }
     }
 
+    /// [`Statement::AppendEvent`]: the attempt holding `fence` reports
+    /// progress `data` (JSON). 1 when written; 0 when the attempt no longer
+    /// holds the run.
+    pub fn append_event(&mut self, run: RunId, fence: Fence, data: &str) -> u64 {
+        if self.fenced(run, fence).is_none() {
+            return 0;
+        }
+        self.log(run, EventKind::Progress, fence, None, data);
+        1
+    }
+
+    /// Mutant twin of [`Db::append_event`] (`ZombieProgress`): writes the
+    /// progress of any attempt while the run is running, holding the run
+    /// or not. Only in a build with the `mutants` feature.
+    #[cfg(feature = "mutants")]
+    pub fn append_event_unfenced(&mut self, run: RunId, fence: Fence, data: &str) -> u64 {
+        match self.runs.get(&run) {
+            Some(r) if r.status == RunStatus::Running => {
+                self.log(run, EventKind::Progress, fence, None, data);
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`Statement::ReadEvents`]: up to `limit` events of `run` numbered
+    /// above `after`, in order: event 1 (`queued`), each attempt's claim
+    /// and success (its row), and the rows of `run_events`.
+    #[must_use]
+    pub fn read_events(&self, run: RunId, after: u32, limit: usize) -> Vec<RunEvent> {
+        if !self.runs.contains_key(&run) {
+            return Vec::new();
+        }
+        let mut log = vec![RunEvent {
+            seq: 1,
+            kind: EventKind::Queued,
+            attempt: AttemptNo(0),
+            fence: Fence(0),
+            class: None,
+            data: String::new(),
+        }];
+        for ((_, n), a) in self
+            .attempts
+            .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
+        {
+            let event = |seq, kind, data: &str| RunEvent {
+                seq,
+                kind,
+                attempt: *n,
+                fence: a.fence,
+                class: None,
+                data: data.to_owned(),
+            };
+            log.extend(
+                a.claimed_seq
+                    .map(|s| event(s, EventKind::Claimed, &a.worker)),
+            );
+            log.extend(a.outcome_seq.map(|s| event(s, EventKind::Succeeded, "")));
+        }
+        log.extend(
+            self.events
+                .range((run, 0)..=(run, u32::MAX))
+                .map(|(_, e)| e.clone()),
+        );
+        log.retain(|e| e.seq > after);
+        log.sort_by_key(|e| e.seq);
+        log.truncate(limit);
+        log
+    }
+
     /// [`Statement::Complete`]: the attempt holding `fence` succeeded.
     pub fn complete(&mut self, run: RunId, fence: Fence, result: &str) -> u64 {
         let now = self.clock;
@@ -576,7 +694,12 @@ impl Db {
         r.result = Some(result.to_owned());
         r.lease_until = None;
         r.finished_at = Some(now);
+        r.events += 1;
+        let seq = r.events;
         self.set_outcome(run, fence, AttemptOutcome::Succeeded);
+        if let Some(a) = self.attempt_mut(run, fence) {
+            a.outcome_seq = Some(seq);
+        }
         1
     }
 
@@ -597,6 +720,7 @@ impl Db {
         r.lease_until = None;
         r.finished_at = Some(now);
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        self.log(run, EventKind::Failed, fence, Some(class), message);
         1
     }
 
@@ -623,6 +747,7 @@ impl Db {
             r.unknown_failures += 1;
         }
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
+        self.log(run, EventKind::RetryScheduled, fence, Some(class), message);
         1
     }
 
@@ -685,6 +810,7 @@ impl Db {
         }
         self.set_outcome(run, fence, AttemptOutcome::Failed(class));
         self.bury(run, class, message);
+        self.log(run, EventKind::Dead, fence, Some(class), message);
         1
     }
 
@@ -703,7 +829,15 @@ impl Db {
         if r.dispatch != dispatch || !gone || r.attempts < r.attempts_max {
             return 0;
         }
+        let fence = r.active_fence;
         self.bury(run, ErrorClass::Exhausted, "attempts exhausted");
+        self.log(
+            run,
+            EventKind::Dead,
+            fence,
+            Some(ErrorClass::Exhausted),
+            "attempts exhausted",
+        );
         1
     }
 
@@ -718,6 +852,8 @@ impl Db {
                 r.retry_at = None;
                 r.published_at.get_or_insert(now);
                 r.finished_at = Some(now);
+                let fence = r.active_fence;
+                self.log(run, EventKind::Cancelled, fence, None, "");
                 1
             }
             _ => 0,
@@ -823,6 +959,8 @@ impl Db {
                 d.requeued = true;
                 r.attempts_max = r.attempts.saturating_add(extra_attempts);
                 redispatch(r);
+                let fence = r.active_fence;
+                self.log(run, EventKind::Requeued, fence, None, "");
                 1
             }
             _ => 0,
@@ -917,6 +1055,7 @@ impl Db {
             self.dead_letters.remove(run);
             self.keys.retain(|_, k| k.run != *run);
             self.steps.retain(|(r, _), _| r != run);
+            self.events.retain(|(r, _), _| r != run);
         }
         gone
     }

@@ -1,4 +1,4 @@
-//! The guarantees S1–S12 ([`Guarantee`]) as functions over a [`World`] or
+//! The guarantees S1–S13 ([`Guarantee`]) as functions over a [`World`] or
 //! its database.
 //!
 //! Step guarantees (S2, S3, S4, S5, S7, S8) are checked as commands execute
@@ -12,6 +12,7 @@
 //! [`quiescent`] and the live audit.
 
 use crate::db::{AttemptRow, Db, RunRow};
+use crate::events::{self, EventKind};
 use crate::ids::{AttemptNo, RunId};
 use crate::protocol::{JobEntry, Policy};
 use crate::status::{AttemptOutcome, ErrorClass, RunStatus};
@@ -111,6 +112,10 @@ guarantees! {
     /// its concurrency limit allows, and its calls start no faster than its
     /// rate allows (at most `burst + d / interval` in any span `d`).
     S12 = 12, "provider limits";
+    /// Run events: what a reader sees of a run's events is a prefix of its
+    /// history, numbered without gaps, with no event written by an attempt
+    /// that did not hold the run.
+    S13 = 13, "run events";
 }
 
 impl Guarantee {
@@ -295,6 +300,9 @@ pub fn outcomes(db: &Db, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken> {
     let mut out = Vec::new();
     for r in db.runs.values() {
         let run = r.run_id;
+        if let Some(detail) = event_log(db, r) {
+            out.push(broken(Guarantee::S13, detail));
+        }
         let succeeded = attempts(db, run)
             .filter(|(_, a)| a.outcome == Some(AttemptOutcome::Succeeded))
             .count();
@@ -402,6 +410,41 @@ pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
     })
 }
 
+/// S13 on a run's final log: whole ([`events::check`]), as long as the
+/// row says, and ending as the run did.
+fn event_log(db: &Db, r: &RunRow) -> Option<String> {
+    let run = r.run_id;
+    let log = db.read_events(run, 0, usize::MAX);
+    if let Err(e) = events::check(0, &log) {
+        return Some(format!("{run}'s events: {e}"));
+    }
+    let last = log.last().expect("a run's log holds its queued event");
+    if last.seq != r.events {
+        return Some(format!(
+            "{run}'s last event is {} but its row counts {}",
+            last.seq, r.events
+        ));
+    }
+    // A run from before schema version 11 has attempts without events.
+    if attempts(db, run).any(|(_, a)| a.claimed_seq.is_none()) {
+        return None;
+    }
+    let ended = match r.status {
+        RunStatus::Succeeded => Some(EventKind::Succeeded),
+        RunStatus::Failed => Some(EventKind::Failed),
+        RunStatus::Cancelled => Some(EventKind::Cancelled),
+        RunStatus::Dead => Some(EventKind::Dead),
+        _ => None,
+    };
+    match ended {
+        Some(kind) if last.kind != kind => Some(format!(
+            "{run} is {} but its last event is {} {}",
+            r.status, last.seq, last.kind
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,6 +468,7 @@ mod tests {
                 "S10 bad input",
                 "S11 durable steps",
                 "S12 provider limits",
+                "S13 run events",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

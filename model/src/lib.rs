@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod db;
+pub mod events;
 pub mod ids;
 pub mod invariants;
 pub mod protocol;

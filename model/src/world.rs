@@ -12,6 +12,7 @@
 //! over the state.
 
 use crate::db::{Claimed, Db, RunRow};
+use crate::events::{self, EventFault, RunEvent};
 use crate::ids::{AttemptNo, EntryId, Fence, RunId, WorkerId};
 use crate::invariants::Guarantee;
 use crate::protocol::{DbOp, DbReply, DeadEntry, DeliveryEnd, JobEntry, StreamOp, StreamReply};
@@ -197,6 +198,11 @@ pub enum Violation {
     SlotOverbooked(String),
     /// S12: the provider's calls started faster than its rate allows.
     RateExceeded(String),
+    /// S13: the run's events were renumbered, rewritten or left a gap:
+    /// an earlier read is not a prefix of a later one.
+    EventsRewritten(RunId),
+    /// S13: an attempt that did not hold the run wrote one of its events.
+    EventFromFencedOff(RunId),
 }
 
 impl Violation {
@@ -216,6 +222,7 @@ impl Violation {
             Violation::LiveRunDeleted(_) => Guarantee::S1,
             Violation::StepRerun(..) | Violation::StepReplaced(..) => Guarantee::S11,
             Violation::SlotOverbooked(_) | Violation::RateExceeded(_) => Guarantee::S12,
+            Violation::EventsRewritten(_) | Violation::EventFromFencedOff(_) => Guarantee::S13,
         }
     }
 }
@@ -253,6 +260,21 @@ pub struct World {
     pub tokens: BTreeMap<String, Vec<Timestamp>>,
     /// Every violation seen.
     pub violations: BTreeSet<Violation>,
+}
+
+/// The run whose events `op` may write (S13 is checked around it).
+fn event_target(op: &DbOp) -> Option<RunId> {
+    match op {
+        DbOp::Claim { run, .. }
+        | DbOp::DeadLetterExhausted { run, .. }
+        | DbOp::Cancel { run }
+        | DbOp::DlqRequeue { run, .. } => Some(*run),
+        #[cfg(feature = "mutants")]
+        DbOp::ClaimReviving { run, .. }
+        | DbOp::ClaimAt { run, .. }
+        | DbOp::AppendEventUnfenced { run, .. } => Some(*run),
+        _ => op.fenced_write().map(|(run, _)| run),
+    }
 }
 
 /// How many of a provider's latest token grants [`World::tokens`] keeps:
@@ -318,6 +340,8 @@ impl World {
         } else {
             Vec::new()
         };
+        let logged = event_target(op);
+        let log_before = logged.map(|run| self.db.read_events(run, 0, usize::MAX));
         let step_before = match op {
             DbOp::RecordStep { run, step, .. } => self.db.steps.get(&(*run, *step)).cloned(),
             _ => None,
@@ -408,7 +432,34 @@ impl World {
             owed.remove(entry);
         }
         self.check_limits(op, &reply);
+        if let (Some(run), Some(before)) = (logged, log_before) {
+            self.check_events(run, &before);
+        }
         reply
+    }
+
+    /// S13 at a statement that may write an event of `run`: the log read
+    /// now begins with the log read just before (`before`), and is whole.
+    fn check_events(&mut self, run: RunId, before: &[RunEvent]) {
+        if !self.db.runs.contains_key(&run) {
+            return;
+        }
+        let after = self.db.read_events(run, 0, usize::MAX);
+        if after == before {
+            return;
+        }
+        if events::grew(before, &after).is_err() {
+            self.violations.insert(Violation::EventsRewritten(run));
+        }
+        match events::check(0, &after) {
+            Ok(()) => {}
+            Err(EventFault::FencedOff { .. }) => {
+                self.violations.insert(Violation::EventFromFencedOff(run));
+            }
+            Err(_) => {
+                self.violations.insert(Violation::EventsRewritten(run));
+            }
+        }
     }
 
     /// S12 at a permit's grant or release and at a token's grant. A permit

@@ -10,7 +10,7 @@
 //! | `sleep` | `{"ms": N}` | sleeps N ms, succeeds |
 //! | `fail` | `{"class": "retryable"\|"terminal"\|"unknown", "times": N, "ms": M}` | after M ms, fails the first N attempts with that class, then succeeds |
 //! | `panic` | `{"times": N}` | panics in the first N attempts, then succeeds |
-//! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call) |
+//! | `effect` | `{"calls": K, "ms": M}` | performs K side effects through the tool service, M ms apart, each keyed by (run, call), reporting `{"done": n, "of": K}` after each |
 //! | `echo` | `{"text": S}` | succeeds with S itself as its result text (not JSON-encoded): a handler's raw result, for tests of what Postgres stores |
 //! | `steps` | `{"calls": K, "ms": M}` | as `effect`, each side effect in a durable step of its own (`call-0`, `call-1`, ...): a later attempt replays the recorded ones |
 //! | `limited` | `{"provider": P, "ms": M}` | waits for provider P's limits ([`JobContext::limit`]), holds its permit M ms; its result is when (`started_ms`, `ended_ms`, the worker's clock) |
@@ -26,7 +26,7 @@ pub use crate::driver::BoxFuture;
 use crate::driver::{DbClient, Tools};
 pub use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::{
-    DbOp, DbReply, Execution, Ledger, Policy, StepError, StepPlan, Unavailable,
+    DbOp, DbReply, Execution, Ledger, Policy, ProgressError, StepError, StepPlan, Unavailable,
 };
 pub use pelican_model::protocol::{KindPolicy, ProviderLimit};
 pub use pelican_model::status::{ErrorClass, JobOutcome};
@@ -391,6 +391,48 @@ impl JobContext {
             }
         }
         Ok(permit)
+    }
+
+    /// Reports progress: `value`, as JSON, becomes the run's next event
+    /// (`GET /runs/{id}/events`, `pelican watch`), written under this
+    /// attempt's fence. Once a later attempt holds the run, or this one
+    /// has ended, its progress is refused.
+    ///
+    /// # Errors
+    /// Refused (this attempt no longer holds the run) or unanswered: a
+    /// retryable error, though the attempt's outcome will be refused too
+    /// if it was refused; larger than the policy's `value_bytes_max`, or
+    /// not serializable: an error of class `unstorable`.
+    ///
+    /// ```
+    /// use pelican_real::jobs::{JobContext, JobError};
+    /// async fn index(ctx: JobContext) -> Result<u32, JobError> {
+    ///     for page in 0..3 {
+    ///         ctx.progress(&serde_json::json!({"page": page, "of": 3})).await?;
+    ///     }
+    ///     Ok(3)
+    /// }
+    /// ```
+    pub async fn progress<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), JobError> {
+        let unstorable = |message: String| JobError {
+            class: ErrorClass::Unstorable,
+            message,
+        };
+        let data = serde_json::to_string(value)
+            .map_err(|e| unstorable(format!("a progress event does not serialize: {e}")))?;
+        let op = pelican_model::protocol::progress(&self.policy, self.run, self.fence, data)
+            .map_err(|e| unstorable(e.to_string()))?;
+        let by = Issuer {
+            worker: None,
+            own_fence: Some(self.fence),
+        };
+        let reply = self.ledger_call(op, by).await;
+        pelican_model::protocol::progressed(reply.as_ref()).map_err(|e| match e {
+            ProgressError::TooLarge { .. } => unstorable(e.to_string()),
+            ProgressError::Refused | ProgressError::Unavailable => {
+                JobError::retryable(e.to_string())
+            }
+        })
     }
 
     /// A ledger statement's answer, or `None` when Postgres does not
@@ -772,6 +814,9 @@ async fn effect(ctx: JobContext) -> JobOutcome {
             Ok(now) => applied += u32::from(now),
             Err(e) => return e.into(),
         }
+        if let Err(e) = report(&ctx, call, i.calls).await {
+            return e.into();
+        }
     }
     succeeded(format!(
         "{{\"calls\":{},\"applied_now\":{applied}}}",
@@ -788,6 +833,22 @@ async fn call_tool(ctx: &JobContext, call: u32, ms: u64) -> Result<bool, JobErro
         .map_err(|e| JobError::retryable(format!("side effect {call}: {e}")))
 }
 
+/// The progress event of the `effect` and `steps` kinds after side
+/// effect `call` of `calls`.
+async fn report(ctx: &JobContext, call: u32, calls: u32) -> Result<(), JobError> {
+    ctx.progress(&Progress {
+        done: call + 1,
+        of: calls,
+    })
+    .await
+}
+
+#[derive(Serialize)]
+struct Progress {
+    done: u32,
+    of: u32,
+}
+
 async fn steps(ctx: JobContext) -> JobOutcome {
     let i = match serde_json::from_str::<EffectInput>(&ctx.input) {
         Ok(i) => i,
@@ -796,6 +857,9 @@ async fn steps(ctx: JobContext) -> JobOutcome {
     for call in 0..i.calls {
         let name = format!("call-{call}");
         if let Err(e) = ctx.step(&name, call_tool(&ctx, call, i.ms)).await {
+            return e.into();
+        }
+        if let Err(e) = report(&ctx, call, i.calls).await {
             return e.into();
         }
     }

@@ -378,7 +378,8 @@ impl Config {
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
-    /// RetainLive retention that runs, StepRerun jobs with steps,
+    /// RetainLive retention that runs, StepRerun and ZombieProgress jobs
+    /// with steps (whose record reports progress first),
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
     /// kind with a budget, Overbooked jobs under a provider's limits.
     #[must_use]
@@ -398,7 +399,7 @@ impl Config {
             self.outcomes.push(OutcomeKind::Unknown);
         }
         #[cfg(feature = "mutants")]
-        if mutant == Some(Mutant::StepRerun) {
+        if matches!(mutant, Some(Mutant::StepRerun | Mutant::ZombieProgress)) {
             self.steps = true;
         }
         #[cfg(feature = "mutants")]

@@ -112,6 +112,7 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<9>,
     holds::<10>,
     holds::<11>,
+    holds::<12>,
 ];
 
 /// Whether some run has consecutive attempts whose dispatches satisfy
@@ -233,6 +234,10 @@ impl Model for PelicanModel {
             properties.push(Property::sometimes(
                 "recorded step replayed",
                 |_, s: &State| s.seen.step_replayed,
+            ));
+            properties.push(Property::sometimes(
+                "late progress refused",
+                |_, s: &State| s.seen.progress_refused,
             ));
         }
         if self.cfg.limits {

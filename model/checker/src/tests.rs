@@ -325,5 +325,6 @@ mod mutants {
         mutant_unknown_retried: UnknownRetried on standard;
         mutant_ignore_budget: IgnoreBudget on standard;
         mutant_overbooked: Overbooked on standard;
+        mutant_zombie_progress: ZombieProgress on standard;
     }
 }

@@ -78,7 +78,7 @@ pub fn describe(s: &State, action: Action) -> String {
             format!("w{w} {who}: {c}{}", fate(f))
         }
         Action::Effect(w) => format!("w{w}: job performs its side effect"),
-        Action::Record(w) => format!("w{w}: job records its step"),
+        Action::Record(w) => format!("w{w}: job reports progress and records its step"),
         Action::Finish(w, o) => format!("w{w}: job ends: {o:?}"),
         Action::Maintain(t, f) => format!("maintenance: {t:?} pass{}", fate(f)),
         Action::Crash(w) => format!("⚡ w{w} killed (restarts empty)"),

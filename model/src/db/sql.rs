@@ -215,3 +215,27 @@ CREATE TABLE IF NOT EXISTS provider_rates (
     tat_ms bigint NOT NULL
 );
 "#;
+
+/// Migration 11: each run's events ([`crate::events`]). `runs.events` is
+/// the number of the run's latest event, 1 for its `queued` event, so
+/// every run starts with one; the statement that writes an event takes the
+/// next number from it under the row's lock. A claim's event and a
+/// success's are their attempt's row (`claimed_seq`, `outcome_seq`: the
+/// hot path writes no row of its own for them); the others are rows of
+/// `run_events`. Attempts claimed before this migration have no event: the
+/// log of a run from before it goes on from event 1.
+pub const SCHEMA_EVENTS: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS events integer NOT NULL DEFAULT 1;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS claimed_seq integer;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS outcome_seq integer;
+CREATE TABLE IF NOT EXISTS run_events (
+    run_id  bigint  NOT NULL,
+    seq     integer NOT NULL,
+    kind    text    NOT NULL,
+    attempt integer NOT NULL,
+    fence   bigint  NOT NULL,
+    class   text,
+    data    text    NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+"#;

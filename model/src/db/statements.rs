@@ -151,6 +151,8 @@ pub enum Shape {
     Keyed,
     /// Recorded steps ([`DbReply::Steps`]).
     Steps,
+    /// A run's events ([`DbReply::Events`]).
+    Events,
 }
 
 /// The answer to a [`DbOp`].
@@ -186,6 +188,8 @@ pub enum DbReply {
     },
     /// A run's recorded steps, by index.
     Steps(Vec<(u32, super::StepRow)>),
+    /// A run's events, in order.
+    Events(Vec<crate::events::RunEvent>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -495,24 +499,33 @@ pub fn columns(params: Vec<Vec<Param>>) -> Vec<Column> {
 /// The end every single-run claim statement shares (`Claim` and its mutant
 /// twins): the new attempt's row, and the answer. `claimed` is the updated
 /// run, `RETURNING run_id, active_fence, attempts, attempts_max, dispatch,
-/// kind, input`; `$3` is the entry and `$4` the worker.
+/// kind, input, events`; `$3` is the entry and `$4` the worker.
 macro_rules! claim_tail {
     () => {
-        "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-           SELECT run_id, attempts, active_fence, $4, $3, dispatch FROM claimed) \
+        "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, claimed_seq) \
+           SELECT run_id, attempts, active_fence, $4, $3, dispatch, events FROM claimed) \
          SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed"
     };
 }
 
 /// The end of a retention statement: deletes the runs of its `picked` CTE
 /// with everything kept about them, and answers their ids.
+/// The columns of a `run_events` row, in the order the statements that
+/// write one select them.
+macro_rules! event_row {
+    () => {
+        "INSERT INTO run_events (run_id, seq, kind, attempt, fence, class, data) "
+    };
+}
+
 macro_rules! delete_picked {
     () => {
         "gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
          a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
          d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
          k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
-         s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)) \
+         s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)), \
+         e AS (DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM gone)) \
          SELECT run_id FROM gone"
     };
 }
@@ -611,18 +624,20 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       events = events + 1, \
                        lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3, \
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input), ",
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
                   AS i(run_id, dispatch, entry_id, worker, lease_ms)), \
               claimed AS ( \
                 UPDATE runs r SET status = 'running', active_fence = r.active_fence + 1, attempts = r.attempts + 1, \
+                       events = r.events + 1, \
                        lease_until = pelican_now_ms() + i.lease_ms, retry_at = NULL, entry_id = i.entry_id, \
                        published_at = coalesce(r.published_at, pelican_now_ms()) \
                   FROM input i \
@@ -630,9 +645,9 @@ statements! {
                    AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
                 RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, \
                           r.deadline_ms - pelican_now_ms() AS budget_left_ms, r.dispatch, r.kind, r.input, \
-                          i.entry_id, i.worker), \
-              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch) \
-                SELECT run_id, attempts, active_fence, worker, entry_id, dispatch FROM claimed) \
+                          r.events, i.entry_id, i.worker), \
+              recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, claimed_seq) \
+                SELECT run_id, attempts, active_fence, worker, entry_id, dispatch, events FROM claimed) \
               SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
@@ -647,11 +662,11 @@ statements! {
         access: Read,
         reply: Run,
         sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms \
-              FROM runs WHERE run_id = $1",
+              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, \
+              events FROM runs WHERE run_id = $1",
         many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms \
-               FROM runs WHERE run_id = ANY($1::bigint[])",
+               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, \
+               events FROM runs WHERE run_id = ANY($1::bigint[])",
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run)),
     }
@@ -693,25 +708,78 @@ statements! {
         model: |db| Rows(db.heartbeat(*run, *fence, db.clock, *lease_ms)),
     }
 
+    /// The attempt holding `fence` reports progress `data` (JSON): the
+    /// run's next event (S13). The run's row is updated for its number, so
+    /// a claim or an outcome waits for the event or the event sees them.
+    AppendEvent { run: RunId, fence: Fence, data: String } => {
+        name: "append_event",
+        access: FencedWrite(run, fence),
+        reply: Rows,
+        sql: concat!("WITH held AS ( \
+                UPDATE runs SET events = events + 1 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' \
+                RETURNING run_id, events, attempts) ",
+              event_row!(), "SELECT run_id, events, 'progress', attempts, $2, NULL, $3 FROM held"),
+        show: [run, fence],
+        model: |db| Rows(db.append_event(*run, *fence, data)),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `AppendEvent` (`ZombieProgress`): any attempt's
+    /// progress while the run is running, whether or not it holds the run.
+    AppendEventUnfenced { run: RunId, fence: Fence, data: String } => {
+        name: "append_event_unfenced",
+        access: Write,
+        reply: Rows,
+        sql: concat!("WITH held AS ( \
+                UPDATE runs SET events = events + 1 \
+                 WHERE run_id = $1 AND status = 'running' \
+                RETURNING run_id, events, attempts) ",
+              event_row!(), "SELECT run_id, events, 'progress', attempts, $2, NULL, $3 FROM held"),
+        show: [run, fence],
+        model: |db| Rows(db.append_event_unfenced(*run, *fence, data)),
+    }
+
+    /// Up to `limit` events of `run` numbered above `after`, in order
+    /// ([`crate::events`]): event 1 is the run's row, each claim and
+    /// success an attempt's row, the others rows of `run_events`.
+    ReadEvents { run: RunId, after: u32, limit: usize } => {
+        name: "read_events",
+        access: Read,
+        reply: Events,
+        sql: "SELECT seq, kind, attempt, fence, class, data FROM ( \
+                SELECT 1 AS seq, 'queued' AS kind, 0 AS attempt, 0::bigint AS fence, NULL::text AS class, \
+                       '' AS data FROM runs WHERE run_id = $1 \
+                UNION ALL SELECT claimed_seq, 'claimed', attempt, fence, NULL, worker FROM attempts \
+                 WHERE run_id = $1 AND claimed_seq IS NOT NULL \
+                UNION ALL SELECT outcome_seq, 'succeeded', attempt, fence, NULL, '' FROM attempts \
+                 WHERE run_id = $1 AND outcome_seq IS NOT NULL \
+                UNION ALL SELECT seq, kind, attempt, fence, class, data FROM run_events WHERE run_id = $1) e \
+              WHERE seq > $2 ORDER BY seq LIMIT $3",
+        show: [run, after],
+        model: |db| DbReply::Events(db.read_events(*run, *after, *limit)),
+    }
+
     /// The attempt holding `fence` succeeded with `result`.
     Complete { run: RunId, fence: Fence, result: String } => {
         name: "complete",
         access: FencedWrite(run, fence),
         reply: Rows,
         sql: "WITH done AS ( \
-                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms() \
-                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
-              UPDATE attempts SET outcome = 'succeeded' \
-               WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms(), \
+                       events = events + 1 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events) \
+              UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
+               WHERE a.run_id = d.run_id AND a.fence = $2",
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result)), \
               done AS ( \
                 UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL, \
-                       finished_at = pelican_now_ms() \
+                       finished_at = pelican_now_ms(), events = r.events + 1 \
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
-                RETURNING r.run_id, i.fence), \
-              marked AS (UPDATE attempts a SET outcome = 'succeeded' FROM done d \
+                RETURNING r.run_id, i.fence, r.events), \
+              marked AS (UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
                  WHERE a.run_id = d.run_id AND a.fence = d.fence) \
               SELECT run_id FROM done",
         show: [run, fence],
@@ -723,11 +791,12 @@ statements! {
         name: "fail",
         access: FencedWrite(run, fence),
         reply: Rows,
-        sql: "WITH done AS ( \
+        sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL, \
-                       finished_at = pelican_now_ms() \
-                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
-              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+                       finished_at = pelican_now_ms(), events = events + 1 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events, attempts), \
+              logged AS (", event_row!(), "SELECT run_id, events, 'failed', attempts, $2, $3, $4 FROM done) \
+              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
         show: [run, fence],
         model: |db| Rows(db.fail(*run, *fence, *class, message)),
     }
@@ -738,12 +807,14 @@ statements! {
         name: "schedule_retry",
         access: FencedWrite(run, fence),
         reply: Rows,
-        sql: "WITH done AS ( \
+        sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'retry_wait', retry_at = pelican_now_ms() + $5, dispatch = dispatch + 1, \
                        lease_until = NULL, error_class = $3, error_message = $4, \
-                       unknown_failures = unknown_failures + (CASE WHEN $3 = 'unknown' THEN 1 ELSE 0 END) \
-                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
-              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+                       unknown_failures = unknown_failures + (CASE WHEN $3 = 'unknown' THEN 1 ELSE 0 END), \
+                       events = events + 1 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events, attempts), \
+              logged AS (", event_row!(), "SELECT run_id, events, 'retry_scheduled', attempts, $2, $3, $4 FROM done) \
+              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
         show: [run, fence],
         model: |db| Rows(db.schedule_retry(*run, *fence, *class, message, db.clock.add_ms(*backoff_ms))),
     }
@@ -754,17 +825,20 @@ statements! {
         name: "dead_letter",
         access: FencedWrite(run, fence),
         reply: Rows,
-        sql: "WITH done AS ( \
+        sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL, \
-                       published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms() \
-                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, entry_id), \
-              outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2) \
+                       published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms(), \
+                       events = events + 1 \
+                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' \
+                RETURNING run_id, entry_id, events, attempts), \
+              outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2), \
+              logged AS (", event_row!(), "SELECT run_id, events, 'dead', attempts, $2, $3, $4 FROM done) \
               INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
               SELECT d.run_id, d.entry_id, $3, $4, (SELECT coalesce(jsonb_agg(jsonb_build_array(a.attempt, a.fence, \
                      CASE WHEN a.fence = $2 THEN $3 ELSE a.outcome END) ORDER BY a.attempt), '[]') \
                      FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
               ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
-                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false",
+                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false"),
         show: [run, fence],
         model: |db| Rows(db.dead_letter(*run, *fence, *class, message)),
     }
@@ -774,19 +848,21 @@ statements! {
         name: "dead_letter_exhausted",
         access: Write,
         reply: Rows,
-        sql: "WITH done AS ( \
+        sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
                        lease_until = NULL, published_at = coalesce(published_at, pelican_now_ms()), \
-                       finished_at = pelican_now_ms() \
+                       finished_at = pelican_now_ms(), events = events + 1 \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts >= attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
-                RETURNING run_id, entry_id) \
+                RETURNING run_id, entry_id, events, attempts, active_fence), \
+              logged AS (", event_row!(), "SELECT run_id, events, 'dead', attempts, active_fence, 'exhausted', \
+                'attempts exhausted' FROM done) \
               INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
               SELECT d.run_id, d.entry_id, 'exhausted', 'attempts exhausted', (SELECT coalesce(jsonb_agg( \
                      jsonb_build_array(a.attempt, a.fence, a.outcome) ORDER BY a.attempt), '[]') \
                      FROM attempts a WHERE a.run_id = d.run_id) FROM done d \
               ON CONFLICT (run_id) DO UPDATE SET source_entry = EXCLUDED.source_entry, class = EXCLUDED.class, \
-                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false",
+                     message = EXCLUDED.message, attempts = EXCLUDED.attempts, requeued = false"),
         show: [run, dispatch],
         model: |db| Rows(db.dead_letter_exhausted(*run, *dispatch, db.clock)),
     }
@@ -796,9 +872,13 @@ statements! {
         name: "cancel",
         access: Write,
         reply: Rows,
-        sql: "UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
-                     published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms() \
-              WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait')",
+        sql: concat!("WITH done AS ( \
+                UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
+                       published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms(), \
+                       events = events + 1 \
+                 WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait') \
+                RETURNING run_id, events, attempts, active_fence) ",
+              event_row!(), "SELECT run_id, events, 'cancelled', attempts, active_fence, NULL, '' FROM done"),
         show: [run],
         model: |db| Rows(db.cancel(*run)),
     }
@@ -924,7 +1004,7 @@ statements! {
         name: "read_attempts",
         access: Read,
         reply: Attempts,
-        sql: "SELECT attempt, fence, worker, entry_id, dispatch, outcome FROM attempts \
+        sql: "SELECT attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq, outcome_seq FROM attempts \
               WHERE run_id = $1 ORDER BY attempt",
         show: [run],
         model: |db| DbReply::Attempts(db.read_attempts(*run)),
@@ -1067,11 +1147,14 @@ statements! {
         name: "dlq_requeue",
         access: Write,
         reply: Rows,
-        sql: "WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
-                RETURNING run_id) \
-              UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
-                     published_at = NULL, finished_at = NULL, lease_until = NULL, retry_at = NULL \
-              WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead'",
+        sql: concat!("WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
+                RETURNING run_id), \
+              r AS (UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
+                     published_at = NULL, finished_at = NULL, lease_until = NULL, retry_at = NULL, \
+                     events = events + 1 \
+               WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead' \
+               RETURNING run_id, events, attempts, active_fence) ",
+              event_row!(), "SELECT run_id, events, 'requeued', attempts, active_fence, NULL, '' FROM r"),
         show: [run],
         model: |db| Rows(db.dlq_requeue(*run, *extra_attempts)),
     }
@@ -1085,13 +1168,14 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       events = events + 1, \
                        lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3, \
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input), ",
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
@@ -1109,12 +1193,13 @@ statements! {
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
+                       events = events + 1, \
                        lease_until = $5 + $6, retry_at = NULL, entry_id = $3, \
                        published_at = coalesce(published_at, $5) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - $5 AS budget_left_ms, dispatch, kind, input), ",
+                          deadline_ms - $5 AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(

@@ -104,6 +104,9 @@ mutants! {
     /// A permit of a provider's concurrency limit takes the provider's
     /// lowest slot whether or not another permit still holds it.
     Overbooked,
+    /// A progress event is written while the run is running, whether or
+    /// not the attempt writing it still holds the run.
+    ZombieProgress,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -256,6 +256,22 @@ pub(crate) enum Cmd {
         /// A run id.
         run: Option<String>,
     },
+    /// Follow a run's events as they happen (over the API's SSE stream,
+    /// reconnecting when it drops), until it ends. Exits 0 when the run
+    /// succeeded, 1 when it failed, was cancelled or is dead.
+    Watch {
+        /// A run id.
+        run: String,
+        /// The API's address.
+        #[arg(long, env = "PELICAN_API_URL", default_value = "http://127.0.0.1:8080")]
+        api_url: String,
+        /// A bearer token of the API (the read-only one will do).
+        #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
+        api_token: Option<String>,
+        /// Print each event as one line of JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a run.
     Cancel {
         /// A run id.

@@ -330,6 +330,12 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
         }
         Cmd::Status { run: None } => status(c).await,
         Cmd::Cancel { run } => cancel_one(c, &run).await,
+        Cmd::Watch {
+            run,
+            api_url,
+            api_token,
+            json,
+        } => watch(&run, &api_url, api_token.as_deref(), json).await,
         Cmd::Trace(TraceCmd::Check { files }) => check_traces(&files),
         Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit).await,
         Cmd::Dlq(DlqCmd::Requeue {
@@ -680,4 +686,59 @@ fn host_name() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// `pelican watch RUN`: the run's events, one line each, until it ends.
+async fn watch(run: &str, api_url: &str, token: Option<&str>, json: bool) -> Result<()> {
+    use futures_util::StreamExt;
+    use pelican_client::{Client, EventKind};
+    let run = run_id(run)?;
+    let mut client = Client::new(api_url)?;
+    if let Some(t) = token {
+        client = client.with_token(t);
+    }
+    let mut events = std::pin::pin!(client.watch(run));
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        let e = event?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "seq": e.seq, "kind": e.kind, "attempt": e.attempt, "fence": e.fence,
+                    "worker": e.worker, "progress": e.progress, "class": e.class, "message": e.message,
+                })
+            );
+        } else {
+            let detail = match e.kind {
+                EventKind::Claimed => format!(
+                    "attempt {} fence {} by {}",
+                    e.attempt,
+                    e.fence,
+                    e.worker.as_deref().unwrap_or("?")
+                ),
+                EventKind::Progress => format!(
+                    "attempt {}: {}",
+                    e.attempt,
+                    e.progress
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ),
+                _ => match (&e.class, &e.message) {
+                    (Some(class), Some(message)) => {
+                        format!("attempt {}: {class}: {message}", e.attempt)
+                    }
+                    _ if e.attempt > 0 => format!("attempt {}", e.attempt),
+                    _ => String::new(),
+                },
+            };
+            println!("{:>4}  {:<15} {detail}", e.seq, e.kind.as_str());
+        }
+        last = Some(e.kind);
+    }
+    match last {
+        Some(EventKind::Succeeded) | None => Ok(()),
+        Some(kind) => Err(anyhow::anyhow!("{run} ended: {kind}")),
+    }
 }

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes); with an `Idempotency-Key`, a key already used answers its run (200) or 422 for another request |
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
+//! | `GET /runs/{id}/events` | the run's events over SSE (S13): resumes after `Last-Event-ID` (or `?after=N`), ends after a terminal event; 204 when the run has ended and every event was seen |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
@@ -21,10 +22,12 @@ use crate::driver::{Batching, Io, NewRun as Submission, cancel, new_run_ids, sub
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::RunId;
 use pelican_model::protocol::{DbOp, DbReply, SubmitterEnd};
 use serde::Deserialize;
@@ -74,6 +77,7 @@ pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
     Router::new()
         .route("/runs", post(create_run))
         .route("/runs/{id}", get(get_run))
+        .route("/runs/{id}/events", get(run_events))
         .route("/runs/{id}/cancel", post(cancel_run))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -522,4 +526,129 @@ async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) ->
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// How often an events stream reads the run's new events.
+const EVENTS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The most events one read of an events stream takes.
+const EVENTS_READ_MAX: usize = 256;
+
+/// The JSON of one event, as an SSE event's data and in `pelican watch`.
+#[must_use]
+pub fn event_view(e: &RunEvent) -> Value {
+    let mut v = json!({
+        "seq": e.seq,
+        "kind": e.kind.as_str(),
+        "attempt": e.attempt.0,
+        "fence": e.fence.0,
+    });
+    match e.kind {
+        EventKind::Claimed => v["worker"] = json!(e.data),
+        EventKind::Progress => {
+            v["progress"] = serde_json::from_str(&e.data).unwrap_or_else(|_| json!(e.data));
+        }
+        _ if e.class.is_some() => {
+            v["class"] = json!(e.class.map(|c| c.as_str()));
+            v["message"] = json!(e.data);
+        }
+        _ => {}
+    }
+    v
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    after: Option<u32>,
+}
+
+/// `GET /runs/{id}/events`: the run's events after `Last-Event-ID` (or
+/// `?after=N`; 0: from the first), one SSE event each (`id`: its number,
+/// `event`: its kind, `data`: [`event_view`]), as they are written. The
+/// stream ends after a terminal event; a client that comes back after it
+/// gets 204 (EventSource then stops reconnecting). While Postgres does not
+/// answer, the stream waits and keeps the connection alive.
+async fn run_events(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers, Need::Read)?;
+    let run = parse_run(&id)?;
+    let axum::extract::Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let last_seen = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .ok_or_else(|| bad("Last-Event-ID is not an event number"))?,
+        ),
+        None => None,
+    };
+    let after = last_seen.or(query.after).unwrap_or(0);
+    let db = state.io.db.inner().clone();
+    let row = match db.execute(&DbOp::ReadRun { run }).await {
+        Ok(DbReply::Run(Some(r))) => r,
+        Ok(DbReply::Run(None)) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
+        }
+        _ => return Err(unavailable("Postgres")),
+    };
+    if after > row.events {
+        return Err(bad(format!(
+            "run {} has {} events; there is no event {after}",
+            run.0, row.events
+        )));
+    }
+    if after == row.events && row.status.is_terminal() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    // (the next event number to send, whether the stream has ended)
+    let events = futures_util::stream::unfold((after, false), move |(after, ended)| {
+        let db = db.clone();
+        async move {
+            if ended {
+                return None;
+            }
+            loop {
+                match db
+                    .execute(&DbOp::ReadEvents {
+                        run,
+                        after,
+                        limit: EVENTS_READ_MAX,
+                    })
+                    .await
+                {
+                    Ok(DbReply::Events(batch)) if !batch.is_empty() => {
+                        let last = batch.last().expect("not empty");
+                        let next = (
+                            last.seq,
+                            last.kind.is_terminal() && batch.len() < EVENTS_READ_MAX,
+                        );
+                        let sent: Vec<Result<Event, std::convert::Infallible>> = batch
+                            .iter()
+                            .map(|e| {
+                                Ok(Event::default()
+                                    .id(e.seq.to_string())
+                                    .event(e.kind.as_str())
+                                    .data(event_view(e).to_string()))
+                            })
+                            .collect();
+                        return Some((futures_util::stream::iter(sent), next));
+                    }
+                    Ok(DbReply::Events(_)) => {}
+                    other => {
+                        tracing::warn!(run = run.0, answer = ?other.err(), "reading events failed")
+                    }
+                }
+                tokio::time::sleep(EVENTS_POLL).await;
+            }
+        }
+    });
+    let events = futures_util::StreamExt::flatten(events);
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }

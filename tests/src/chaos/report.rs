@@ -246,7 +246,8 @@ pub(super) fn verdict(
                 | Guarantee::S8
                 | Guarantee::S10
                 | Guarantee::S11
-                | Guarantee::S12 => {
+                | Guarantee::S12
+                | Guarantee::S13 => {
                     report.other_broken += 1;
                 }
             },

@@ -217,7 +217,7 @@ pub fn db_sequence() -> impl Strategy<Value = Vec<DbStep>> {
 pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
     pelican_real::live::pg::raw_execute(
         db,
-        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers, steps, provider_slots, provider_rates RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
+        "TRUNCATE runs, attempts, dead_letters, effects, submit_keys, workers, steps, provider_slots, provider_rates, run_events RESTART IDENTITY; ALTER SEQUENCE run_ids RESTART WITH 1",
     )
     .await
     .map(|_| ())

@@ -29,7 +29,7 @@ pub enum Action {
     /// Worker `w`'s job performs its side effect (with steps: reads its
     /// ledger and runs the step, or replays it).
     Effect(u8),
-    /// Worker `w`'s job records its step.
+    /// Worker `w`'s job reports its progress and records its step.
     Record(u8),
     /// Worker `w`'s job ends.
     Finish(u8, OutcomeKind),

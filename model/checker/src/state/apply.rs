@@ -8,7 +8,7 @@ use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ProviderLimit,
-    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter,
+    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, progress, progressed,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
@@ -256,9 +256,10 @@ impl State {
         self.world.db(&take, by) == DbReply::Rows(1)
     }
 
-    /// Worker `w`'s job records its step (whatever the answer, the job
-    /// goes on to its outcome: a refused record means a later attempt holds
-    /// the run, and the outcome's write is refused too).
+    /// Worker `w`'s job reports its progress, then records its step
+    /// (whatever the answers, the job goes on to its outcome: a refused
+    /// write means a later attempt holds the run, and the outcome's write is
+    /// refused too).
     fn record(&mut self, cfg: &Config, w: u8) {
         let job = self.workers[usize::from(w)].job.as_mut().expect("guarded");
         job.record_due = false;
@@ -267,6 +268,11 @@ impl State {
             worker: Some(WorkerId(u32::from(w))),
             own_fence: Some(fence),
         };
+        let report = progress(&cfg.policy, run, fence, "{}".into()).expect("a small event");
+        let reply = self.world.db(&report, by);
+        if progressed(Some(&reply)).is_err() {
+            self.seen.progress_refused = true;
+        }
         let op = Ledger::new(&cfg.policy, run, fence, Vec::new())
             .record(0, STEP, "true".into())
             .expect("a small output");

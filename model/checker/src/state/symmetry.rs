@@ -225,8 +225,9 @@ impl State {
             steps,
             slots,
             rates,
+            events: run_events,
         } = db;
-        (registered, steps, slots, rates).hash(h);
+        (registered, steps, slots, rates, run_events).hash(h);
         clock.hash(h);
         (
             runs,
@@ -244,8 +245,19 @@ impl State {
                 entry_id,
                 dispatch,
                 outcome,
+                claimed_seq,
+                outcome_seq,
             } = a;
-            (key, fence, entry_id, dispatch, outcome).hash(h);
+            (
+                key,
+                fence,
+                entry_id,
+                dispatch,
+                outcome,
+                claimed_seq,
+                outcome_seq,
+            )
+                .hash(h);
         }
         (accepted, entries, quarantined, effects, retired, violations).hash(h);
         (api, budget, seen).hash(h);

@@ -163,6 +163,8 @@ pub struct Seen {
     pub retired_delivered: bool,
     /// An attempt replayed a step an earlier attempt recorded.
     pub step_replayed: bool,
+    /// An attempt's progress event was refused (it no longer held the run).
+    pub progress_refused: bool,
     /// A job waited for a slot another permit held.
     pub slot_waited: bool,
     /// An unknown error failed its run at the policy's cap.

@@ -71,6 +71,7 @@ pub fn migrator() -> Migrator {
         migration(8, "retry policy", sql::SCHEMA_RETRY_POLICY),
         migration(9, "elapsed budgets", sql::SCHEMA_BUDGET),
         migration(10, "provider limits", sql::SCHEMA_LIMITS),
+        migration(11, "run events", sql::SCHEMA_EVENTS),
     ])
 }
 
@@ -139,7 +140,7 @@ impl PgDb {
         let mut db = pelican_model::Db::new();
         let runs = sqlx::query(
             "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms FROM runs",
+             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, events FROM runs",
         )
         .fetch_all(p)
         .await?;
@@ -149,7 +150,8 @@ impl PgDb {
             db.runs.insert(row.run_id, row);
         }
         for r in &sqlx::query(
-            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome FROM attempts",
+            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq, outcome_seq \
+             FROM attempts",
         )
         .fetch_all(p)
         .await?
@@ -203,6 +205,14 @@ impl PgDb {
         {
             let (step, row) = rows::step_row(r)?;
             db.steps.insert((rows::run_id(r)?, step), row);
+        }
+        for r in
+            &sqlx::query("SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events")
+                .fetch_all(p)
+                .await?
+        {
+            let e = rows::event(r)?;
+            db.events.insert((rows::run_id(r)?, e.seq), e);
         }
         for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
             .fetch_all(p)

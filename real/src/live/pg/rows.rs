@@ -5,6 +5,7 @@ use super::PgError;
 use pelican_model::db::{
     AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape, StepRow,
 };
+use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
@@ -82,6 +83,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
         },
         unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
         deadline: time("deadline_ms", r.try_get("deadline_ms")?)?,
+        events: unsigned32("events", r.try_get("events")?)?,
     })
 }
 
@@ -106,8 +108,28 @@ pub(super) fn attempt_row(r: &PgRow) -> Result<(AttemptNo, AttemptRow), PgError>
                 .map_err(|_| corrupt("entry_id", entry_id))?,
             dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
             outcome: outcome(r.try_get("outcome")?)?,
+            claimed_seq: seq("claimed_seq", r.try_get("claimed_seq")?)?,
+            outcome_seq: seq("outcome_seq", r.try_get("outcome_seq")?)?,
         },
     ))
+}
+
+fn seq(column: &'static str, v: Option<i32>) -> Result<Option<u32>, PgError> {
+    v.map(|v| unsigned32(column, v)).transpose()
+}
+
+/// One event of a run's log.
+pub(super) fn event(r: &PgRow) -> Result<RunEvent, PgError> {
+    let kind: String = r.try_get("kind")?;
+    let class_text: Option<String> = r.try_get("class")?;
+    Ok(RunEvent {
+        seq: unsigned32("seq", r.try_get("seq")?)?,
+        kind: EventKind::parse(&kind).ok_or_else(|| corrupt("kind", kind))?,
+        attempt: AttemptNo(unsigned32("attempt", r.try_get("attempt")?)?),
+        fence: Fence(unsigned("fence", r.try_get("fence")?)?),
+        class: class_text.map(|c| class("class", &c)).transpose()?,
+        data: r.try_get("data")?,
+    })
 }
 
 /// A `steps` row, by index.
@@ -196,6 +218,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
         Shape::Attempts => DbReply::Attempts(all(rows, attempt_row)?),
         Shape::DeadLetters => DbReply::DeadLetters(all(rows, dead_letter)?),
         Shape::Steps => DbReply::Steps(all(rows, step_row)?),
+        Shape::Events => DbReply::Events(all(rows, event)?),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {

@@ -1,0 +1,706 @@
+//! # pelican-client: Pelican's HTTP API from Rust
+//!
+//! Submit runs (one at a time or in bulk), read them, cancel them and
+//! follow their events, from another Rust service:
+//!
+//! ```no_run
+//! use futures_util::StreamExt;
+//! use pelican_client::{Client, Submit};
+//!
+//! # async fn demo() -> Result<(), pelican_client::Error> {
+//! let client = Client::new("http://127.0.0.1:8080")?.with_token("s3cret");
+//! let run = client
+//!     .submit(&Submit::new("email", serde_json::json!({"to": "a@example.com"})).key("order-17"))
+//!     .await?;
+//! let mut events = client.watch(run.run_id);
+//! while let Some(event) = events.next().await {
+//!     println!("{:?}", event?);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Retries are safe because of idempotency keys.** Every submission
+//! carries one: the caller's ([`Submit::key`]), or one the client makes.
+//! A request that fails in transit, or that the API answers with 502, 503
+//! or 504, is sent again with the same key (up to [`Retry::attempts`]
+//! times, backing off), and the API answers the run the first request
+//! stored, if it did. Reads and cancels are idempotent on their own.
+//!
+//! [`Client::watch`] follows a run's events over SSE and reconnects with
+//! `Last-Event-ID` when the connection drops: each event is yielded once,
+//! in order, numbered 1, 2, 3, ...; the stream ends after the run's
+//! terminal event.
+
+use bytes::Bytes;
+use eventsource_stream::Eventsource;
+use futures_util::{Stream, StreamExt};
+use http_body_util::{BodyDataStream, BodyExt, Full};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client as Http;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+pub use pelican_model::events::EventKind;
+pub use pelican_model::ids::RunId;
+pub use pelican_model::status::RunStatus;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// What went wrong with a call.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The base URL is not an `http://` URL.
+    #[error("bad API address {0:?}: expected http://host:port")]
+    Address(String),
+    /// The request was refused as malformed (400, 413, 422): retrying the
+    /// same request cannot help.
+    #[error("the API refused the request ({status}): {message}")]
+    Rejected {
+        /// The HTTP status.
+        status: u16,
+        /// The API's message.
+        message: String,
+    },
+    /// The token is missing or wrong (401, 403).
+    #[error("not authorized: {0}")]
+    Unauthorized(String),
+    /// No such run (404).
+    #[error("no such run: {0}")]
+    NotFound(RunId),
+    /// The idempotency key was first used with another request (422).
+    #[error("idempotency key reused for another request: {0}")]
+    KeyConflict(String),
+    /// The run already ended, so it cannot be cancelled (409).
+    #[error("run {run} already ended: {status:?}")]
+    Ended {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        status: RunStatus,
+    },
+    /// The API or its servers did not answer, after every retry. For a
+    /// submission: the run may or may not be stored; submitting it again
+    /// with the same key is safe.
+    #[error("the API is unavailable: {0}")]
+    Unavailable(String),
+    /// An answer this client does not understand.
+    #[error("unexpected answer ({status}): {message}")]
+    Unexpected {
+        /// The HTTP status.
+        status: u16,
+        /// What was wrong with it.
+        message: String,
+    },
+}
+
+/// How often and how patiently a failed request is sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// Sends in all (1: no retry).
+    pub attempts: u32,
+    /// The wait before the first retry; it doubles, up to `backoff_max`.
+    pub backoff: Duration,
+    /// The longest wait between two sends.
+    pub backoff_max: Duration,
+    /// How long one request may take.
+    pub timeout: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Retry {
+        Retry {
+            attempts: 5,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A run to submit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Submit {
+    /// The job kind.
+    pub kind: String,
+    /// The job input.
+    pub input: Value,
+    /// The idempotency key (`None`: the client makes one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl Submit {
+    /// A run of `kind` with `input`.
+    pub fn new(kind: impl Into<String>, input: Value) -> Submit {
+        Submit {
+            kind: kind.into(),
+            input,
+            key: None,
+        }
+    }
+
+    /// Its idempotency key: a second submission with the same key answers
+    /// the first one's run.
+    #[must_use]
+    pub fn key(mut self, key: impl Into<String>) -> Submit {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// A submission's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Submitted {
+    /// The run.
+    pub run_id: RunId,
+    /// Whether the key's run existed already (an earlier submission, or an
+    /// earlier send of this one).
+    #[serde(default)]
+    pub existing: bool,
+}
+
+/// A run, as `GET /runs/{id}` shows it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Run {
+    /// The run.
+    pub run_id: RunId,
+    /// Its kind.
+    pub kind: String,
+    /// Its input.
+    pub input: Value,
+    /// Where it is in its life.
+    pub status: RunStatus,
+    /// Attempts it may have.
+    pub attempts_max: u32,
+    /// Its result, once succeeded.
+    pub result: Option<Value>,
+    /// Its last error.
+    pub error: Option<RunError>,
+    /// Its attempts, in order.
+    pub attempts: Vec<Attempt>,
+}
+
+/// A run's last error.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct RunError {
+    /// `retryable`, `terminal`, ...
+    pub class: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// One attempt of a run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Attempt {
+    /// Its number (1-based).
+    pub attempt: u32,
+    /// Its fence.
+    pub fence: u64,
+    /// The worker that claimed it.
+    pub worker: String,
+    /// The stream entry it was claimed from.
+    pub entry_id: String,
+    /// How it ended, once it did.
+    pub outcome: Option<String>,
+}
+
+/// One event of a run (`GET /runs/{id}/events`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Event {
+    /// Its number: 1, 2, 3, ... in the run's history.
+    pub seq: u32,
+    /// What happened.
+    pub kind: EventKind,
+    /// The run's attempt then (0: before the first).
+    pub attempt: u32,
+    /// That attempt's fence.
+    pub fence: u64,
+    /// The worker of a claim.
+    pub worker: Option<String>,
+    /// What a progress event reported.
+    pub progress: Option<Value>,
+    /// A failure's class.
+    pub class: Option<String>,
+    /// A failure's message.
+    pub message: Option<String>,
+}
+
+/// A client of one Pelican API. Cheap to clone: clones share connections.
+#[derive(Clone, Debug)]
+pub struct Client {
+    base: String,
+    token: Option<HeaderValue>,
+    retry: Retry,
+    http: Http<HttpConnector, Full<Bytes>>,
+    keys: KeyMaker,
+}
+
+/// Makes idempotency keys no other client makes: a random prefix per
+/// client, then a counter.
+#[derive(Clone, Debug)]
+struct KeyMaker {
+    prefix: String,
+    next: std::sync::Arc<AtomicU64>,
+}
+
+impl KeyMaker {
+    fn new() -> KeyMaker {
+        let random = |n: u64| RandomState::new().hash_one(n);
+        KeyMaker {
+            prefix: format!("pc-{:016x}{:016x}", random(0), random(1)),
+            next: std::sync::Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// One answer: its status and body.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    fn message(&self) -> String {
+        self.body
+            .get("error")
+            .and_then(Value::as_str)
+            .map_or_else(|| self.body.to_string(), str::to_owned)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Error> {
+        let status = self.status.as_u16();
+        serde_json::from_value(self.body).map_err(|e| Error::Unexpected {
+            status,
+            message: e.to_string(),
+        })
+    }
+
+    /// The error a non-success answer stands for.
+    fn error(self, run: Option<RunId>) -> Error {
+        let message = self.message();
+        match self.status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Error::Unauthorized(message),
+            StatusCode::NOT_FOUND if run.is_some() => Error::NotFound(run.expect("checked")),
+            s if s.is_server_error() => Error::Unavailable(message),
+            s if s.is_client_error() => Error::Rejected {
+                status: s.as_u16(),
+                message,
+            },
+            s => Error::Unexpected {
+                status: s.as_u16(),
+                message,
+            },
+        }
+    }
+}
+
+/// Whether a request that got `status` may be sent again.
+fn retryable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+impl Client {
+    /// A client of the API at `base` (`http://host:port`), without a token.
+    ///
+    /// # Errors
+    /// [`Error::Address`]: `base` is not an `http://` URL.
+    pub fn new(base: &str) -> Result<Client, Error> {
+        let base = base.trim_end_matches('/');
+        let uri: Uri = base.parse().map_err(|_| Error::Address(base.to_owned()))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(Error::Address(base.to_owned()));
+        }
+        Ok(Client {
+            base: base.to_owned(),
+            token: None,
+            retry: Retry::default(),
+            http: Http::builder(TokioExecutor::new()).build_http(),
+            keys: KeyMaker::new(),
+        })
+    }
+
+    /// Sends `token` as `Authorization: Bearer <token>`.
+    ///
+    /// # Panics
+    /// If `token` holds characters a header cannot (a token is visible
+    /// ASCII).
+    #[must_use]
+    pub fn with_token(mut self, token: &str) -> Client {
+        let value =
+            HeaderValue::try_from(format!("Bearer {token}")).expect("a token is visible ASCII");
+        self.token = Some(value);
+        self
+    }
+
+    /// Retries as `retry` says.
+    #[must_use]
+    pub fn with_retry(mut self, retry: Retry) -> Client {
+        self.retry = retry;
+        self
+    }
+
+    fn request(&self, method: &Method, path: &str, body: Option<&Value>) -> Request<Full<Bytes>> {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            req = req.header(AUTHORIZATION, token.clone());
+        }
+        let body = match body {
+            Some(b) => {
+                req = req.header(CONTENT_TYPE, "application/json");
+                Full::new(Bytes::from(b.to_string()))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        req.body(body).expect("a request of a valid base URL")
+    }
+
+    /// Sends a request (with idempotency key `key`), again while it fails
+    /// in transit or the API answers 502, 503 or 504; the last answer, or
+    /// why there was none.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        key: Option<&str>,
+    ) -> Result<Answer, Error> {
+        let key = key
+            .map(|k| {
+                HeaderValue::try_from(k).map_err(|_| Error::Rejected {
+                    status: 400,
+                    message: format!("idempotency key {k:?} is not visible ASCII"),
+                })
+            })
+            .transpose()?;
+        let mut backoff = self.retry.backoff;
+        let mut last = String::from("no answer");
+        for attempt in 0..self.retry.attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(self.retry.backoff_max);
+            }
+            let mut req = self.request(&method, path, body);
+            if let Some(k) = &key {
+                req.headers_mut().insert("idempotency-key", k.clone());
+            }
+            match self.exchange(req).await {
+                Ok(a) if retryable(a.status) => last = a.message(),
+                Ok(a) => return Ok(a),
+                Err(Some(e)) => return Err(e),
+                Err(None) => {}
+            }
+        }
+        Err(Error::Unavailable(last))
+    }
+
+    /// Submits one run. Without a key of its own, it gets one, so that a
+    /// retry cannot store it twice.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] (a bad kind, say), [`Error::KeyConflict`],
+    /// [`Error::Unauthorized`], [`Error::Unavailable`].
+    pub async fn submit(&self, run: &Submit) -> Result<Submitted, Error> {
+        let key = run.key.clone().unwrap_or_else(|| self.keys.key());
+        let body = json!({ "kind": run.kind, "input": run.input });
+        let answer = self
+            .send(Method::POST, "/runs", Some(&body), Some(&key))
+            .await?;
+        match answer.status {
+            StatusCode::ACCEPTED | StatusCode::OK => answer.decode(),
+            StatusCode::UNPROCESSABLE_ENTITY if answer.message().contains("first used") => {
+                Err(Error::KeyConflict(answer.message()))
+            }
+            _ => Err(answer.error(None)),
+        }
+    }
+
+    /// One request and its whole answer (`Err(None)`: none arrived).
+    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<Answer, Option<Error>> {
+        let answer = tokio::time::timeout(self.retry.timeout, self.http.request(req))
+            .await
+            .map_err(|_| None)?
+            .map_err(|_| None)?;
+        let status = answer.status();
+        let bytes = tokio::time::timeout(self.retry.timeout, answer.into_body().collect())
+            .await
+            .map_err(|_| None)?
+            .map_err(|_| None)?
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).map_err(|e| {
+                Some(Error::Unexpected {
+                    status: status.as_u16(),
+                    message: format!("not JSON: {e}"),
+                })
+            })?
+        };
+        Ok(Answer { status, body })
+    }
+
+    /// Submits `runs` in one request (at most the API's `--bulk-max`).
+    /// Each run keeps its own key (made for it when it has none) and gets
+    /// its own answer, in order; the whole request is retried as one, and
+    /// the keys make that safe.
+    ///
+    /// # Errors
+    /// The request as a whole failed: too many runs ([`Error::Rejected`],
+    /// 413), [`Error::Unauthorized`], [`Error::Unavailable`].
+    pub async fn submit_many(
+        &self,
+        runs: &[Submit],
+    ) -> Result<Vec<Result<Submitted, Error>>, Error> {
+        let items: Vec<Value> = runs
+            .iter()
+            .map(|r| {
+                let key = r.key.clone().unwrap_or_else(|| self.keys.key());
+                json!({ "kind": r.kind, "input": r.input, "key": key })
+            })
+            .collect();
+        let answer = self
+            .send(Method::POST, "/runs", Some(&Value::Array(items)), None)
+            .await?;
+        if answer.status != StatusCode::OK {
+            return Err(answer.error(None));
+        }
+        let status = answer.status.as_u16();
+        let Some(Value::Array(answers)) = answer.body.get("runs").cloned() else {
+            return Err(Error::Unexpected {
+                status,
+                message: "a bulk answer without \"runs\"".into(),
+            });
+        };
+        if answers.len() != runs.len() {
+            return Err(Error::Unexpected {
+                status,
+                message: format!("{} answers to {} runs", answers.len(), runs.len()),
+            });
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| {
+                let code = a.get("code").and_then(Value::as_u64).unwrap_or(0);
+                let code = StatusCode::from_u16(u16::try_from(code).unwrap_or(0))
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let item = Answer {
+                    status: code,
+                    body: a,
+                };
+                match code {
+                    StatusCode::ACCEPTED | StatusCode::OK => item.decode(),
+                    StatusCode::UNPROCESSABLE_ENTITY if item.message().contains("first used") => {
+                        Err(Error::KeyConflict(item.message()))
+                    }
+                    _ => Err(item.error(None)),
+                }
+            })
+            .collect())
+    }
+
+    /// Reads run `run`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::Unauthorized`], [`Error::Unavailable`].
+    pub async fn run(&self, run: RunId) -> Result<Run, Error> {
+        let answer = self
+            .send(Method::GET, &format!("/runs/{}", run.0), None, None)
+            .await?;
+        match answer.status {
+            StatusCode::OK => answer.decode(),
+            _ => Err(answer.error(Some(run))),
+        }
+    }
+
+    /// Cancels run `run` (the first terminal write wins).
+    ///
+    /// # Errors
+    /// [`Error::Ended`] when the run ended before the cancel (not when a
+    /// retried cancel finds it cancelled by its own first send),
+    /// [`Error::NotFound`], [`Error::Unauthorized`], [`Error::Unavailable`].
+    pub async fn cancel(&self, run: RunId) -> Result<(), Error> {
+        let answer = self
+            .send(Method::POST, &format!("/runs/{}/cancel", run.0), None, None)
+            .await?;
+        match answer.status {
+            StatusCode::OK => Ok(()),
+            StatusCode::CONFLICT => {
+                let status = self.run(run).await?.status;
+                // A cancel's first send may have landed with its answer lost.
+                if status == RunStatus::Cancelled {
+                    Ok(())
+                } else {
+                    Err(Error::Ended { run, status })
+                }
+            }
+            _ => Err(answer.error(Some(run))),
+        }
+    }
+
+    /// Follows run `run`'s events from the first (or after event `after`),
+    /// reconnecting with `Last-Event-ID` whenever the connection drops. The
+    /// stream ends after the run's terminal event; it yields an error, and
+    /// ends, when the API refuses (no such run, a bad token) or stays
+    /// unreachable through every retry.
+    pub fn watch(&self, run: RunId) -> impl Stream<Item = Result<Event, Error>> + Send + 'static {
+        self.watch_after(run, 0)
+    }
+
+    /// [`Client::watch`] from after event `after`.
+    pub fn watch_after(
+        &self,
+        run: RunId,
+        after: u32,
+    ) -> impl Stream<Item = Result<Event, Error>> + Send + 'static {
+        let state = Watch {
+            client: self.clone(),
+            run,
+            last: after,
+            failures: 0,
+            open: None,
+            done: false,
+        };
+        futures_util::stream::unfold(state, |mut w| async move {
+            let next = w.next().await?;
+            Some((next, w))
+        })
+    }
+}
+
+type Sse = std::pin::Pin<
+    Box<
+        dyn Stream<
+                Item = Result<
+                    eventsource_stream::Event,
+                    eventsource_stream::EventStreamError<hyper::Error>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// A [`Client::watch`] in progress.
+struct Watch {
+    client: Client,
+    run: RunId,
+    /// The last event yielded.
+    last: u32,
+    /// Connections in a row that failed.
+    failures: u32,
+    open: Option<Sse>,
+    done: bool,
+}
+
+impl Watch {
+    async fn next(&mut self) -> Option<Result<Event, Error>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let Some(sse) = self.open.as_mut() else {
+                match self.connect().await {
+                    Ok(Some(sse)) => self.open = Some(sse),
+                    Ok(None) => {
+                        self.done = true;
+                        return None;
+                    }
+                    Err(Some(e)) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                    Err(None) => {}
+                }
+                continue;
+            };
+            match sse.next().await {
+                Some(Ok(raw)) if raw.event.is_empty() && raw.data.is_empty() => {}
+                Some(Ok(raw)) => match serde_json::from_str::<Event>(&raw.data) {
+                    // A reconnect never repeats an event, but a server that
+                    // did would not be believed.
+                    Ok(e) if e.seq <= self.last => {}
+                    Ok(e) if e.seq != self.last + 1 => {
+                        self.done = true;
+                        return Some(Err(Error::Unexpected {
+                            status: 200,
+                            message: format!("event {} after event {}", e.seq, self.last),
+                        }));
+                    }
+                    Ok(e) => {
+                        self.failures = 0;
+                        self.last = e.seq;
+                        return Some(Ok(e));
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(Error::Unexpected {
+                            status: 200,
+                            message: format!("an event that is not one: {e}"),
+                        }));
+                    }
+                },
+                // The connection dropped, or the server ended the stream
+                // (after a terminal event: the reconnect answers 204).
+                Some(Err(_)) | None => self.open = None,
+            }
+        }
+    }
+
+    /// A new connection (`Ok(None)`: the run has ended and every event was
+    /// seen; `Err(None)`: this one failed, try again; `Err(Some)`: give up).
+    async fn connect(&mut self) -> Result<Option<Sse>, Option<Error>> {
+        let c = &self.client;
+        if self.failures > 0 {
+            let shift = (self.failures - 1).min(16);
+            let wait = (c.retry.backoff * 2u32.pow(shift)).min(c.retry.backoff_max);
+            tokio::time::sleep(wait).await;
+        }
+        if self.failures >= c.retry.attempts.max(1) {
+            return Err(Some(Error::Unavailable(format!(
+                "the events of run {} could not be read {} times in a row",
+                self.run.0, self.failures
+            ))));
+        }
+        self.failures += 1;
+        let mut req = c.request(&Method::GET, &format!("/runs/{}/events", self.run.0), None);
+        req.headers_mut()
+            .insert("last-event-id", HeaderValue::from(self.last));
+        let answer = tokio::time::timeout(c.retry.timeout, c.http.request(req))
+            .await
+            .map_err(|_| None)?
+            .map_err(|_| None)?;
+        match answer.status() {
+            StatusCode::OK => {
+                let body = BodyDataStream::new(answer.into_body());
+                Ok(Some(Box::pin(body.eventsource())))
+            }
+            StatusCode::NO_CONTENT => Ok(None),
+            s if retryable(s) => Err(None),
+            status => {
+                let bytes = answer
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(http_body_util::Collected::to_bytes)
+                    .unwrap_or_default();
+                let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                Err(Some(Answer { status, body }.error(Some(self.run))))
+            }
+        }
+    }
+}

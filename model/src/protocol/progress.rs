@@ -1,0 +1,66 @@
+//! Progress events: what a job reports while it runs (S13).
+//!
+//! A job's progress is an event of its run ([`crate::events`]), written
+//! under the attempt's fence: once a later attempt holds the run, or the
+//! attempt has ended, its progress is refused like any other write of it.
+//! The mutant twin of the write is chosen here, once.
+
+use super::Policy;
+use crate::db::{DbOp, DbReply};
+use crate::ids::{Fence, RunId};
+
+/// Why a progress event was not written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProgressError {
+    /// The event is larger than the policy lets a value be.
+    #[error("a progress event of {len} bytes is more than the {max} a value may hold")]
+    TooLarge {
+        /// Its length in bytes.
+        len: usize,
+        /// [`Policy::value_bytes_max`].
+        max: usize,
+    },
+    /// The attempt no longer holds the run: a later attempt took it over,
+    /// or the run ended.
+    #[error("the progress event was refused: this attempt no longer holds the run")]
+    Refused,
+    /// Postgres did not answer: the event may or may not be written.
+    #[error("the progress event may not be written: Postgres did not answer")]
+    Unavailable,
+}
+
+/// The statement that writes progress `data` (JSON text) of the attempt
+/// of `run` holding `fence`.
+///
+/// # Errors
+/// [`ProgressError::TooLarge`]: `data` exceeds [`Policy::value_bytes_max`].
+pub fn progress(
+    policy: &Policy,
+    run: RunId,
+    fence: Fence,
+    data: String,
+) -> Result<DbOp, ProgressError> {
+    if data.len() > policy.value_bytes_max {
+        return Err(ProgressError::TooLarge {
+            len: data.len(),
+            max: policy.value_bytes_max,
+        });
+    }
+    #[cfg(feature = "mutants")]
+    if crate::injects!(policy, ZombieProgress) {
+        return Ok(DbOp::AppendEventUnfenced { run, fence, data });
+    }
+    Ok(DbOp::AppendEvent { run, fence, data })
+}
+
+/// The answer to [`progress`]'s statement (`None`: no answer).
+///
+/// # Errors
+/// The event was refused, or it is not known whether it was written.
+pub fn progressed(reply: Option<&DbReply>) -> Result<(), ProgressError> {
+    match reply {
+        Some(DbReply::Rows(1)) => Ok(()),
+        Some(_) => Err(ProgressError::Refused),
+        None => Err(ProgressError::Unavailable),
+    }
+}
