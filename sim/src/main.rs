@@ -442,7 +442,7 @@ mod cli {
     }
 
     /// The events every long sweep must see (`--require-events`).
-    const INTERESTING: [&str; 15] = [
+    const INTERESTING: [&str; 16] = [
         "batches",
         "reclaims",
         "late_writes_rejected",
@@ -458,6 +458,7 @@ mod cli {
         "attempt_timeouts",
         "slot_waits",
         "token_waits",
+        "event_logs_followed",
     ];
 
     fn print_summary(ran: u64, failures: usize, seconds: f64, events: &BTreeMap<String, u64>) {

@@ -4,6 +4,7 @@
 
 use crate::net::ExternalCall;
 use crate::scenario::FaultMix;
+use pelican_model::events::{self, RunEvent};
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::{self, Broken, Guarantee};
 use pelican_model::protocol::{
@@ -53,6 +54,8 @@ pub struct Oracle {
     pub broken: Vec<Broken>,
     /// The event log, when recording.
     pub log: Option<Vec<LogLine>>,
+    /// Each followed run's events as its reader holds them (S13).
+    pub followed: BTreeMap<RunId, Vec<RunEvent>>,
     /// Deliveries (by node and entry) whose last input was a refused
     /// outcome write: what they do next is checked (S6).
     refused: BTreeSet<(String, EntryId)>,
@@ -91,6 +94,7 @@ impl Oracle {
             broken: Vec::new(),
             log: record.then(Vec::new),
             refused: BTreeSet::new(),
+            followed: BTreeMap::new(),
             hash: DefaultHasher::new(),
             start_ms: sim_now_ms(),
         }
@@ -466,15 +470,47 @@ impl Oracle {
         !undelivered && jobs.pel_len() == 0 && w.accepted.iter().all(|r| w.finished(*r))
     }
 
+    /// A reader of `run`'s events now holds `seen`: numbered from 1
+    /// without gaps, and no progress of an attempt that did not hold the
+    /// run (S13).
+    pub fn watched(&mut self, run: RunId, seen: &[RunEvent]) {
+        if let Err(e) = events::check(0, seen)
+            && self.broken.is_empty()
+        {
+            let detail = format!("a reader of {run}'s events holds {e}");
+            self.note("oracle", format!("broken: S13 {detail}"));
+            self.broken.push(Broken {
+                guarantee: Guarantee::S13,
+                detail,
+            });
+        }
+        self.followed.insert(run, seen.to_vec());
+    }
+
     /// The end-of-seed checks: S1, S5, S9, S10 ([`invariants::quiescent`]),
     /// the state guarantees, and what every level checks of the final
     /// database ([`invariants::outcomes`]: one outcome per run, attempts
     /// and dead letters that agree with it, no stale write's mark, each
-    /// effect under one key).
+    /// effect under one key, whole event logs), and that what each reader
+    /// of events holds is the start of its run's log (S13).
     #[must_use]
     pub fn final_check(&self) -> Vec<Broken> {
         let w = &self.world;
         let mut out = invariants::state(w, &self.policy);
+        for (run, seen) in &self.followed {
+            let Some(_) = w.db.runs.get(run) else {
+                continue;
+            };
+            let log = w.db.read_events(*run, 0, usize::MAX);
+            if let Err(e) = events::grew(seen, &log) {
+                out.push(Broken {
+                    guarantee: Guarantee::S13,
+                    detail: format!(
+                        "what a reader of {run}'s events holds is not the run's history: {e}"
+                    ),
+                });
+            }
+        }
         let effects = |run: RunId| self.effects_expected.get(&run).copied().unwrap_or(0);
         out.extend(invariants::quiescent(w, &effects));
         out.extend(invariants::outcomes(&w.db, &effects));

@@ -13,7 +13,7 @@ use madsim::task::NodeId;
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::Broken;
 use pelican_model::protocol::{
-    Command, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp, SubmitterEnd,
+    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp, SubmitterEnd,
 };
 use pelican_model::stream::Trim;
 use pelican_model::world::Redis;
@@ -384,6 +384,13 @@ async fn api_main(
                             match end {
                                 SubmitterEnd::Accepted { published } => {
                                     o.world.accepted.insert(p.run);
+                                    if p.run.0 % 2 == 1 {
+                                        madsim::task::spawn(watch_events(
+                                            io.clone(),
+                                            oracle.clone(),
+                                            p.run,
+                                        ));
+                                    }
                                     o.count(if published {
                                         "submitted"
                                     } else {
@@ -423,6 +430,42 @@ async fn api_main(
                 });
             }
         }
+    }
+}
+
+/// A reader following `run`'s events as a client of `GET /runs/{id}/events`
+/// does, through lost replies and partitions: it asks for the events after
+/// the last one it holds, a few at a time, until it holds a terminal one.
+/// What it holds is checked as it grows, and against the final log at the
+/// seed's end ([`Oracle::watched`], S13).
+async fn watch_events<S, D, P>(io: Arc<Io<S, D, P>>, oracle: Shared, run: RunId)
+where
+    S: pelican_real::StreamClient,
+    D: pelican_real::DbClient,
+    P: Probe,
+{
+    let mut seen: Vec<pelican_model::events::RunEvent> = Vec::new();
+    loop {
+        let after = seen.last().map_or(0, |e| e.seq);
+        let read = DbOp::ReadEvents {
+            run,
+            after,
+            limit: 4,
+        };
+        if let Ok(DbReply::Events(batch)) = io.db.call(read, Default::default()).await
+            && !batch.is_empty()
+        {
+            seen.extend(batch);
+            let mut o = lock(&oracle);
+            o.count("events_read");
+            let done = seen.last().is_some_and(|e| e.kind.is_terminal());
+            o.watched(run, &seen);
+            if done {
+                o.count("event_logs_followed");
+                return;
+            }
+        }
+        madsim::time::sleep(Duration::from_millis(150)).await;
     }
 }
 
