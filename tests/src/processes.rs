@@ -212,7 +212,18 @@ impl Env {
         attempts_max: u32,
         flags: &[&str],
     ) -> (Proc, String) {
-        let port = free_port();
+        self.api_on(token, attempts_max, flags, free_port())
+    }
+
+    /// As [`Env::api_with_flags`], listening on `port` (an API restarted
+    /// where its clients expect it).
+    pub fn api_on(
+        &mut self,
+        token: &str,
+        attempts_max: u32,
+        flags: &[&str],
+        port: u16,
+    ) -> (Proc, String) {
         let mut c = self.command();
         c.args(["api", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--api-token", token, "--body-limit-bytes", "4096"])

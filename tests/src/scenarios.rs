@@ -5,6 +5,13 @@
 //! on the correct build (it must pass); `tests/mutants.rs` runs each mutant
 //! against the scenario that exposes it (it must fail).
 
+mod events;
+
+pub use events::{
+    a_late_attempts_progress_is_refused, run_events_survive_a_kill_and_a_reconnect,
+    the_client_library_against_the_api,
+};
+
 use crate::{Cluster, Database, Env};
 use pelican_model::ids::RunId;
 use pelican_model::protocol::{DbOp, DbReply, KindPolicy};

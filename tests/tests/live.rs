@@ -47,4 +47,7 @@ live! {
     bad_flags_and_unreachable_servers_fail_clearly,
     retention_trims_acknowledged_entries,
     pipelined_acks_answer_each_xack,
+    run_events_survive_a_kill_and_a_reconnect,
+    a_late_attempts_progress_is_refused,
+    the_client_library_against_the_api,
 }

@@ -72,6 +72,7 @@ mutants! {
     unknown_retried: "UnknownRetried" => unknown_errors_are_retried_up_to_the_cap,
     ignore_budget: "IgnoreBudget" => budgets_and_timeouts_bound_runs,
     overbooked: "Overbooked" => a_dead_workers_permit_frees_after_its_hold,
+    zombie_progress: "ZombieProgress" => a_late_attempts_progress_is_refused,
 }
 
 /// The mutants' statements answer as their model twins: first on every

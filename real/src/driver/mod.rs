@@ -408,9 +408,20 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
         let input = match command {
             Command::Db(op) => {
                 let statement = op.name();
-                let input = match tokio::time::timeout(timeout, self.db.call(op, by)).await {
-                    Ok(Ok(reply)) => Input::Db(reply),
-                    _ => Input::Unavailable,
+                // Heartbeats lost on the way (armed as `lose_heartbeat=return`):
+                // the lease runs out while the job goes on, a zombie's life.
+                #[cfg(feature = "failpoints")]
+                let lost = matches!(op, DbOp::Heartbeat { .. })
+                    && fail::eval("lose_heartbeat", |_| ()).is_some();
+                #[cfg(not(feature = "failpoints"))]
+                let lost = false;
+                let input = if lost {
+                    Input::Unavailable
+                } else {
+                    match tokio::time::timeout(timeout, self.db.call(op, by)).await {
+                        Ok(Ok(reply)) => Input::Db(reply),
+                        _ => Input::Unavailable,
+                    }
                 };
                 self.probe.db_answered(role, statement, &input);
                 input
