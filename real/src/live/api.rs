@@ -549,7 +549,7 @@ pub fn event_view(e: &RunEvent) -> Value {
             v["progress"] = serde_json::from_str(&e.data).unwrap_or_else(|_| json!(e.data));
         }
         _ if e.class.is_some() => {
-            v["class"] = json!(e.class.map(|c| c.as_str()));
+            v["class"] = json!(e.class.map(pelican_model::status::ErrorClass::as_str));
             v["message"] = json!(e.data);
         }
         _ => {}
@@ -640,7 +640,7 @@ async fn run_events(
                     }
                     Ok(DbReply::Events(_)) => {}
                     other => {
-                        tracing::warn!(run = run.0, answer = ?other.err(), "reading events failed")
+                        tracing::warn!(run = run.0, answer = ?other.err(), "reading events failed");
                     }
                 }
                 tokio::time::sleep(EVENTS_POLL).await;
