@@ -1263,6 +1263,33 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
     }
     assert!(env.db().runs.is_empty(), "no bad request stored a run");
     let run = env.submit("noop", "{}", 3);
+    let events = format!("/runs/{}/events", run.0);
+    let past = format!("{events}?after=99");
+    let unknown_param = format!("{events}?from=1");
+    for (path, token, want) in [
+        ("/runs/abc/events", ok, 400),
+        ("/runs/424242/events", ok, 404),
+        (events.as_str(), None, 401),
+        (past.as_str(), ok, 400),
+        (unknown_param.as_str(), ok, 400),
+    ] {
+        let (status, json) = get(path, token);
+        assert_eq!(status, want, "GET {path}");
+        assert!(json["error"].is_string(), "GET {path}: {json}");
+    }
+    let mut resp = agent
+        .get(format!("{base}{events}"))
+        .header("Authorization", "Bearer sekret")
+        .header("Last-Event-ID", "first")
+        .call()
+        .expect("the API answers");
+    assert_eq!(
+        resp.status().as_u16(),
+        400,
+        "a Last-Event-ID that is not a number"
+    );
+    let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+    assert!(body["error"].is_string(), "{body}");
     // Every route but /healthz refuses a missing or wrong token; the
     // read-only token reads and changes nothing.
     let (_reader_api, reader_base) =
