@@ -33,6 +33,7 @@
 
 use bytes::Bytes;
 use eventsource_stream::Eventsource;
+use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Full};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -559,16 +560,12 @@ impl Client {
     /// stream ends after the run's terminal event; it yields an error, and
     /// ends, when the API refuses (no such run, a bad token) or stays
     /// unreachable through every retry.
-    pub fn watch(&self, run: RunId) -> impl Stream<Item = Result<Event, Error>> + Send + 'static {
+    pub fn watch(&self, run: RunId) -> BoxStream<'static, Result<Event, Error>> {
         self.watch_after(run, 0)
     }
 
     /// [`Client::watch`] from after event `after`.
-    pub fn watch_after(
-        &self,
-        run: RunId,
-        after: u32,
-    ) -> impl Stream<Item = Result<Event, Error>> + Send + 'static {
+    pub fn watch_after(&self, run: RunId, after: u32) -> BoxStream<'static, Result<Event, Error>> {
         let state = Watch {
             client: self.clone(),
             run,
@@ -581,6 +578,7 @@ impl Client {
             let next = w.next().await?;
             Some((next, w))
         })
+        .boxed()
     }
 }
 
