@@ -990,13 +990,28 @@ impl Db {
             .collect()
     }
 
-    /// [`Statement::ListDeadLetters`]: up to `limit` dead letters by run.
+    /// [`Statement::ListDeadLetters`]: up to `limit` dead letters of runs
+    /// after `after`, by run.
     #[must_use]
-    pub fn list_dead_letters(&self, limit: usize) -> Vec<(RunId, DeadLetter)> {
+    pub fn list_dead_letters(&self, after: RunId, limit: usize) -> Vec<(RunId, DeadLetter)> {
         self.dead_letters
-            .iter()
+            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             .take(limit)
             .map(|(r, d)| (*r, d.clone()))
+            .collect()
+    }
+
+    /// [`Statement::ListRuns`]: up to `limit` runs after `after`, by run,
+    /// whose status is `status` and kind `kind` (`""`: any).
+    #[must_use]
+    pub fn list_runs(&self, status: &str, kind: &str, after: RunId, limit: usize) -> Vec<RunRow> {
+        self.runs
+            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            .map(|(_, r)| r)
+            .filter(|r| status.is_empty() || r.status.as_str() == status)
+            .filter(|r| kind.is_empty() || r.kind == kind)
+            .take(limit)
+            .cloned()
             .collect()
     }
 

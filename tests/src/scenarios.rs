@@ -6,6 +6,9 @@
 //! against the scenario that exposes it (it must fail).
 
 mod events;
+mod runs_api;
+
+pub use runs_api::the_runs_api_lists_pages_and_requeues;
 
 pub use events::{
     a_late_attempts_progress_is_refused, run_events_survive_a_kill_and_a_reconnect,

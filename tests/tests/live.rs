@@ -50,4 +50,5 @@ live! {
     run_events_survive_a_kill_and_a_reconnect,
     a_late_attempts_progress_is_refused,
     the_client_library_against_the_api,
+    the_runs_api_lists_pages_and_requeues,
 }

@@ -153,6 +153,8 @@ pub enum Shape {
     Steps,
     /// A run's events ([`DbReply::Events`]).
     Events,
+    /// `runs` rows ([`DbReply::Runs`]).
+    Runs,
 }
 
 /// The answer to a [`DbOp`].
@@ -190,6 +192,8 @@ pub enum DbReply {
     Steps(Vec<(u32, super::StepRow)>),
     /// A run's events, in order.
     Events(Vec<crate::events::RunEvent>),
+    /// Runs, by id.
+    Runs(Vec<RunRow>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -1010,15 +1014,31 @@ statements! {
         model: |db| DbReply::Attempts(db.read_attempts(*run)),
     }
 
-    /// Up to `limit` dead letters by run.
-    ListDeadLetters { limit: usize } => {
+    /// Up to `limit` dead letters of runs after `after`, by run (keyset
+    /// pagination: the next page starts after the last run of this one).
+    ListDeadLetters { after: RunId, limit: usize } => {
         name: "list_dead_letters",
         access: Read,
         reply: DeadLetters,
         sql: "SELECT run_id, source_entry, class, message, attempts, requeued \
-              FROM dead_letters ORDER BY run_id LIMIT $1",
-        show: [],
-        model: |db| DbReply::DeadLetters(db.list_dead_letters(*limit)),
+              FROM dead_letters WHERE run_id > $1 ORDER BY run_id LIMIT $2",
+        show: [after],
+        model: |db| DbReply::DeadLetters(db.list_dead_letters(*after, *limit)),
+    }
+
+    /// Up to `limit` runs after `after`, by run, of status `status` and
+    /// kind `kind` (each `''`: any), for `GET /runs` (keyset pagination).
+    ListRuns { status: String, kind: String, after: RunId, limit: usize } => {
+        name: "list_runs",
+        access: Read,
+        reply: Runs,
+        sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, \
+              unknown_failures, deadline_ms, events FROM runs \
+              WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
+              ORDER BY run_id LIMIT $4",
+        show: [after],
+        model: |db| DbReply::Runs(db.list_runs(status, kind, *after, *limit)),
     }
 
     /// How many runs have each status.

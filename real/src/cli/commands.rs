@@ -632,7 +632,13 @@ fn check_traces(files: &[std::path::PathBuf]) -> Result<()> {
 /// `pelican dlq list`.
 async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
     let db = connect_db(c).await?;
-    let letters = match db.execute(&DbOp::ListDeadLetters { limit }).await? {
+    let letters = match db
+        .execute(&DbOp::ListDeadLetters {
+            after: RunId(0),
+            limit,
+        })
+        .await?
+    {
         DbReply::DeadLetters(d) => d,
         other => bail!("unexpected answer {other:?}"),
     };

@@ -3,6 +3,9 @@
 //! | route | does |
 //! |---|---|
 //! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes); with an `Idempotency-Key`, a key already used answers its run (200) or 422 for another request |
+//! | `GET /runs?status=&kind=&cursor=&limit=` | runs by id, filtered, a page at a time (keyset: `next_cursor` starts the next page) |
+//! | `GET /dead-letters?cursor=&limit=` | dead letters by run, a page at a time |
+//! | `POST /dead-letters/{id}/requeue` | runs a dead run again with `{"extra_attempts": N}` more (default 1); 409 if it is not dead |
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
 //! | `GET /runs/{id}/events` | the run's events over SSE (S13): resumes after `Last-Event-ID` (or `?after=N`), ends after a terminal event; 204 when the run has ended and every event was seen |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
@@ -75,7 +78,9 @@ fn unavailable(what: &str) -> ApiError {
 /// The router, with a body limit of `body_limit_bytes`.
 pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
     Router::new()
-        .route("/runs", post(create_run))
+        .route("/runs", post(create_run).get(list_runs))
+        .route("/dead-letters", get(list_dead_letters))
+        .route("/dead-letters/{id}/requeue", post(requeue_dead_letter))
         .route("/runs/{id}", get(get_run))
         .route("/runs/{id}/events", get(run_events))
         .route("/runs/{id}/cancel", post(cancel_run))
@@ -651,4 +656,206 @@ async fn run_events(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// The most runs or dead letters one page may hold, and how many it holds
+/// by default.
+const PAGE_MAX: usize = 1_000;
+const PAGE_DEFAULT: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    status: Option<String>,
+    kind: Option<String>,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+impl Page {
+    /// The run after which the page starts, and its size.
+    fn bounds(&self) -> Result<(RunId, usize), ApiError> {
+        let after = match self.cursor.as_deref() {
+            None | Some("") => RunId(0),
+            Some(c) => parse_run(c)?,
+        };
+        let limit = self.limit.unwrap_or(PAGE_DEFAULT);
+        if limit == 0 || limit > PAGE_MAX {
+            return Err(bad(format!("limit must be 1 to {PAGE_MAX}, got {limit}")));
+        }
+        Ok((after, limit))
+    }
+}
+
+/// The query of a page, or a 400 that says what is wrong with it.
+fn page(
+    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Page, ApiError> {
+    query.map(|q| q.0).map_err(|e| bad(e.body_text()))
+}
+
+/// The cursor of the page after one that ended at `last` and held `n` of
+/// at most `limit` (none: this was the last page).
+fn next_cursor(last: Option<RunId>, n: usize, limit: usize) -> Value {
+    match last {
+        Some(run) if n == limit => json!(run.0.to_string()),
+        _ => Value::Null,
+    }
+}
+
+/// `GET /runs`: runs by id, of one status and one kind if asked.
+async fn list_runs(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Need::Read)?;
+    let q = page(query)?;
+    let (after, limit) = q.bounds()?;
+    let status = q.status.unwrap_or_default();
+    if !status.is_empty() && pelican_model::status::RunStatus::parse(&status).is_none() {
+        let known: Vec<&str> = pelican_model::status::RunStatus::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        return Err(bad(format!(
+            "no status {status:?}; known: {}",
+            known.join(", ")
+        )));
+    }
+    let kind = q.kind.unwrap_or_default();
+    if !kind.is_empty() {
+        validate_kind(&kind).map_err(bad)?;
+    }
+    let op = DbOp::ListRuns {
+        status,
+        kind,
+        after,
+        limit,
+    };
+    let Ok(DbReply::Runs(rows)) = state.io.db.inner().execute(&op).await else {
+        return Err(unavailable("Postgres"));
+    };
+    let next = next_cursor(rows.last().map(|r| r.run_id), rows.len(), limit);
+    let runs: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "run_id": r.run_id.0,
+                "kind": r.kind,
+                "status": r.status.as_str(),
+                "attempts": r.attempts,
+                "attempts_max": r.attempts_max,
+                "events": r.events,
+                "finished_at_ms": r.finished_at.map(|t| t.0),
+                "error": r.error.as_ref().map(|(class, message)| json!({ "class": class.as_str(), "message": message })),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "runs": runs, "next_cursor": next })))
+}
+
+/// `GET /dead-letters`: dead letters by run.
+async fn list_dead_letters(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Need::Read)?;
+    let q = page(query)?;
+    if q.status.is_some() || q.kind.is_some() {
+        return Err(bad("dead letters take only cursor and limit"));
+    }
+    let (after, limit) = q.bounds()?;
+    let op = DbOp::ListDeadLetters { after, limit };
+    let Ok(DbReply::DeadLetters(rows)) = state.io.db.inner().execute(&op).await else {
+        return Err(unavailable("Postgres"));
+    };
+    let next = next_cursor(rows.last().map(|(r, _)| *r), rows.len(), limit);
+    let letters: Vec<Value> = rows
+        .iter()
+        .map(|(run, d)| {
+            json!({
+                "run_id": run.0,
+                "class": d.class.as_str(),
+                "message": d.message,
+                "source_entry": d.source_entry.map(|e| e.to_string()),
+                "requeued": d.requeued,
+                "attempts": d.attempts.iter().map(|(n, f, o)| json!({
+                    "attempt": n.0,
+                    "fence": f.0,
+                    "outcome": o.map(|o| match o {
+                        pelican_model::status::AttemptOutcome::Succeeded => "succeeded",
+                        pelican_model::status::AttemptOutcome::Failed(c) => c.as_str(),
+                    }),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({ "dead_letters": letters, "next_cursor": next }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Requeue {
+    #[serde(default = "one")]
+    extra_attempts: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `POST /dead-letters/{id}/requeue`: an operator's re-run of a dead run.
+async fn requeue_dead_letter(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Need::Write)?;
+    let run = parse_run(&id)?;
+    let Requeue { extra_attempts } = if body.iter().all(u8::is_ascii_whitespace) {
+        Requeue { extra_attempts: 1 }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("bad requeue body: {e}"),
+            )
+        })?
+    };
+    if extra_attempts == 0 || extra_attempts > 100 {
+        return Err(bad(format!(
+            "extra_attempts must be 1 to 100, got {extra_attempts}"
+        )));
+    }
+    let db = state.io.db.inner();
+    match db
+        .execute(&DbOp::DlqRequeue {
+            run,
+            extra_attempts,
+        })
+        .await
+    {
+        Ok(DbReply::Rows(1)) => {
+            tracing::info!(%run, extra_attempts, "dead run requeued");
+            Ok(Json(
+                json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
+            ))
+        }
+        Ok(_) => match db.execute(&DbOp::ReadRun { run }).await {
+            Ok(DbReply::Run(Some(r))) => Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("run {} is {}, not dead awaiting a requeue", run.0, r.status),
+            )),
+            Ok(DbReply::Run(None)) => {
+                Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)))
+            }
+            _ => Err(unavailable("Postgres")),
+        },
+        Err(_) => Err(unavailable("Postgres")),
+    }
 }

@@ -219,6 +219,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
         Shape::DeadLetters => DbReply::DeadLetters(all(rows, dead_letter)?),
         Shape::Steps => DbReply::Steps(all(rows, step_row)?),
         Shape::Events => DbReply::Events(all(rows, event)?),
+        Shape::Runs => DbReply::Runs(all(rows, run_row)?),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {

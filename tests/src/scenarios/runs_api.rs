@@ -1,0 +1,142 @@
+//! The runs API: listing runs and dead letters a page at a time, and
+//! requeueing a dead run over HTTP.
+
+use super::agent;
+use crate::Env;
+use pelican_model::ids::RunId;
+use pelican_model::status::RunStatus;
+use serde_json::{Value, json};
+
+/// `GET /runs` pages through every run by id (keyset: each page starts
+/// after the last run of the one before), filtered by status and kind;
+/// `GET /dead-letters` lists the dead run with its attempts; `POST
+/// /dead-letters/{id}/requeue` runs it again (and only a dead run, only
+/// with the full token); bad queries and bodies get clear errors.
+pub fn the_runs_api_lists_pages_and_requeues(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api_with_flags("tok", 3, &["--api-read-token", "reader"]);
+    let dead = env.submit("fail", r#"{"class":"retryable","times":99}"#, 2);
+    let noops: Vec<RunId> = (0..5)
+        .map(|i| env.submit("noop", &format!("{{\"i\":{i}}}"), 3))
+        .collect();
+    let failed = env.submit("fail", r#"{"class":"terminal","times":9}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    let agent = agent();
+    let call = |method: &str, path: &str, token: &str, body: Option<&str>| {
+        let url = format!("{base}{path}");
+        let auth = format!("Bearer {token}");
+        let mut resp = match (method, body) {
+            ("GET", _) => agent.get(&url).header("Authorization", &auth).call(),
+            (_, Some(b)) => agent
+                .post(&url)
+                .header("Authorization", &auth)
+                .header("Content-Type", "application/json")
+                .send(b),
+            (_, None) => agent.post(&url).header("Authorization", &auth).send_empty(),
+        }
+        .expect("the API answers");
+        let status = resp.status().as_u16();
+        let v: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        (status, v)
+    };
+    let ids = |v: &Value, key: &str| -> Vec<u64> {
+        v[key]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|r| r["run_id"].as_u64().unwrap())
+            .collect()
+    };
+    // Every run, two at a time.
+    let (mut seen, mut cursor) = (Vec::new(), String::new());
+    loop {
+        let (status, v) = call(
+            "GET",
+            &format!("/runs?limit=2&cursor={cursor}"),
+            "reader",
+            None,
+        );
+        assert_eq!(status, 200, "{v}");
+        seen.extend(ids(&v, "runs"));
+        match v["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_owned(),
+            None => break,
+        }
+    }
+    let mut all: Vec<u64> = std::iter::once(dead)
+        .chain(noops.iter().copied())
+        .chain([failed])
+        .map(|r| r.0)
+        .collect();
+    all.sort_unstable();
+    assert_eq!(seen, all, "the pages hold every run once, in order");
+    let (_, v) = call("GET", "/runs?status=dead", "reader", None);
+    assert_eq!(ids(&v, "runs"), [dead.0]);
+    assert_eq!(v["runs"][0]["error"]["class"], json!("retryable"), "{v}");
+    let (_, v) = call(
+        "GET",
+        "/runs?status=succeeded&kind=noop&limit=1000",
+        "reader",
+        None,
+    );
+    assert_eq!(
+        ids(&v, "runs"),
+        noops.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    assert_eq!(v["next_cursor"], Value::Null);
+    let (_, v) = call("GET", "/runs?status=failed&kind=fail", "reader", None);
+    assert_eq!(ids(&v, "runs"), [failed.0]);
+    for bad in [
+        "/runs?status=nope",
+        "/runs?limit=0",
+        "/runs?limit=1001",
+        "/runs?cursor=abc",
+        "/runs?kind=Bad%20Kind",
+        "/runs?sort=id",
+        "/dead-letters?status=dead",
+    ] {
+        let (status, v) = call("GET", bad, "reader", None);
+        assert_eq!(status, 400, "GET {bad}: {v}");
+        assert!(v["error"].is_string(), "GET {bad}: {v}");
+    }
+    let (status, v) = call("GET", "/dead-letters", "reader", None);
+    assert_eq!(status, 200);
+    assert_eq!(ids(&v, "dead_letters"), [dead.0]);
+    let letter = &v["dead_letters"][0];
+    assert_eq!(letter["attempts"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(letter["requeued"], json!(false));
+    let requeue = format!("/dead-letters/{}/requeue", dead.0);
+    let cases: Vec<(String, &str, Option<&str>, u16)> = vec![
+        (requeue.clone(), "reader", None, 403),
+        (requeue.clone(), "tok", Some(r#"{"extra_attempts":0}"#), 400),
+        (requeue.clone(), "tok", Some(r#"{"more":1}"#), 422),
+        (
+            format!("/dead-letters/{}/requeue", noops[0].0),
+            "tok",
+            None,
+            409,
+        ),
+        ("/dead-letters/9999999/requeue".into(), "tok", None, 404),
+        ("/dead-letters/abc/requeue".into(), "tok", None, 400),
+    ];
+    for (path, token, body, want) in &cases {
+        let (status, v) = call("POST", path, token, *body);
+        assert_eq!(status, *want, "POST {path} {body:?}: {v}");
+        assert!(v["error"].is_string(), "POST {path}: {v}");
+    }
+    let (status, v) = call("POST", &requeue, "tok", Some(r#"{"extra_attempts":1}"#));
+    assert_eq!((status, &v["status"]), (200, &json!("queued")), "{v}");
+    let (status, _) = call("POST", &requeue, "tok", None);
+    assert_eq!(
+        status, 409,
+        "a requeued run is not dead until it dies again"
+    );
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&dead].status, RunStatus::Dead);
+    assert_eq!(
+        db.runs[&dead].attempts, 3,
+        "the requeue's one more attempt ran"
+    );
+}
