@@ -174,3 +174,15 @@ pub enum AttemptOutcome {
     /// The attempt failed with this class.
     Failed(ErrorClass),
 }
+
+impl AttemptOutcome {
+    /// The text stored in Postgres (`attempts.outcome`): `succeeded`, or
+    /// the failure's class.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed(class) => class.as_str(),
+        }
+    }
+}

@@ -644,16 +644,7 @@ async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
     };
     let rows: Vec<serde_json::Value> = letters
         .iter()
-        .map(|(run, d)| {
-            json!({
-                "run_id": run.0,
-                "class": d.class.as_str(),
-                "message": d.message,
-                "source_entry": d.source_entry.map(|e| e.to_string()),
-                "requeued": d.requeued,
-                "attempts": d.attempts.iter().map(|(n, f, o)| json!([n.0, f.0, o.map(|o| format!("{o:?}"))])).collect::<Vec<_>>(),
-            })
-        })
+        .map(|(run, d)| api::dead_letter_view(*run, d))
         .collect();
     print(&json!(rows));
     Ok(())

@@ -457,10 +457,7 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
             "fence": a.fence.0,
             "worker": a.worker,
             "entry_id": a.entry_id.to_string(),
-            "outcome": a.outcome.map(|o| match o {
-                pelican_model::status::AttemptOutcome::Succeeded => "succeeded",
-                pelican_model::status::AttemptOutcome::Failed(c) => c.as_str(),
-            }),
+            "outcome": a.outcome.map(pelican_model::status::AttemptOutcome::as_str),
         })).collect::<Vec<_>>(),
     }))
 }
@@ -484,16 +481,10 @@ async fn cancel_run(
     let run = parse_run(&id)?;
     match cancel(&state.io, run).await {
         Ok(true) => Ok(Json(json!({ "run_id": run.0, "status": "cancelled" }))),
-        Ok(false) => match state.io.db.inner().execute(&DbOp::ReadRun { run }).await {
-            Ok(DbReply::Run(Some(r))) => Err(ApiError(
-                StatusCode::CONFLICT,
-                format!("run {} already ended: {}", run.0, r.status),
-            )),
-            Ok(DbReply::Run(None)) => {
-                Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)))
-            }
-            _ => Err(unavailable("Postgres")),
-        },
+        Ok(false) => Err(refused(state.io.db.inner(), run, |status| {
+            format!("run {} already ended: {status}", run.0)
+        })
+        .await),
         Err(_) => Err(unavailable("Postgres")),
     }
 }
@@ -755,6 +746,38 @@ async fn list_runs(
     Ok(Json(json!({ "runs": runs, "next_cursor": next })))
 }
 
+/// The JSON of a dead letter, for `GET /dead-letters` and `pelican dlq list`.
+#[must_use]
+pub fn dead_letter_view(run: RunId, d: &pelican_model::db::DeadLetter) -> Value {
+    json!({
+        "run_id": run.0,
+        "class": d.class.as_str(),
+        "message": d.message,
+        "source_entry": d.source_entry.map(|e| e.to_string()),
+        "requeued": d.requeued,
+        "attempts": d.attempts.iter().map(|(n, f, o)| json!({
+            "attempt": n.0,
+            "fence": f.0,
+            "outcome": o.map(pelican_model::status::AttemptOutcome::as_str),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Why a write to `run` that changed no row was refused: 409 with
+/// `conflict`'s message for the run's status, 404 for an unknown run, 503
+/// when Postgres does not answer.
+async fn refused(
+    db: &PgDb,
+    run: RunId,
+    conflict: impl FnOnce(pelican_model::status::RunStatus) -> String,
+) -> ApiError {
+    match db.execute(&DbOp::ReadRun { run }).await {
+        Ok(DbReply::Run(Some(r))) => ApiError(StatusCode::CONFLICT, conflict(r.status)),
+        Ok(DbReply::Run(None)) => ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)),
+        _ => unavailable("Postgres"),
+    }
+}
+
 /// `GET /dead-letters`: dead letters by run.
 async fn list_dead_letters(
     State(state): State<Arc<ApiState>>,
@@ -774,23 +797,7 @@ async fn list_dead_letters(
     let next = next_cursor(rows.last().map(|(r, _)| *r), rows.len(), limit);
     let letters: Vec<Value> = rows
         .iter()
-        .map(|(run, d)| {
-            json!({
-                "run_id": run.0,
-                "class": d.class.as_str(),
-                "message": d.message,
-                "source_entry": d.source_entry.map(|e| e.to_string()),
-                "requeued": d.requeued,
-                "attempts": d.attempts.iter().map(|(n, f, o)| json!({
-                    "attempt": n.0,
-                    "fence": f.0,
-                    "outcome": o.map(|o| match o {
-                        pelican_model::status::AttemptOutcome::Succeeded => "succeeded",
-                        pelican_model::status::AttemptOutcome::Failed(c) => c.as_str(),
-                    }),
-                })).collect::<Vec<_>>(),
-            })
-        })
+        .map(|(run, d)| dead_letter_view(*run, d))
         .collect();
     Ok(Json(
         json!({ "dead_letters": letters, "next_cursor": next }),
@@ -846,16 +853,10 @@ async fn requeue_dead_letter(
                 json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
             ))
         }
-        Ok(_) => match db.execute(&DbOp::ReadRun { run }).await {
-            Ok(DbReply::Run(Some(r))) => Err(ApiError(
-                StatusCode::CONFLICT,
-                format!("run {} is {}, not dead awaiting a requeue", run.0, r.status),
-            )),
-            Ok(DbReply::Run(None)) => {
-                Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)))
-            }
-            _ => Err(unavailable("Postgres")),
-        },
+        Ok(_) => Err(refused(db, run, |status| {
+            format!("run {} is {status}, not dead awaiting a requeue", run.0)
+        })
+        .await),
         Err(_) => Err(unavailable("Postgres")),
     }
 }
