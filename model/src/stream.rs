@@ -83,7 +83,7 @@ pub struct AutoClaim<P> {
 }
 
 /// XPENDING's summary form.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PendingSummary {
     /// Number of pending entries.
     pub count: u64,

@@ -15,7 +15,9 @@ use crate::db::{Claimed, Db, RunRow};
 use crate::events::{self, EventFault, RunEvent};
 use crate::ids::{AttemptNo, EntryId, Fence, RunId, WorkerId};
 use crate::invariants::Guarantee;
-use crate::protocol::{DbOp, DbReply, DeadEntry, DeliveryEnd, JobEntry, StreamOp, StreamReply};
+use crate::protocol::{
+    DbOp, DbReply, DeadEntry, DeliveryEnd, GroupState, JobEntry, QueueState, StreamOp, StreamReply,
+};
 use crate::status::RunStatus;
 use crate::stream::{AddId, Stream, StreamError};
 use crate::time::Timestamp;
@@ -77,6 +79,37 @@ impl Redis {
                 .map(|got| StreamReply::Touched(!got.is_empty())),
             StreamOp::Locate { id } => Ok(self.locate(*id)),
             StreamOp::Retain { before } => Ok(StreamReply::Trimmed(self.retain(*before))),
+            StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
+        }
+    }
+
+    /// `Queue`: the streams' lengths and the group's lag and PEL. Read-only.
+    #[must_use]
+    pub fn queue(&self, now: Timestamp) -> QueueState {
+        let group = self.jobs.group().ok().map(|_| {
+            let info = self
+                .jobs
+                .xinfo_groups()
+                .ok()
+                .and_then(|g| g.into_iter().next());
+            let summary = self.jobs.xpending_summary().unwrap_or_default();
+            let oldest = self
+                .jobs
+                .xpending_range(None, EntryId::ZERO, EntryId::MAX, 1, None, now)
+                .ok()
+                .and_then(|rows| rows.into_iter().next());
+            GroupState {
+                lag: info.and_then(|i| i.lag),
+                pending: summary.count,
+                oldest_pending: oldest.as_ref().map(|r| r.id),
+                oldest_idle_ms: oldest.map(|r| r.idle_ms),
+                consumers: summary.consumers,
+            }
+        });
+        QueueState {
+            length: self.jobs.len(),
+            dead_letters: self.dead.len(),
+            group,
         }
     }
 

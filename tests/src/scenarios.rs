@@ -8,7 +8,9 @@
 mod events;
 mod runs_api;
 
-pub use runs_api::the_runs_api_lists_pages_and_requeues;
+pub use runs_api::{
+    the_queue_route_reports_lag_and_pending, the_runs_api_lists_pages_and_requeues,
+};
 
 pub use events::{
     a_late_attempts_progress_is_refused, run_events_survive_a_kill_and_a_reconnect,

@@ -51,4 +51,5 @@ live! {
     a_late_attempts_progress_is_refused,
     the_client_library_against_the_api,
     the_runs_api_lists_pages_and_requeues,
+    the_queue_route_reports_lag_and_pending,
 }

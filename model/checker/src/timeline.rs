@@ -37,6 +37,7 @@ pub fn command(c: &Command) -> String {
             StreamOp::Touch { id: e, .. } => format!("XCLAIM {} JUSTID (idle reset)", id(*e)),
             StreamOp::Locate { id: e } => format!("locate {}", id(*e)),
             StreamOp::Retain { .. } => "XTRIM MINID (retention)".into(),
+            StreamOp::Queue { .. } => "queue health (XINFO GROUPS, XPENDING)".into(),
         },
         other => format!("{other:?}"),
     }

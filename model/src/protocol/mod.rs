@@ -322,6 +322,10 @@ pub enum StreamOp {
     /// ID: only delivered, acknowledged entries older than `before` go.
     /// Nothing is trimmed without the group.
     Retain { before: Timestamp },
+    /// XLEN jobs + XLEN jobs:dead + XINFO GROUPS + XPENDING jobs group
+    /// (summary) + XPENDING jobs group - + 1: the queue's health, as
+    /// `GET /queue`, the metrics and `pelican status` report it. Read-only.
+    Queue { now: Timestamp },
 }
 
 impl StreamOp {
@@ -336,7 +340,8 @@ impl StreamOp {
             | StreamOp::PublishDead { now, .. }
             | StreamOp::Read { now, .. }
             | StreamOp::AutoClaim { now, .. }
-            | StreamOp::Touch { now, .. } => Some(*now),
+            | StreamOp::Touch { now, .. }
+            | StreamOp::Queue { now } => Some(*now),
             StreamOp::EnsureGroup
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
@@ -351,7 +356,8 @@ impl StreamOp {
             | StreamOp::PublishDead { now, .. }
             | StreamOp::Read { now, .. }
             | StreamOp::AutoClaim { now, .. }
-            | StreamOp::Touch { now, .. } => Some(now),
+            | StreamOp::Touch { now, .. }
+            | StreamOp::Queue { now } => Some(now),
             StreamOp::EnsureGroup
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
@@ -377,6 +383,35 @@ pub enum StreamReply {
     },
     /// Entries removed by `Retain`.
     Trimmed(u64),
+    Queue(QueueState),
+}
+
+/// The answer to [`StreamOp::Queue`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct QueueState {
+    /// Entries in the job stream (XLEN; 0 without the key).
+    pub length: u64,
+    /// Entries in the dead-letter stream.
+    pub dead_letters: u64,
+    /// The consumer group's side; `None` before the group exists.
+    pub group: Option<GroupState>,
+}
+
+/// The consumer group's part of a [`QueueState`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupState {
+    /// Entries not yet delivered to the group, when Redis can tell (it
+    /// cannot after entries it had not delivered were deleted).
+    pub lag: Option<u64>,
+    /// Deliveries pending acknowledgement (the PEL's size).
+    pub pending: u64,
+    /// The oldest pending delivery's ID.
+    pub oldest_pending: Option<EntryId>,
+    /// Milliseconds since the oldest pending entry was last delivered.
+    pub oldest_idle_ms: Option<u64>,
+    /// Pending deliveries per consumer, by name (consumers with none are
+    /// not listed).
+    pub consumers: Vec<(String, u64)>,
 }
 
 /// Why a command has no answer: the server was unreachable, the call timed

@@ -9,7 +9,8 @@ use crate::live::{PgDb, PgTools, RedisStream, StreamNames};
 use crate::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use anyhow::{Context, Result, bail};
 use pelican_model::ids::{RunId, WorkerId};
-use pelican_model::protocol::{DbOp, DbReply, Policy, SubmitterEnd};
+use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, StreamReply, SubmitterEnd};
+use pelican_model::time::Timestamp;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -350,11 +351,7 @@ async fn migrate(c: &Connection) -> Result<()> {
     let clients = connect(c, 0).await?;
     clients.db.migrate().await?;
     let io = io(clients, Config::default(), NoProbe);
-    match io
-        .stream
-        .execute(pelican_model::protocol::StreamOp::EnsureGroup)
-        .await
-    {
+    match io.stream.execute(StreamOp::EnsureGroup).await {
         Ok(Ok(_)) => {}
         _ => bail!("creating the consumer group failed"),
     }
@@ -569,28 +566,23 @@ async fn status(c: &Connection) -> Result<()> {
         other => bail!("unexpected answer {other:?}"),
     };
     let clients = connect(c, 0).await?;
-    let mut conn = clients.stream.connection();
     let names = clients.stream.names().clone();
-    let pending: redis::Value = redis::cmd("XPENDING")
-        .arg(&names.jobs)
-        .arg(&names.group)
-        .query_async(&mut conn)
+    let queue = match clients
+        .stream
+        .execute(StreamOp::Queue {
+            now: Timestamp::ZERO,
+        })
         .await
-        .unwrap_or(redis::Value::Nil);
-    let pel = match pending {
-        redis::Value::Array(v) => match v.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
+    {
+        Ok(Ok(StreamReply::Queue(q))) => q,
+        Ok(other) => bail!("unexpected answer {other:?}"),
+        Err(_) => bail!("Redis did not answer"),
     };
     let runs: serde_json::Map<String, serde_json::Value> = counts
         .iter()
         .map(|(s, n)| (s.as_str().to_owned(), json!(n)))
         .collect();
-    print(
-        &json!({ "runs": runs, "pending_deliveries": pel, "stream": names.jobs, "group": names.group }),
-    );
+    print(&json!({ "runs": runs, "queue": api::queue_view(&names, &queue) }));
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
 //! | `GET /runs/{id}/events` | the run's events over SSE (S13): resumes after `Last-Event-ID` (or `?after=N`), ends after a terminal event; 204 when the run has ended and every event was seen |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
+//! | `GET /queue` | the queue's health: stream length, lag, pending deliveries, the oldest one's idle time, pending per consumer, live runs by status |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
 //!
@@ -32,7 +33,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply, SubmitterEnd};
+use pelican_model::protocol::{DbOp, DbReply, QueueState, StreamOp, StreamReply, SubmitterEnd};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -84,6 +85,7 @@ pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
         .route("/runs/{id}", get(get_run))
         .route("/runs/{id}/events", get(run_events))
         .route("/runs/{id}/cancel", post(cancel_run))
+        .route("/queue", get(queue))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
@@ -522,6 +524,58 @@ async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) ->
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// The JSON of the queue's health, for `GET /queue` and `pelican status`:
+/// the stream's side (one [`StreamOp::Queue`]) and, when given, the live
+/// runs by status.
+#[must_use]
+pub fn queue_view(names: &super::StreamNames, q: &QueueState) -> Value {
+    let group = q.group.as_ref();
+    json!({
+        "stream": names.jobs,
+        "group": names.group,
+        "group_exists": group.is_some(),
+        "length": q.length,
+        "dead_letters": q.dead_letters,
+        "lag": group.and_then(|g| g.lag),
+        "pending": group.map_or(0, |g| g.pending),
+        "oldest_pending": group.and_then(|g| g.oldest_pending).map(|e| e.to_string()),
+        "oldest_idle_ms": group.and_then(|g| g.oldest_idle_ms),
+        "consumers": group.map_or(&[][..], |g| &g.consumers[..]).iter().map(|(name, pending)| {
+            json!({ "name": name, "pending": pending })
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /queue`.
+async fn queue(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Need::Read)?;
+    let stream = state.io.stream.inner();
+    let op = StreamOp::Queue {
+        now: pelican_model::time::Timestamp::ZERO,
+    };
+    let q = match stream.execute(op).await {
+        Ok(Ok(StreamReply::Queue(q))) => q,
+        _ => return Err(unavailable("Redis")),
+    };
+    let Ok(DbReply::Counts(counts)) = state.io.db.inner().execute(&DbOp::CountLive).await else {
+        return Err(unavailable("Postgres"));
+    };
+    let mut view = queue_view(stream.names(), &q);
+    view["runs"] = pelican_model::status::RunStatus::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .map(|s| {
+            let n = counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
+            (s.as_str().to_owned(), json!(n))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    Ok(Json(view))
 }
 
 /// How often an events stream reads the run's new events.

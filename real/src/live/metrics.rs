@@ -14,47 +14,31 @@
 //! | `pelican_unavailable_total` | counter | calls that got no answer |
 
 use super::pg::PgDb;
-use super::redis::{RedisStream, field};
+use super::redis::RedisStream;
 use crate::driver::{Probe, RoleId};
 use metrics::{Counter, Histogram};
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{AckReason, DbOp, DbReply, DeliveryEnd, Input, PendingReason};
+use pelican_model::protocol::{
+    AckReason, DbOp, DbReply, DeliveryEnd, Input, PendingReason, StreamOp, StreamReply,
+};
 use pelican_model::status::{ErrorClass, JobOutcome};
-use redis::Value;
+use pelican_model::time::Timestamp;
 use std::time::Duration;
 
 /// Updates the queue gauges from Redis and Postgres (on scrape).
 pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
-    let names = stream.names().clone();
-    let mut conn = stream.connection();
-    if let Ok(Some(group)) = stream.group_info().await {
-        let number = |name| field(&group, name).and_then(|v| v.parse::<f64>().ok());
-        if let Some(lag) = number("lag") {
-            metrics::gauge!("pelican_queue_lag").set(lag);
-        }
-        if let Some(p) = number("pending") {
-            metrics::gauge!("pelican_pel_count").set(p);
-        }
-    }
-    let oldest = redis::cmd("XPENDING")
-        .arg(&names.jobs)
-        .arg(&names.group)
-        .arg("-")
-        .arg("+")
-        .arg(1)
-        .query_async::<Value>(&mut conn)
-        .await;
-    let idle = match oldest {
-        Ok(Value::Array(rows)) => rows.first().and_then(|r| match r {
-            Value::Array(f) => f.get(2).and_then(|v| match v {
-                Value::Int(i) => Some(*i as f64),
-                _ => None,
-            }),
-            _ => None,
-        }),
-        _ => None,
+    let queue = StreamOp::Queue {
+        now: Timestamp::ZERO,
     };
-    metrics::gauge!("pelican_oldest_pending_idle_ms").set(idle.unwrap_or(0.0));
+    if let Ok(Ok(StreamReply::Queue(q))) = stream.execute(queue).await {
+        let group = q.group.unwrap_or_default();
+        if let Some(lag) = group.lag {
+            metrics::gauge!("pelican_queue_lag").set(lag as f64);
+        }
+        metrics::gauge!("pelican_pel_count").set(group.pending as f64);
+        metrics::gauge!("pelican_oldest_pending_idle_ms")
+            .set(group.oldest_idle_ms.unwrap_or(0) as f64);
+    }
     if let Ok(DbReply::Counts(counts)) = db.execute(&DbOp::CountLive).await {
         let live = pelican_model::status::RunStatus::ALL
             .into_iter()
@@ -149,7 +133,7 @@ impl MetricsProbe {
 }
 
 impl Probe for MetricsProbe {
-    fn received(&self, _role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
+    fn received(&self, _role: &RoleId, _now: Timestamp, input: &Input) {
         if matches!(input, Input::Unavailable) {
             self.unavailable.increment(1);
         }

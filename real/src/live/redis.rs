@@ -8,7 +8,9 @@
 
 use crate::driver::{StreamClient, StreamResult};
 use pelican_model::ids::{Dispatch, EntryId, RunId};
-use pelican_model::protocol::{DeadEntry, JobEntry, StreamOp, StreamReply, Unavailable};
+use pelican_model::protocol::{
+    DeadEntry, GroupState, JobEntry, QueueState, StreamOp, StreamReply, Unavailable,
+};
 use pelican_model::stream::{AutoClaim, StreamError};
 use pelican_model::world::Issuer;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -211,7 +213,94 @@ impl RedisStream {
             }
             StreamOp::Locate { id } => return self.locate(id).await,
             StreamOp::Retain { before } => return self.retain(before).await,
+            StreamOp::Queue { .. } => return self.queue().await,
         })
+    }
+
+    /// `Queue`: XLEN of both streams, XINFO GROUPS, and XPENDING's summary
+    /// and oldest row, as one pipeline (one round trip). The reads need no
+    /// transaction: each figure is a reading, as a scrape's are.
+    async fn queue(&self) -> Result<StreamResult, Unavailable> {
+        let n = &self.names;
+        let mut pipe = redis::pipe();
+        pipe.cmd("XLEN").arg(&n.jobs);
+        pipe.cmd("XLEN").arg(&n.dead);
+        pipe.cmd("XINFO").arg("GROUPS").arg(&n.jobs);
+        pipe.cmd("XPENDING").arg(&n.jobs).arg(&n.group);
+        pipe.cmd("XPENDING")
+            .arg(&n.jobs)
+            .arg(&n.group)
+            .arg("-")
+            .arg("+")
+            .arg(1);
+        let mut conn = self.conn.clone();
+        let replies: Vec<redis::RedisResult<Value>> = pipe
+            .ignore_errors()
+            .query_async(&mut conn)
+            .await
+            .map_err(|_| Unavailable)?;
+        let mut replies = replies.into_iter().map(answer);
+        let mut next = || replies.next().unwrap_or(Err(Unavailable));
+        let length = next()?.ok().as_ref().and_then(int).unwrap_or(0);
+        let dead_letters = next()?.ok().as_ref().and_then(int).unwrap_or(0);
+        let info = match next()? {
+            Ok(Value::Array(groups)) => groups
+                .iter()
+                .filter_map(fields)
+                .find(|f| field(f, "name").as_deref() == Some(n.group.as_str())),
+            _ => None,
+        };
+        let summary = next()?;
+        let oldest = next()?;
+        let Some(info) = info else {
+            return Ok(Ok(StreamReply::Queue(QueueState {
+                length,
+                dead_letters,
+                group: None,
+            })));
+        };
+        let consumers = match &summary {
+            Ok(Value::Array(parts)) => match parts.get(3) {
+                Some(Value::Array(rows)) => rows
+                    .iter()
+                    .filter_map(|row| match row {
+                        Value::Array(pair) => {
+                            Some((text(pair.first()?)?, pair.get(1).and_then(int).unwrap_or(0)))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        let pending = match &summary {
+            Ok(Value::Array(parts)) => parts.first().and_then(int).unwrap_or(0),
+            _ => 0,
+        };
+        let oldest = match &oldest {
+            Ok(Value::Array(rows)) => match rows.first() {
+                Some(Value::Array(row)) => Some((
+                    row.first()
+                        .and_then(text)
+                        .and_then(|s| s.parse::<EntryId>().ok()),
+                    row.get(2).and_then(int),
+                )),
+                _ => None,
+            },
+            _ => None,
+        };
+        Ok(Ok(StreamReply::Queue(QueueState {
+            length,
+            dead_letters,
+            group: Some(GroupState {
+                lag: field(&info, "lag").and_then(|v| v.parse().ok()),
+                pending,
+                oldest_pending: oldest.as_ref().and_then(|o| o.0),
+                oldest_idle_ms: oldest.and_then(|o| o.1),
+                consumers,
+            }),
+        })))
     }
 
     /// Our group's row of XINFO GROUPS, as (field, value) texts; `None`

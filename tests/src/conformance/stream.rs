@@ -63,6 +63,7 @@ pub enum Step {
         entry: usize,
         after: bool,
     },
+    Queue,
     /// Fault: XDEL of one entry.
     Delete {
         entry: usize,
@@ -87,6 +88,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (consumer(), entry()).prop_map(|(consumer, entry)| Step::Touch { consumer, entry }),
         1 => entry().prop_map(|entry| Step::Locate { entry }),
         1 => (entry(), any::<bool>()).prop_map(|(entry, after)| Step::Retain { entry, after }),
+        1 => Just(Step::Queue),
         1 => entry().prop_map(|entry| Step::Delete { entry }),
         1 => Just(Step::Wipe),
     ]
@@ -109,6 +111,26 @@ fn wall_clock() -> Timestamp {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Timestamp(ms)
 }
+
+/// Idle times are read off two clocks (the model's sender's, Redis's own)
+/// a few milliseconds apart: Redis's answer takes the model's idle time
+/// when the two are within [`IDLE_SLACK_MS`].
+fn same_idle(
+    want: &Result<StreamReply, pelican_model::stream::StreamError>,
+    mut got: Result<StreamReply, pelican_model::stream::StreamError>,
+) -> Result<StreamReply, pelican_model::stream::StreamError> {
+    if let (Ok(StreamReply::Queue(w)), Ok(StreamReply::Queue(g))) = (want, &mut got)
+        && let (Some(w), Some(g)) = (&w.group, &mut g.group)
+        && let (Some(a), Some(b)) = (w.oldest_idle_ms, g.oldest_idle_ms)
+        && a.abs_diff(b) <= IDLE_SLACK_MS
+    {
+        g.oldest_idle_ms = Some(a);
+    }
+    got
+}
+
+/// How far the two sides' idle times may differ.
+const IDLE_SLACK_MS: u64 = 1_000;
 
 /// Both sides of one sequence.
 struct Sides<'a> {
@@ -189,6 +211,7 @@ impl Sides<'_> {
             Step::Retain { entry, after } => StreamOp::Retain {
                 before: Timestamp(self.id(*entry).ms + u64::from(*after)),
             },
+            Step::Queue => StreamOp::Queue { now },
             Step::Delete { .. } | Step::Wipe => return None,
         })
     }
@@ -221,6 +244,7 @@ impl Sides<'_> {
             _ => op,
         };
         let want = self.model.execute(&op);
+        let got = same_idle(&want, got);
         if want != got {
             return Err(format!("{op:?}: model {want:?}, Redis {got:?}"));
         }

@@ -140,3 +140,66 @@ pub fn the_runs_api_lists_pages_and_requeues(mutant: Option<&str>) {
         "the requeue's one more attempt ran"
     );
 }
+
+/// `GET /queue` and `pelican status` read the queue as Redis holds it:
+/// before any worker, the runs wait in the stream with no group; with a
+/// worker holding three long jobs, three deliveries are pending on its one
+/// consumer, kept fresh by its heartbeats; once it is killed they age;
+/// once the runs are cancelled, nothing stays running.
+pub fn the_queue_route_reports_lag_and_pending(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("tok");
+    let agent = agent();
+    let queue = || -> Value {
+        agent
+            .get(&format!("{base}/queue"))
+            .header("Authorization", "Bearer tok")
+            .call()
+            .expect("GET /queue answers")
+            .body_mut()
+            .read_json()
+            .expect("JSON")
+    };
+    let runs: Vec<RunId> = (0..3)
+        .map(|_| env.submit("sleep", r#"{"ms":60000}"#, 1))
+        .collect();
+    let v = queue();
+    assert_eq!(v["length"], json!(3), "{v}");
+    assert_eq!(v["runs"]["queued"], json!(3), "{v}");
+    let mut worker = env.worker(1, None, &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let v = loop {
+        let v = queue();
+        if v["pending"] == json!(3) && v["runs"]["running"] == json!(3) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never 3 pending: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(v["group_exists"], json!(true), "{v}");
+    assert_eq!(v["lag"], json!(0), "every entry was delivered: {v}");
+    let consumers = v["consumers"].as_array().expect("consumers");
+    assert_eq!(consumers.len(), 1, "{v}");
+    assert_eq!(consumers[0]["pending"], json!(3), "{v}");
+    let live = v["oldest_idle_ms"].as_u64().expect("an idle time");
+    assert!(live < 2_000, "heartbeats keep a live delivery fresh: {v}");
+    let status = env.cli(&["status"]);
+    assert!(status.status.success(), "{status:?}");
+    let s: Value = serde_json::from_slice(&status.stdout).expect("status prints JSON");
+    assert_eq!(s["queue"]["pending"], json!(3), "{s}");
+    assert_eq!(s["runs"]["running"], json!(3), "{s}");
+    // Without the worker's heartbeats the deliveries age.
+    worker.kill9();
+    let first = queue()["oldest_idle_ms"].as_u64().expect("an idle time");
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let later = queue()["oldest_idle_ms"].as_u64().expect("an idle time");
+    assert!(
+        later >= first + 1_000,
+        "the oldest delivery ages: {first} then {later}"
+    );
+    for run in &runs {
+        let out = env.cli(&["cancel", &run.0.to_string()]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(queue()["runs"]["running"], json!(0));
+}
