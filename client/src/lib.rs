@@ -44,12 +44,14 @@ use hyper_util::rt::TokioExecutor;
 pub use pelican_model::events::EventKind;
 pub use pelican_model::ids::RunId;
 pub use pelican_model::status::RunStatus;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+pub mod wire;
+pub use wire::{Attempt, Event, Run, RunError, Submit, Submitted};
 
 /// What went wrong with a call.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -120,114 +122,6 @@ impl Default for Retry {
             timeout: Duration::from_secs(10),
         }
     }
-}
-
-/// A run to submit.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Submit {
-    /// The job kind.
-    pub kind: String,
-    /// The job input.
-    pub input: Value,
-    /// The idempotency key (`None`: the client makes one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-}
-
-impl Submit {
-    /// A run of `kind` with `input`.
-    pub fn new(kind: impl Into<String>, input: Value) -> Submit {
-        Submit {
-            kind: kind.into(),
-            input,
-            key: None,
-        }
-    }
-
-    /// Its idempotency key: a second submission with the same key answers
-    /// the first one's run.
-    #[must_use]
-    pub fn key(mut self, key: impl Into<String>) -> Submit {
-        self.key = Some(key.into());
-        self
-    }
-}
-
-/// A submission's answer.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Submitted {
-    /// The run.
-    pub run_id: RunId,
-    /// Whether the key's run existed already (an earlier submission, or an
-    /// earlier send of this one).
-    #[serde(default)]
-    pub existing: bool,
-}
-
-/// A run, as `GET /runs/{id}` shows it.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Run {
-    /// The run.
-    pub run_id: RunId,
-    /// Its kind.
-    pub kind: String,
-    /// Its input.
-    pub input: Value,
-    /// Where it is in its life.
-    pub status: RunStatus,
-    /// Attempts it may have.
-    pub attempts_max: u32,
-    /// Its result, once succeeded.
-    pub result: Option<Value>,
-    /// Its last error.
-    pub error: Option<RunError>,
-    /// Its attempts, in order.
-    pub attempts: Vec<Attempt>,
-}
-
-/// A run's last error.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct RunError {
-    /// `retryable`, `terminal`, ...
-    pub class: String,
-    /// What went wrong.
-    pub message: String,
-}
-
-/// One attempt of a run.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Attempt {
-    /// Its number (1-based).
-    pub attempt: u32,
-    /// Its fence.
-    pub fence: u64,
-    /// The worker that claimed it.
-    pub worker: String,
-    /// The stream entry it was claimed from.
-    pub entry_id: String,
-    /// How it ended, once it did.
-    pub outcome: Option<String>,
-}
-
-/// One event of a run (`GET /runs/{id}/events`).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Event {
-    /// Its number: 1, 2, 3, ... in the run's history.
-    pub seq: u32,
-    /// What happened.
-    pub kind: EventKind,
-    /// The run's attempt then (0: before the first).
-    pub attempt: u32,
-    /// That attempt's fence.
-    pub fence: u64,
-    /// The worker of a claim.
-    pub worker: Option<String>,
-    /// What a progress event reported.
-    pub progress: Option<Value>,
-    /// A failure's class.
-    pub class: Option<String>,
-    /// A failure's message.
-    pub message: Option<String>,
 }
 
 /// A client of one Pelican API. Cheap to clone: clones share connections.

@@ -9,7 +9,8 @@ mod events;
 mod runs_api;
 
 pub use runs_api::{
-    the_queue_route_reports_lag_and_pending, the_runs_api_lists_pages_and_requeues,
+    the_openapi_document_is_the_served_routes, the_queue_route_reports_lag_and_pending,
+    the_runs_api_lists_pages_and_requeues,
 };
 
 pub use events::{

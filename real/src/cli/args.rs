@@ -283,6 +283,9 @@ pub(crate) enum Cmd {
     /// Protocol traces (`--trace-file` of `worker` and `api`).
     #[command(subcommand)]
     Trace(TraceCmd),
+    /// Print the HTTP API's OpenAPI document (as `GET /openapi.json`
+    /// serves it); needs no server.
+    Openapi,
 }
 
 #[derive(Subcommand)]

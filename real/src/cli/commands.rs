@@ -133,10 +133,10 @@ pub(crate) fn install_metrics(
     }
 }
 
-pub(crate) fn print(v: &serde_json::Value) {
+pub(crate) fn print(v: &impl serde::Serialize) {
     println!(
         "{}",
-        serde_json::to_string_pretty(v).expect("JSON values print")
+        serde_json::to_string_pretty(v).expect("the API's bodies serialize")
     );
 }
 
@@ -338,6 +338,10 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             json,
         } => watch(&run, &api_url, api_token.as_deref(), json).await,
         Cmd::Trace(TraceCmd::Check { files }) => check_traces(&files),
+        Cmd::Openapi => {
+            println!("{}", api::openapi().to_pretty_json()?);
+            Ok(())
+        }
         Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit).await,
         Cmd::Dlq(DlqCmd::Requeue {
             run,
@@ -634,7 +638,7 @@ async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
         DbReply::DeadLetters(d) => d,
         other => bail!("unexpected answer {other:?}"),
     };
-    let rows: Vec<serde_json::Value> = letters
+    let rows: Vec<_> = letters
         .iter()
         .map(|(run, d)| api::dead_letter_view(*run, d))
         .collect();

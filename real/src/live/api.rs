@@ -12,8 +12,9 @@
 //! | `GET /queue` | the queue's health: stream length, lag, pending deliveries, the oldest one's idle time, pending per consumer, live runs by status |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
+//! | `GET /openapi.json` | the OpenAPI document, made from the handlers' annotations and the bodies' types ([`pelican_client::wire`]) |
 //!
-//! Every route but `/healthz` takes `Authorization: Bearer <token>`: the
+//! Every route but `/healthz` and `/openapi.json` takes `Authorization: Bearer <token>`: the
 //! token for every route, or the read-only token for the `GET` routes.
 //! `pelican api` serves without a token only when told to
 //! (`--insecure-no-auth`). Every error is a 4xx/5xx with a JSON body
@@ -28,15 +29,19 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use pelican_client::wire;
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::RunId;
 use pelican_model::protocol::{DbOp, DbReply, QueueState, StreamOp, StreamReply, SubmitterEnd};
+use pelican_model::status::{ErrorClass, RunStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// The API's dependencies.
 pub struct ApiState {
@@ -76,21 +81,79 @@ fn unavailable(what: &str) -> ApiError {
     )
 }
 
+/// The API's OpenAPI document: its routes and bodies are added by
+/// [`router`], from the handlers' own annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Pelican", description = "Durable jobs on Redis Streams and PostgreSQL."),
+    modifiers(&BearerAuth),
+)]
+struct ApiDoc;
+
+/// Every route but `/healthz` and `/openapi.json` takes a bearer token.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let scheme =
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build());
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("bearer", scheme);
+    }
+}
+
+/// The routes with their OpenAPI document: one list, so every route is
+/// documented and every documented route is served.
+fn documented() -> (Router<Arc<ApiState>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(list_dead_letters))
+        .routes(routes!(requeue_dead_letter))
+        .routes(routes!(get_run))
+        .routes(routes!(run_events))
+        .routes(routes!(cancel_run))
+        .routes(routes!(queue))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_text))
+        .routes(routes!(openapi_json))
+        .split_for_parts()
+}
+
+/// The API's OpenAPI document, as `GET /openapi.json` serves it.
+#[must_use]
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    documented().1
+}
+
 /// The router, with a body limit of `body_limit_bytes`.
 pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
-    Router::new()
-        .route("/runs", post(create_run).get(list_runs))
-        .route("/dead-letters", get(list_dead_letters))
-        .route("/dead-letters/{id}/requeue", post(requeue_dead_letter))
-        .route("/runs/{id}", get(get_run))
-        .route("/runs/{id}/events", get(run_events))
-        .route("/runs/{id}/cancel", post(cancel_run))
-        .route("/queue", get(queue))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics_text))
+    let (routes, doc) = documented();
+    let doc: Arc<str> = doc
+        .to_json()
+        .expect("the OpenAPI document serializes")
+        .into();
+    routes
+        .layer(axum::Extension(OpenApiJson(doc)))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .with_state(state)
+}
+
+/// The document's JSON, made once.
+#[derive(Clone)]
+struct OpenApiJson(Arc<str>);
+
+/// `GET /openapi.json`: this document (no token: it holds no data).
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "the OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi_json(axum::Extension(doc): axum::Extension<OpenApiJson>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        doc.0.to_string(),
+    )
+        .into_response()
 }
 
 /// What a route lets its caller do.
@@ -137,31 +200,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// An item of a `POST /runs` array.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BulkRun {
-    kind: String,
-    #[serde(default = "empty_object")]
-    input: Value,
-    key: Option<String>,
-}
-
-/// `POST /runs` body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewRun {
-    /// The job kind (`[a-z0-9_.-]`, 1–64 characters).
-    pub kind: String,
-    /// The job input, any JSON (default `{}`).
-    #[serde(default = "empty_object")]
-    pub input: Value,
-}
-
-fn empty_object() -> Value {
-    json!({})
-}
-
 /// Checks a job kind's spelling.
 ///
 /// # Errors
@@ -197,6 +235,20 @@ pub fn validate_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `POST /runs`.
+#[utoipa::path(post, path = "/runs", tag = "runs", request_body = wire::SubmitBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII; a retry with it answers the first run (one run only)")),
+    responses(
+        (status = 202, description = "stored (and published, or left to the outbox)", body = wire::Submitted),
+        (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::BulkSubmitted),
+        (status = 400, description = "bad JSON, kind or key; an empty array", body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
+        (status = 413, description = "body over the limit, or more items than --bulk-max", body = wire::ErrorBody),
+        (status = 422, description = "missing or unknown fields; a key used for another request", body = wire::ErrorBody),
+        (status = 503, description = "Postgres unavailable: nothing stored", body = wire::ErrorBody),
+        (status = 504, description = "Postgres did not answer in time: the run may be stored", body = wire::ErrorBody),
+    ),
+    security(("bearer" = [])))]
 async fn create_run(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -222,7 +274,7 @@ async fn create_run(
         }
         return create_runs(&state, items).await;
     }
-    let new: NewRun = serde_json::from_value(body).map_err(|e| {
+    let new: wire::NewRun = serde_json::from_value(body).map_err(|e| {
         ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("Failed to deserialize the JSON body into the target type: {e}"),
@@ -241,7 +293,12 @@ async fn create_run(
         match submit(&state.io, run, &new.kind, &input, key.as_deref()).await {
             SubmitterEnd::Accepted { published } => {
                 tracing::info!(%run, kind = %new.kind, published, "run accepted");
-                let body = json!({ "run_id": run.0, "status": "queued", "published": published });
+                let body = wire::Submitted {
+                    run_id: run,
+                    status: Some(RunStatus::Queued),
+                    published: Some(published),
+                    existing: false,
+                };
                 (StatusCode::ACCEPTED, Json(body)).into_response()
             }
             SubmitterEnd::Existing(first) => {
@@ -252,10 +309,15 @@ async fn create_run(
                     .execute(&DbOp::ReadRun { run: first })
                     .await
                 {
-                    Ok(DbReply::Run(Some(r))) => json!(r.status.as_str()),
-                    _ => Value::Null,
+                    Ok(DbReply::Run(Some(r))) => Some(r.status),
+                    _ => None,
                 };
-                let body = json!({ "run_id": first.0, "status": status, "existing": true });
+                let body = wire::Submitted {
+                    run_id: first,
+                    status,
+                    published: None,
+                    existing: true,
+                };
                 (StatusCode::OK, Json(body)).into_response()
             }
             SubmitterEnd::KeyConflict(first) => {
@@ -274,10 +336,12 @@ async fn create_run(
                 } else {
                     "a retry may store a second run; send an Idempotency-Key to retry safely"
                 };
-                let body = json!({
-                    "error": format!("Postgres did not answer in time: the run may or may not be stored; {advice}"),
-                    "outcome": "unknown",
-                });
+                let body = wire::ErrorBody {
+                    error: format!(
+                        "Postgres did not answer in time: the run may or may not be stored; {advice}"
+                    ),
+                    outcome: Some("unknown".into()),
+                };
                 (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response()
             }
             SubmitterEnd::Refused => {
@@ -310,7 +374,13 @@ async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, Ap
             ),
         ));
     }
-    let mut answers = vec![Value::Null; items.len()];
+    let refusal = |code: StatusCode, error: String| wire::BulkItem {
+        code: code.as_u16(),
+        run: None,
+        error: Some(error),
+        outcome: None,
+    };
+    let mut answers: Vec<Option<wire::BulkItem>> = vec![None; items.len()];
     let (mut runs, mut at) = (Vec::new(), Vec::new());
     for (i, item) in items.into_iter().enumerate() {
         match bulk_item(item) {
@@ -318,7 +388,7 @@ async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, Ap
                 runs.push(run);
                 at.push(i);
             }
-            Err((code, error)) => answers[i] = json!({ "code": code.as_u16(), "error": error }),
+            Err((code, error)) => answers[i] = Some(refusal(code, error)),
         }
     }
     let ids = if runs.is_empty() {
@@ -338,40 +408,64 @@ async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, Ap
         .filter(|e| matches!(e, SubmitterEnd::Accepted { .. }))
         .count();
     for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
-        answers[i] = match end {
-            SubmitterEnd::Accepted { published } => json!({
-                "code": 202, "run_id": run.0, "status": "queued", "published": published,
-            }),
-            SubmitterEnd::Existing(first) => {
-                json!({ "code": 200, "run_id": first.0, "existing": true })
-            }
-            SubmitterEnd::KeyConflict(first) => json!({
-                "code": 422,
-                "error": format!(
+        answers[i] = Some(match end {
+            SubmitterEnd::Accepted { published } => wire::BulkItem {
+                code: 202,
+                run: Some(wire::Submitted {
+                    run_id: *run,
+                    status: Some(RunStatus::Queued),
+                    published: Some(published),
+                    existing: false,
+                }),
+                error: None,
+                outcome: None,
+            },
+            SubmitterEnd::Existing(first) => wire::BulkItem {
+                code: 200,
+                run: Some(wire::Submitted {
+                    run_id: first,
+                    status: None,
+                    published: None,
+                    existing: true,
+                }),
+                error: None,
+                outcome: None,
+            },
+            SubmitterEnd::KeyConflict(first) => refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
                     "key {:?} was first used for run {} with another request",
                     submitted.key.as_deref().unwrap_or_default(),
                     first.0
                 ),
-            }),
-            SubmitterEnd::Unavailable => json!({
-                "code": 504,
-                "outcome": "unknown",
-                "error": "Postgres did not answer in time: the run may or may not be stored; \
-                          an item with a key is safe to submit again",
-            }),
-            SubmitterEnd::Refused => json!({
-                "code": 422,
-                "error": "Postgres refused the run's values (text holding a NUL byte); nothing was stored",
-            }),
-        };
+            ),
+            SubmitterEnd::Unavailable => wire::BulkItem {
+                outcome: Some("unknown".into()),
+                ..refusal(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "Postgres did not answer in time: the run may or may not be stored; \
+                     an item with a key is safe to submit again"
+                        .into(),
+                )
+            },
+            SubmitterEnd::Refused => refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                    .into(),
+            ),
+        });
     }
     tracing::info!(runs = answers.len(), accepted, "bulk submission");
-    Ok((StatusCode::OK, Json(json!({ "runs": answers }))).into_response())
+    let runs = answers
+        .into_iter()
+        .map(|a| a.expect("every item answered"))
+        .collect();
+    Ok((StatusCode::OK, Json(wire::BulkSubmitted { runs })).into_response())
 }
 
 /// An array item as a run to submit, or the status and reason it is not.
 fn bulk_item(item: Value) -> Result<Submission, (StatusCode, String)> {
-    let run: BulkRun = serde_json::from_value(item)
+    let run: wire::Submit = serde_json::from_value(item)
         .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     validate_kind(&run.kind).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     if let Some(k) = &run.key {
@@ -426,11 +520,11 @@ fn parse_run(id: &str) -> Result<RunId, ApiError> {
     })
 }
 
-/// The JSON view of a run, for `GET /runs/{id}` and `pelican status`.
+/// A run as `GET /runs/{id}` and `pelican status` show it.
 ///
 /// # Errors
 /// 404 for an unknown run, 503 when Postgres does not answer.
-pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
+pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
     let row = match db.execute(&DbOp::ReadRun { run }).await {
         Ok(DbReply::Run(Some(r))) => r,
         Ok(DbReply::Run(None)) => {
@@ -441,48 +535,82 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<Value, ApiError> {
     let Ok(DbReply::Attempts(attempts)) = db.execute(&DbOp::ReadAttempts { run }).await else {
         return Err(unavailable("Postgres"));
     };
-    let as_json = |s: &str| serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s));
-    Ok(json!({
-        "run_id": row.run_id.0,
-        "kind": row.kind,
-        "input": as_json(&row.input),
-        "status": row.status.as_str(),
-        "dispatch": row.dispatch.0,
-        "attempts_max": row.attempts_max,
-        "lease_until_ms": row.lease_until.map(|t| t.0),
-        "retry_at_ms": row.retry_at.map(|t| t.0),
-        "entry_id": row.entry_id.map(|e| e.to_string()),
-        "result": row.result.as_deref().map(as_json),
-        "error": row.error.map(|(class, message)| json!({ "class": class.as_str(), "message": message })),
-        "attempts": attempts.iter().map(|(n, a)| json!({
-            "attempt": n.0,
-            "fence": a.fence.0,
-            "worker": a.worker,
-            "entry_id": a.entry_id.to_string(),
-            "outcome": a.outcome.map(pelican_model::status::AttemptOutcome::as_str),
-        })).collect::<Vec<_>>(),
-    }))
+    Ok(wire::Run {
+        run_id: row.run_id,
+        kind: row.kind,
+        input: as_json(&row.input),
+        status: row.status,
+        dispatch: row.dispatch.0,
+        attempts_max: row.attempts_max,
+        lease_until_ms: row.lease_until.map(|t| t.0),
+        retry_at_ms: row.retry_at.map(|t| t.0),
+        entry_id: row.entry_id.map(|e| e.to_string()),
+        result: row.result.as_deref().map(as_json),
+        error: row.error.map(run_error),
+        attempts: attempts
+            .iter()
+            .map(|(n, a)| wire::Attempt {
+                attempt: n.0,
+                fence: a.fence.0,
+                worker: a.worker.clone(),
+                entry_id: a.entry_id.to_string(),
+                outcome: a.outcome.map(|o| o.as_str().to_owned()),
+            })
+            .collect(),
+    })
 }
 
+/// Stored JSON text as JSON (text that is not JSON as a string).
+fn as_json(s: &str) -> Value {
+    serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s))
+}
+
+fn run_error((class, message): (ErrorClass, String)) -> wire::RunError {
+    wire::RunError {
+        class: class.as_str().to_owned(),
+        message,
+    }
+}
+
+/// A run's id in a path: `17` or `run-17`.
+const RUN_ID: &str = "the run's id: 17 or run-17";
+
+/// `GET /runs/{id}`.
+#[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = RUN_ID)),
+    responses((status = 200, body = wire::Run), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 404, body = wire::ErrorBody),
+        (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn get_run(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Run>, ApiError> {
     authorize(&state, &headers, Need::Read)?;
     let run = parse_run(&id)?;
     Ok(Json(run_view(state.io.db.inner(), run).await?))
 }
 
+/// `POST /runs/{id}/cancel` (S7: no new attempt after it).
+#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = RUN_ID)),
+    responses((status = 200, body = wire::Changed), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
+        (status = 404, body = wire::ErrorBody), (status = 409, description = "already ended", body = wire::ErrorBody),
+        (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn cancel_run(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Changed>, ApiError> {
     authorize(&state, &headers, Need::Write)?;
     let run = parse_run(&id)?;
     match cancel(&state.io, run).await {
-        Ok(true) => Ok(Json(json!({ "run_id": run.0, "status": "cancelled" }))),
+        Ok(true) => Ok(Json(wire::Changed {
+            run_id: run,
+            status: RunStatus::Cancelled,
+            extra_attempts: None,
+        })),
         Ok(false) => Err(refused(state.io.db.inner(), run, |status| {
             format!("run {} already ended: {status}", run.0)
         })
@@ -491,6 +619,9 @@ async fn cancel_run(
     }
 }
 
+/// `GET /healthz` (no token).
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, body = wire::Health), (status = 503, description = "a server does not answer", body = wire::Health)))]
 async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
     let pg = matches!(
         state.io.db.inner().execute(&DbOp::Ping).await,
@@ -506,14 +637,19 @@ async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let word = |ok: bool| if ok { "ok" } else { "unavailable" };
-    (
-        status,
-        Json(json!({ "postgres": word(pg), "redis": word(redis) })),
-    )
-        .into_response()
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" }.to_owned();
+    let body = wire::Health {
+        postgres: word(pg),
+        redis: word(redis),
+    };
+    (status, Json(body)).into_response()
 }
 
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain"),
+        (status = 401, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&state, &headers, Need::Read) {
         return e.into_response();
@@ -526,55 +662,64 @@ async fn metrics_text(State(state): State<Arc<ApiState>>, headers: HeaderMap) ->
         .into_response()
 }
 
-/// The JSON of the queue's health, for `GET /queue` and `pelican status`:
-/// the stream's side (one [`StreamOp::Queue`]) and, when given, the live
-/// runs by status.
+/// The queue's health, for `GET /queue` and `pelican status`: the
+/// stream's side (one [`StreamOp::Queue`]).
 #[must_use]
-pub fn queue_view(names: &super::StreamNames, q: &QueueState) -> Value {
+pub fn queue_view(names: &super::StreamNames, q: &QueueState) -> wire::Queue {
     let group = q.group.as_ref();
-    json!({
-        "stream": names.jobs,
-        "group": names.group,
-        "group_exists": group.is_some(),
-        "length": q.length,
-        "dead_letters": q.dead_letters,
-        "lag": group.and_then(|g| g.lag),
-        "pending": group.map_or(0, |g| g.pending),
-        "oldest_pending": group.and_then(|g| g.oldest_pending).map(|e| e.to_string()),
-        "oldest_idle_ms": group.and_then(|g| g.oldest_idle_ms),
-        "consumers": group.map_or(&[][..], |g| &g.consumers[..]).iter().map(|(name, pending)| {
-            json!({ "name": name, "pending": pending })
-        }).collect::<Vec<_>>(),
-    })
+    wire::Queue {
+        stream: names.jobs.clone(),
+        group: names.group.clone(),
+        group_exists: group.is_some(),
+        length: q.length,
+        dead_letters: q.dead_letters,
+        lag: group.and_then(|g| g.lag),
+        pending: group.map_or(0, |g| g.pending),
+        oldest_pending: group.and_then(|g| g.oldest_pending).map(|e| e.to_string()),
+        oldest_idle_ms: group.and_then(|g| g.oldest_idle_ms),
+        consumers: group
+            .map_or(&[][..], |g| &g.consumers[..])
+            .iter()
+            .map(|(name, pending)| wire::Consumer {
+                name: name.clone(),
+                pending: *pending,
+            })
+            .collect(),
+        runs: None,
+    }
 }
 
-/// `GET /queue`.
+/// `GET /queue`: the stream's side and the live runs by status.
+#[utoipa::path(get, path = "/queue", tag = "queue",
+    responses((status = 200, body = wire::Queue), (status = 401, body = wire::ErrorBody),
+        (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn queue(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Queue>, ApiError> {
     authorize(&state, &headers, Need::Read)?;
     let stream = state.io.stream.inner();
     let op = StreamOp::Queue {
         now: pelican_model::time::Timestamp::ZERO,
     };
-    let q = match stream.execute(op).await {
-        Ok(Ok(StreamReply::Queue(q))) => q,
-        _ => return Err(unavailable("Redis")),
+    let Ok(Ok(StreamReply::Queue(q))) = stream.execute(op).await else {
+        return Err(unavailable("Redis"));
     };
     let Ok(DbReply::Counts(counts)) = state.io.db.inner().execute(&DbOp::CountLive).await else {
         return Err(unavailable("Postgres"));
     };
     let mut view = queue_view(stream.names(), &q);
-    view["runs"] = pelican_model::status::RunStatus::ALL
-        .into_iter()
-        .filter(|s| !s.is_terminal())
-        .map(|s| {
-            let n = counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
-            (s.as_str().to_owned(), json!(n))
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into();
+    view.runs = Some(
+        RunStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| {
+                let n = counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
+                (s.as_str().to_owned(), n)
+            })
+            .collect(),
+    );
     Ok(Json(view))
 }
 
@@ -584,32 +729,36 @@ const EVENTS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// The most events one read of an events stream takes.
 const EVENTS_READ_MAX: usize = 256;
 
-/// The JSON of one event, as an SSE event's data and in `pelican watch`.
+/// One event as an SSE event's data.
 #[must_use]
-pub fn event_view(e: &RunEvent) -> Value {
-    let mut v = json!({
-        "seq": e.seq,
-        "kind": e.kind.as_str(),
-        "attempt": e.attempt.0,
-        "fence": e.fence.0,
-    });
+pub fn event_view(e: &RunEvent) -> wire::Event {
+    let mut v = wire::Event {
+        seq: e.seq,
+        kind: e.kind,
+        attempt: e.attempt.0,
+        fence: e.fence.0,
+        worker: None,
+        progress: None,
+        class: None,
+        message: None,
+    };
     match e.kind {
-        EventKind::Claimed => v["worker"] = json!(e.data),
-        EventKind::Progress => {
-            v["progress"] = serde_json::from_str(&e.data).unwrap_or_else(|_| json!(e.data));
-        }
+        EventKind::Claimed => v.worker = Some(e.data.clone()),
+        EventKind::Progress => v.progress = Some(as_json(&e.data)),
         _ if e.class.is_some() => {
-            v["class"] = json!(e.class.map(pelican_model::status::ErrorClass::as_str));
-            v["message"] = json!(e.data);
+            v.class = e.class.map(|c| c.as_str().to_owned());
+            v.message = Some(e.data.clone());
         }
         _ => {}
     }
     v
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Start after this event (0: from the first); `Last-Event-ID` wins.
     after: Option<u32>,
 }
 
@@ -619,6 +768,16 @@ struct EventsQuery {
 /// stream ends after a terminal event; a client that comes back after it
 /// gets 204 (EventSource then stops reconnecting). While Postgres does not
 /// answer, the stream waits and keeps the connection alive.
+#[utoipa::path(get, path = "/runs/{id}/events", tag = "runs",
+    params(("id" = String, Path, description = RUN_ID),
+        ("Last-Event-ID" = Option<u32>, Header, description = "resume after this event"),
+        EventsQuery),
+    responses(
+        (status = 200, description = "text/event-stream: `id` the event's number, `event` its kind, `data` an Event", body = wire::Event, content_type = "text/event-stream"),
+        (status = 204, description = "the run ended and every event was seen"),
+        (status = 400, body = wire::ErrorBody), (status = 401, body = wire::ErrorBody),
+        (status = 404, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn run_events(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
@@ -683,7 +842,8 @@ async fn run_events(
                                 Ok(Event::default()
                                     .id(e.seq.to_string())
                                     .event(e.kind.as_str())
-                                    .data(event_view(e).to_string()))
+                                    .json_data(event_view(e))
+                                    .expect("an event serializes"))
                             })
                             .collect();
                         return Some((futures_util::stream::iter(sent), next));
@@ -708,61 +868,76 @@ async fn run_events(
 const PAGE_MAX: usize = 1_000;
 const PAGE_DEFAULT: usize = 100;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct Page {
+    /// Only runs of this status.
     status: Option<String>,
+    /// Only runs of this kind.
     kind: Option<String>,
+    /// The `next_cursor` of the page before.
     cursor: Option<String>,
+    /// Page size, 1–1000 (default 100).
     limit: Option<usize>,
 }
 
-impl Page {
-    /// The run after which the page starts, and its size.
-    fn bounds(&self) -> Result<(RunId, usize), ApiError> {
-        let after = match self.cursor.as_deref() {
-            None | Some("") => RunId(0),
-            Some(c) => parse_run(c)?,
-        };
-        let limit = self.limit.unwrap_or(PAGE_DEFAULT);
-        if limit == 0 || limit > PAGE_MAX {
-            return Err(bad(format!("limit must be 1 to {PAGE_MAX}, got {limit}")));
-        }
-        Ok((after, limit))
+/// A page of dead letters.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct Cursor {
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+    /// Page size, 1–1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// The run after which a page starts, and its size.
+fn bounds(cursor: Option<&str>, limit: Option<usize>) -> Result<(RunId, usize), ApiError> {
+    let after = match cursor {
+        None | Some("") => RunId(0),
+        Some(c) => parse_run(c)?,
+    };
+    let limit = limit.unwrap_or(PAGE_DEFAULT);
+    if limit == 0 || limit > PAGE_MAX {
+        return Err(bad(format!("limit must be 1 to {PAGE_MAX}, got {limit}")));
     }
+    Ok((after, limit))
 }
 
 /// The query of a page, or a 400 that says what is wrong with it.
-fn page(
-    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
-) -> Result<Page, ApiError> {
+fn page<T>(
+    query: Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, ApiError> {
     query.map(|q| q.0).map_err(|e| bad(e.body_text()))
 }
 
 /// The cursor of the page after one that ended at `last` and held `n` of
 /// at most `limit` (none: this was the last page).
-fn next_cursor(last: Option<RunId>, n: usize, limit: usize) -> Value {
+fn next_cursor(last: Option<RunId>, n: usize, limit: usize) -> Option<String> {
     match last {
-        Some(run) if n == limit => json!(run.0.to_string()),
-        _ => Value::Null,
+        Some(run) if n == limit => Some(run.0.to_string()),
+        _ => None,
     }
 }
 
 /// `GET /runs`: runs by id, of one status and one kind if asked.
+#[utoipa::path(get, path = "/runs", tag = "runs", params(Page),
+    responses((status = 200, body = wire::RunPage), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn list_runs(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::RunPage>, ApiError> {
     authorize(&state, &headers, Need::Read)?;
     let q = page(query)?;
-    let (after, limit) = q.bounds()?;
+    let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
     let status = q.status.unwrap_or_default();
-    if !status.is_empty() && pelican_model::status::RunStatus::parse(&status).is_none() {
-        let known: Vec<&str> = pelican_model::status::RunStatus::ALL
-            .iter()
-            .map(|s| s.as_str())
-            .collect();
+    if !status.is_empty() && RunStatus::parse(&status).is_none() {
+        let known: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
         return Err(bad(format!(
             "no status {status:?}; known: {}",
             known.join(", ")
@@ -782,49 +957,50 @@ async fn list_runs(
         return Err(unavailable("Postgres"));
     };
     let next = next_cursor(rows.last().map(|r| r.run_id), rows.len(), limit);
-    let runs: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "run_id": r.run_id.0,
-                "kind": r.kind,
-                "status": r.status.as_str(),
-                "attempts": r.attempts,
-                "attempts_max": r.attempts_max,
-                "events": r.events,
-                "finished_at_ms": r.finished_at.map(|t| t.0),
-                "error": r.error.as_ref().map(|(class, message)| json!({ "class": class.as_str(), "message": message })),
-            })
+    let runs = rows
+        .into_iter()
+        .map(|r| wire::RunSummary {
+            run_id: r.run_id,
+            kind: r.kind,
+            status: r.status,
+            attempts: r.attempts,
+            attempts_max: r.attempts_max,
+            events: r.events,
+            finished_at_ms: r.finished_at.map(|t| t.0),
+            error: r.error.map(run_error),
         })
         .collect();
-    Ok(Json(json!({ "runs": runs, "next_cursor": next })))
+    Ok(Json(wire::RunPage {
+        runs,
+        next_cursor: next,
+    }))
 }
 
-/// The JSON of a dead letter, for `GET /dead-letters` and `pelican dlq list`.
+/// A dead letter, for `GET /dead-letters` and `pelican dlq list`.
 #[must_use]
-pub fn dead_letter_view(run: RunId, d: &pelican_model::db::DeadLetter) -> Value {
-    json!({
-        "run_id": run.0,
-        "class": d.class.as_str(),
-        "message": d.message,
-        "source_entry": d.source_entry.map(|e| e.to_string()),
-        "requeued": d.requeued,
-        "attempts": d.attempts.iter().map(|(n, f, o)| json!({
-            "attempt": n.0,
-            "fence": f.0,
-            "outcome": o.map(pelican_model::status::AttemptOutcome::as_str),
-        })).collect::<Vec<_>>(),
-    })
+pub fn dead_letter_view(run: RunId, d: &pelican_model::db::DeadLetter) -> wire::DeadLetter {
+    wire::DeadLetter {
+        run_id: run,
+        class: d.class.as_str().to_owned(),
+        message: d.message.clone(),
+        source_entry: d.source_entry.map(|e| e.to_string()),
+        requeued: d.requeued,
+        attempts: d
+            .attempts
+            .iter()
+            .map(|(n, f, o)| wire::DeadAttempt {
+                attempt: n.0,
+                fence: f.0,
+                outcome: o.map(|o| o.as_str().to_owned()),
+            })
+            .collect(),
+    }
 }
 
 /// Why a write to `run` that changed no row was refused: 409 with
 /// `conflict`'s message for the run's status, 404 for an unknown run, 503
 /// when Postgres does not answer.
-async fn refused(
-    db: &PgDb,
-    run: RunId,
-    conflict: impl FnOnce(pelican_model::status::RunStatus) -> String,
-) -> ApiError {
+async fn refused(db: &PgDb, run: RunId, conflict: impl FnOnce(RunStatus) -> String) -> ApiError {
     match db.execute(&DbOp::ReadRun { run }).await {
         Ok(DbReply::Run(Some(r))) => ApiError(StatusCode::CONFLICT, conflict(r.status)),
         Ok(DbReply::Run(None)) => ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)),
@@ -833,53 +1009,51 @@ async fn refused(
 }
 
 /// `GET /dead-letters`: dead letters by run.
+#[utoipa::path(get, path = "/dead-letters", tag = "dead letters", params(Cursor),
+    responses((status = 200, body = wire::DeadLetterPage), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn list_dead_letters(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
-    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+    query: Result<axum::extract::Query<Cursor>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<wire::DeadLetterPage>, ApiError> {
     authorize(&state, &headers, Need::Read)?;
     let q = page(query)?;
-    if q.status.is_some() || q.kind.is_some() {
-        return Err(bad("dead letters take only cursor and limit"));
-    }
-    let (after, limit) = q.bounds()?;
+    let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
     let op = DbOp::ListDeadLetters { after, limit };
     let Ok(DbReply::DeadLetters(rows)) = state.io.db.inner().execute(&op).await else {
         return Err(unavailable("Postgres"));
     };
     let next = next_cursor(rows.last().map(|(r, _)| *r), rows.len(), limit);
-    let letters: Vec<Value> = rows
+    let dead_letters = rows
         .iter()
         .map(|(run, d)| dead_letter_view(*run, d))
         .collect();
-    Ok(Json(
-        json!({ "dead_letters": letters, "next_cursor": next }),
-    ))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Requeue {
-    #[serde(default = "one")]
-    extra_attempts: u32,
-}
-
-fn one() -> u32 {
-    1
+    Ok(Json(wire::DeadLetterPage {
+        dead_letters,
+        next_cursor: next,
+    }))
 }
 
 /// `POST /dead-letters/{id}/requeue`: an operator's re-run of a dead run.
+#[utoipa::path(post, path = "/dead-letters/{id}/requeue", tag = "dead letters",
+    params(("id" = String, Path, description = RUN_ID)), request_body(content = Option<wire::Requeue>),
+    responses((status = 200, body = wire::Changed), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
+        (status = 404, body = wire::ErrorBody), (status = 409, description = "not dead", body = wire::ErrorBody),
+        (status = 422, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
 async fn requeue_dead_letter(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Changed>, ApiError> {
     authorize(&state, &headers, Need::Write)?;
     let run = parse_run(&id)?;
-    let Requeue { extra_attempts } = if body.iter().all(u8::is_ascii_whitespace) {
-        Requeue { extra_attempts: 1 }
+    let wire::Requeue { extra_attempts } = if body.iter().all(u8::is_ascii_whitespace) {
+        wire::Requeue { extra_attempts: 1 }
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             ApiError(
@@ -903,14 +1077,62 @@ async fn requeue_dead_letter(
     {
         Ok(DbReply::Rows(1)) => {
             tracing::info!(%run, extra_attempts, "dead run requeued");
-            Ok(Json(
-                json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
-            ))
+            Ok(Json(wire::Changed {
+                run_id: run,
+                status: RunStatus::Queued,
+                extra_attempts: Some(extra_attempts),
+            }))
         }
         Ok(_) => Err(refused(db, run, |status| {
             format!("run {} is {status}, not dead awaiting a requeue", run.0)
         })
         .await),
         Err(_) => Err(unavailable("Postgres")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document names every route the API serves, with its methods,
+    /// and every body it names is defined in it.
+    #[test]
+    fn the_openapi_document_lists_every_route() {
+        let doc: Value = serde_json::from_str(&openapi().to_json().unwrap()).unwrap();
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut listed: Vec<String> = paths
+            .iter()
+            .flat_map(|(path, item)| {
+                item.as_object()
+                    .unwrap()
+                    .keys()
+                    .filter(|k| ["get", "post"].contains(&k.as_str()))
+                    .map(move |m| format!("{} {path}", m.to_uppercase()))
+            })
+            .collect();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                "GET /dead-letters",
+                "GET /healthz",
+                "GET /metrics",
+                "GET /openapi.json",
+                "GET /queue",
+                "GET /runs",
+                "GET /runs/{id}",
+                "GET /runs/{id}/events",
+                "POST /dead-letters/{id}/requeue",
+                "POST /runs",
+                "POST /runs/{id}/cancel",
+            ]
+        );
+        let text = doc.to_string();
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        for reference in text.split("\"#/components/schemas/").skip(1) {
+            let name = &reference[..reference.find('"').unwrap()];
+            assert!(schemas.contains_key(name), "{name} is used but not defined");
+        }
     }
 }

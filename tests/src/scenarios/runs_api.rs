@@ -203,3 +203,63 @@ pub fn the_queue_route_reports_lag_and_pending(mutant: Option<&str>) {
     }
     assert_eq!(queue()["runs"]["running"], json!(0));
 }
+
+/// `GET /openapi.json` is served without a token and is the document
+/// `pelican openapi` prints; every operation in it is a route the API
+/// serves (none falls through to "no such route"), and every route the
+/// API answers is in it.
+pub fn the_openapi_document_is_the_served_routes(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("tok");
+    let run = env.submit("noop", "{}", 1);
+    let agent = agent();
+    let served: Value = agent
+        .get(&format!("{base}/openapi.json"))
+        .call()
+        .expect("served without a token")
+        .body_mut()
+        .read_json()
+        .expect("JSON");
+    let printed = env.cli(&["openapi"]);
+    assert!(printed.status.success(), "{printed:?}");
+    let printed: Value = serde_json::from_slice(&printed.stdout).expect("JSON");
+    assert_eq!(served, printed, "the served document is the printed one");
+    let mut operations = 0;
+    for (path, item) in served["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("an item").keys() {
+            let url = format!("{base}{}", path.replace("{id}", &run.0.to_string()));
+            let mut resp = match method.as_str() {
+                "get" => agent
+                    .get(&url)
+                    .header("Authorization", "Bearer tok")
+                    .query("limit", "1")
+                    .call(),
+                "post" => agent
+                    .post(&url)
+                    .header("Authorization", "Bearer tok")
+                    .header("Content-Type", "application/json")
+                    .send("[]"),
+                other => panic!("{other} {path}: a method the API does not use"),
+            }
+            .expect("the API answers");
+            let body = resp.body_mut().read_to_string().unwrap_or_default();
+            assert!(
+                !body.contains("no such route"),
+                "{method} {path} is documented but not served"
+            );
+            operations += 1;
+        }
+    }
+    assert_eq!(operations, 11, "{served}");
+    let mut resp = agent
+        .get(&format!("{base}/no/such/route"))
+        .call()
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 404);
+    assert!(
+        resp.body_mut()
+            .read_to_string()
+            .unwrap()
+            .contains("no such route")
+    );
+}
