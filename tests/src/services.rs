@@ -78,6 +78,7 @@ impl Redis {
     }
 
     fn kill(&mut self) {
+        self.thaw();
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -89,6 +90,20 @@ impl Redis {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// SIGSTOP: the server holds its connections and answers nothing.
+    pub fn freeze(&self) {
+        if let Some(c) = &self.child {
+            crate::processes::signal(c.id(), "-STOP");
+        }
+    }
+
+    /// SIGCONT after [`Redis::freeze`].
+    pub fn thaw(&self) {
+        if let Some(c) = &self.child {
+            crate::processes::signal(c.id(), "-CONT");
+        }
     }
 
     /// kill -9 and start with nothing: the streams and the group are gone.

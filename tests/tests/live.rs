@@ -53,4 +53,5 @@ live! {
     the_runs_api_lists_pages_and_requeues,
     the_queue_route_reports_lag_and_pending,
     the_openapi_document_is_the_served_routes,
+    worker_probes_follow_its_connections,
 }

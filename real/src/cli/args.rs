@@ -448,7 +448,8 @@ pub(crate) struct WorkerArgs {
     /// Do not run the retry scheduler, outbox and sweeper in this worker.
     #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
     pub(crate) no_maintenance: bool,
-    /// Serve this worker's Prometheus metrics here.
+    /// Serve this worker's `/metrics` (Prometheus), `/healthz` and
+    /// `/readyz` (200 while connected and reading) here.
     #[arg(long, env = "PELICAN_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// Write a protocol trace (JSON lines) here; `pelican trace check`

@@ -115,22 +115,57 @@ pub(crate) async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-pub(crate) fn install_metrics(
-    listen: Option<SocketAddr>,
-) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let mut builder = metrics_exporter_prometheus::PrometheusBuilder::new();
-    if let Some(addr) = listen {
-        builder = builder.with_http_listener(addr);
-        let (recorder, exporter) = builder.build().context("building the metrics exporter")?;
-        let handle = recorder.handle();
-        metrics::set_global_recorder(recorder).context("installing the metrics recorder")?;
-        tokio::spawn(exporter);
-        Ok(handle)
-    } else {
-        builder
-            .install_recorder()
-            .context("installing the metrics recorder")
-    }
+/// Installs the metrics recorder, with its upkeep (draining histogram
+/// samples every 5 s, so that they take bounded memory between scrapes).
+pub(crate) fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// The worker's own listener (`--metrics-listen`): `/metrics`, `/healthz`
+/// (the process serves) and `/readyz` (200 while connected and reading,
+/// else 503, with the parts as JSON).
+async fn serve_worker_http(
+    addr: SocketAddr,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    readiness: Arc<crate::live::metrics::Readiness>,
+) -> Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on --metrics-listen {addr}"))?;
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let (ready, reading, postgres, stopping) = readiness.state();
+                let code = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                let body = json!({ "ready": ready, "reading": reading, "postgres": postgres, "stopping": stopping });
+                std::future::ready((code, axum::Json(body)))
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(())
 }
 
 pub(crate) fn print(v: &impl serde::Serialize) {
@@ -182,7 +217,11 @@ pub(crate) async fn worker(
         );
     }
     config.validate().map_err(anyhow::Error::msg)?;
-    install_metrics(a.metrics_listen)?;
+    let handle = install_metrics()?;
+    let probe = MetricsProbe::default();
+    if let Some(addr) = a.metrics_listen {
+        serve_worker_http(addr, handle, probe.readiness.clone()).await?;
+    }
     let clients = connect(c, a.read_block_ms).await?;
     let id = match a.id {
         Some(n) => WorkerId(n),
@@ -223,13 +262,18 @@ pub(crate) async fn worker(
             a.batch_max as usize,
             Duration::from_millis(config.call_timeout_ms),
         ),
-        probe: (MetricsProbe::default(), trace),
+        probe: (probe, trace),
         entropy: Arc::new(OsEntropy),
         config,
     });
     tracing::info!(worker = %id.consumer(), in_flight_max = a.in_flight_max, "worker started");
+    let readiness = io.probe.0.readiness.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        readiness.stop();
+    };
     let left = Worker::new(io, Arc::new(registry), id, !a.no_maintenance)
-        .run(shutdown_signal())
+        .run(shutdown)
         .await;
     if left > 0 {
         tracing::warn!(
@@ -255,7 +299,7 @@ pub(crate) async fn serve_api(
     if a.insecure_no_auth {
         tracing::warn!("--insecure-no-auth: every route is open to anyone who can reach the API");
     }
-    let handle = install_metrics(None)?;
+    let handle = install_metrics()?;
     let clients = connect(c, 0).await?;
     let config = c.config(a.attempts_max, handlers)?;
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy, 0)?;

@@ -23,6 +23,8 @@ use pelican_model::protocol::{
 };
 use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::time::Timestamp;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Updates the queue gauges from Redis and Postgres (on scrape).
@@ -53,6 +55,50 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
     }
 }
 
+/// Whether a worker is connected and reading, as its `/readyz` answers:
+/// its last XREADGROUP got an answer, its last statement got an answer,
+/// and it is not shutting down. A worker whose every slot is busy does not
+/// read; it stays ready on its last read's answer.
+#[derive(Debug)]
+pub struct Readiness {
+    reading: AtomicBool,
+    postgres: AtomicBool,
+    stopping: AtomicBool,
+}
+
+impl Default for Readiness {
+    fn default() -> Readiness {
+        Readiness {
+            // Not ready until a read is answered; Postgres answered the
+            // connection check before the worker started.
+            reading: AtomicBool::new(false),
+            postgres: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Readiness {
+    /// Marks the worker as shutting down: it reads no more.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether ready, and the parts: `(ready, reading, postgres, stopping)`.
+    #[must_use]
+    pub fn state(&self) -> (bool, bool, bool, bool) {
+        let reading = self.reading.load(Ordering::Relaxed);
+        let postgres = self.postgres.load(Ordering::Relaxed);
+        let stopping = self.stopping.load(Ordering::Relaxed);
+        (
+            reading && postgres && !stopping,
+            reading,
+            postgres,
+            stopping,
+        )
+    }
+}
+
 /// The worker's metrics, observed through the driver's probe. Each series'
 /// handle is registered once, when the probe is made (after the recorder is
 /// installed), so that an observation on the hot path is an atomic add,
@@ -66,6 +112,8 @@ pub struct MetricsProbe {
     /// By [`DeliveryEnd::name`].
     deliveries: Vec<(&'static str, Counter)>,
     unavailable: Counter,
+    /// What `/readyz` answers.
+    pub readiness: Arc<Readiness>,
 }
 
 /// The statements `pelican_writes_total` counts: the fenced writes and the
@@ -128,14 +176,19 @@ impl MetricsProbe {
             writes,
             deliveries,
             unavailable: metrics::counter!("pelican_unavailable_total"),
+            readiness: Arc::default(),
         }
     }
 }
 
 impl Probe for MetricsProbe {
-    fn received(&self, _role: &RoleId, _now: Timestamp, input: &Input) {
+    fn received(&self, role: &RoleId, _now: Timestamp, input: &Input) {
         if matches!(input, Input::Unavailable) {
             self.unavailable.increment(1);
+        }
+        if matches!(role, RoleId::Reader(_)) {
+            let answered = matches!(input, Input::Stream(_));
+            self.readiness.reading.store(answered, Ordering::Relaxed);
         }
     }
 
@@ -157,6 +210,8 @@ impl Probe for MetricsProbe {
     }
 
     fn db_answered(&self, _role: &RoleId, statement: &'static str, input: &Input) {
+        let answered = matches!(input, Input::Db(_));
+        self.readiness.postgres.store(answered, Ordering::Relaxed);
         if let Input::Db(DbReply::Rows(n)) = input
             && let Some((_, counters)) = self.writes.iter().find(|(s, _)| *s == statement)
         {
