@@ -27,6 +27,7 @@ mod audit;
 pub mod bench;
 pub mod chaos;
 pub mod conformance;
+pub mod deploy;
 mod env;
 mod processes;
 pub mod scenarios;

@@ -119,6 +119,33 @@ fn run(what: &str, mut c: Command) -> Result<(), String> {
     }
 }
 
+/// Builds the container image where a container engine runs; elsewhere
+/// says so, with the reason, and goes on (the Dockerfile is still linted
+/// and its commands checked by the deploy tests).
+fn image() -> Result<(), String> {
+    let what = "the container image builds (docker build)";
+    let info = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output();
+    let reason = match &info {
+        Err(e) => Some(format!("no docker client ({e})")),
+        Ok(o) if !o.status.success() => Some(format!(
+            "no container engine answers: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Ok(_) => None,
+    };
+    if let Some(reason) = reason {
+        eprintln!("xtask: {what}: NOT BUILT on this machine: {reason}");
+        return Ok(());
+    }
+    let mut build = Command::new("docker");
+    build
+        .current_dir(root())
+        .args(["build", "--tag", "pelican:test", "."]);
+    run(what, build)
+}
+
 /// `pelican-check` from the build with or without mutants, built with the
 /// `checker` profile (release with whole-program optimisation).
 fn checker(mutants: bool, args: &[String]) -> Command {
@@ -513,6 +540,19 @@ fn test(args: &[String]) -> Result<(), String> {
         core_mutants,
     )?;
     let correct = live_binary(&[], "pelican")?;
+    let mut deploy = cargo();
+    deploy.env("PELICAN_BIN", &correct).args([
+        "test",
+        "--package",
+        "pelican-tests",
+        "--test",
+        "deploy",
+    ]);
+    run(
+        "deploy kit: kubectl kustomize renders deploy/k8s, its and compose's commands, flags and variables are pelican's, hadolint passes the Dockerfile",
+        deploy,
+    )?;
+    image()?;
     let mutant = live_binary(&["mutants"], "pelican-mutants")?;
     let mut live = cargo();
     live.env("PELICAN_BIN", &correct).args([

