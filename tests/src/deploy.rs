@@ -47,7 +47,7 @@ impl Help {
         );
         let mut help = Help::default();
         let mut current: Option<(String, String)> = None;
-        let mut finish = |c: Option<(String, String)>, help: &mut Help| {
+        let finish = |c: Option<(String, String)>, help: &mut Help| {
             if let Some((flag, text)) = c {
                 let bracket = |tag: &str| {
                     let at = text.find(&format!("[{tag}: "))? + tag.len() + 3;
