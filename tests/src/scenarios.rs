@@ -9,7 +9,9 @@ mod events;
 mod operate;
 mod runs_api;
 
-pub use operate::worker_probes_follow_its_connections;
+pub use operate::{
+    the_deploy_kit_names_only_exported_metrics, worker_probes_follow_its_connections,
+};
 
 pub use runs_api::{
     the_openapi_document_is_the_served_routes, the_queue_route_reports_lag_and_pending,

@@ -200,3 +200,83 @@ fn the_dockerfile_lints() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn promtool(args: &[&str], dir: &std::path::Path) -> std::process::Output {
+    std::process::Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run promtool ({e}): install it (Debian's `prometheus` package; .ci/run does)"
+            )
+        })
+}
+
+/// The alert rules are valid, and their unit tests (each alert fires on
+/// the series that should fire it and not on healthy ones) pass.
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let dir = root().join("deploy/prometheus");
+    for args in [
+        &["check", "rules", "alerts.yaml"][..],
+        &["test", "rules", "alerts.test.yaml"],
+    ] {
+        let out = promtool(args, &dir);
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every query of the Grafana dashboard and of the worker autoscaler is
+/// PromQL that parses (checked as recording rules by promtool).
+#[test]
+fn the_dashboards_queries_parse() {
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/grafana/pelican.json"))
+            .expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let docs = render_k8s();
+    let scaled = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("ScaledObject"))
+        .expect("a ScaledObject");
+    exprs.extend(
+        scaled["spec"]["triggers"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["metadata"]["query"].as_str().map(str::to_owned)),
+    );
+    let rules: Vec<serde_json::Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::json!({ "record": format!("pelican:query_{i}"), "expr": e }))
+        .collect();
+    let file = serde_json::json!({ "groups": [{ "name": "queries", "rules": rules }] });
+    let dir = std::env::temp_dir().join(format!("pelican-queries-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    std::fs::write(dir.join("queries.yaml"), file.to_string()).expect("written");
+    let out = promtool(&["check", "rules", "queries.yaml"], &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "a query does not parse:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -54,4 +54,5 @@ live! {
     the_queue_route_reports_lag_and_pending,
     the_openapi_document_is_the_served_routes,
     worker_probes_follow_its_connections,
+    the_deploy_kit_names_only_exported_metrics,
 }

@@ -68,3 +68,65 @@ pub fn worker_probes_follow_its_connections(mutant: Option<&str>) {
         "the in-flight job finished in the grace"
     );
 }
+
+/// Every `pelican_*` metric the deploy kit names (alert rules, the Grafana
+/// dashboard, the worker autoscaler) is one that a running API or worker
+/// exports, after a run succeeded and one died.
+pub fn the_deploy_kit_names_only_exported_metrics(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("tok");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let _worker = env.worker(1, None, &["--metrics-listen", &listen]);
+    env.submit("noop", "{}", 1);
+    env.submit("fail", r#"{"class":"retryable","times":9}"#, 1);
+    env.settle();
+    let agent = agent();
+    let scrape = |url: &str| -> String {
+        agent
+            .get(url)
+            .header("Authorization", "Bearer tok")
+            .call()
+            .expect("metrics answer")
+            .body_mut()
+            .read_to_string()
+            .expect("text")
+    };
+    let exported = format!(
+        "{}\n{}",
+        scrape(&format!("{base}/metrics")),
+        scrape(&format!("http://{listen}/metrics"))
+    );
+    let names: std::collections::BTreeSet<&str> = exported
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let mut named = std::collections::BTreeSet::new();
+    let mut files = vec![crate::deploy::root().join("deploy")];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (at, _) in text.match_indices("pelican_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            named.insert((name, path.clone()));
+        }
+    }
+    assert!(named.len() >= 8, "{named:?}");
+    let missing: Vec<String> = named
+        .iter()
+        .filter(|(name, _)| {
+            !names.contains(name.as_str()) && !names.contains(format!("{name}_count").as_str())
+        })
+        .map(|(name, path)| format!("{name} (in {})", path.display()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "named by the deploy kit but not exported: {missing:?}\nexported: {names:?}"
+    );
+}
