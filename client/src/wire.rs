@@ -349,6 +349,20 @@ pub struct Queue {
     /// Live runs by status (queued, running, retry_wait).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<BTreeMap<String, u64>>,
+    /// Runs finished in each of the last minutes, oldest first (minutes
+    /// with none included), the current minute last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<Vec<Minute>>,
+}
+
+/// The runs that finished in one minute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Minute {
+    /// The minute's first millisecond (since the epoch, Postgres's clock).
+    pub minute_ms: u64,
+    /// How many finished, by status (succeeded, failed, dead, cancelled).
+    pub finished: BTreeMap<String, u64>,
 }
 
 /// A consumer's pending deliveries.

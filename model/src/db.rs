@@ -1029,6 +1029,29 @@ impl Db {
         count_by_status(self.runs.values().filter(|r| r.finished_at.is_none()))
     }
 
+    /// [`Statement::FinishedPerMinute`]: the runs finished after
+    /// `minutes` minutes ago, counted by (minute, status), in order.
+    #[must_use]
+    pub fn finished_per_minute(&self, minutes: u32) -> Vec<(Timestamp, RunStatus, u64)> {
+        // As Postgres computes it, in bigint: before 0 when the window
+        // reaches back past the epoch.
+        let since = i128::from(self.clock.0) - i128::from(minutes) * 60_000;
+        let mut counts: BTreeMap<(u64, &'static str), (RunStatus, u64)> = BTreeMap::new();
+        for r in self.runs.values() {
+            if let Some(t) = r.finished_at.filter(|t| i128::from(t.0) > since) {
+                let minute = t.0 / 60_000 * 60_000;
+                counts
+                    .entry((minute, r.status.as_str()))
+                    .or_insert((r.status, 0))
+                    .1 += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .map(|((minute, _), (status, n))| (Timestamp(minute), status, n))
+            .collect()
+    }
+
     /// [`Statement::DeleteFinished`]: retention. Deletes up to `limit` runs
     /// that finished at or before `before`, oldest first (ties by run), with
     /// everything Pelican keeps about them: attempts, dead letter,

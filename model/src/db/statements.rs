@@ -155,6 +155,8 @@ pub enum Shape {
     Events,
     /// `runs` rows ([`DbReply::Runs`]).
     Runs,
+    /// Counts by minute and status ([`DbReply::PerMinute`]).
+    PerMinute,
 }
 
 /// The answer to a [`DbOp`].
@@ -194,6 +196,8 @@ pub enum DbReply {
     Events(Vec<crate::events::RunEvent>),
     /// Runs, by id.
     Runs(Vec<RunRow>),
+    /// Counts by minute (its first millisecond) and status, in order.
+    PerMinute(Vec<(Timestamp, RunStatus, u64)>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -1059,6 +1063,21 @@ statements! {
         sql: "SELECT status, count(*) AS n FROM runs WHERE finished_at IS NULL GROUP BY status ORDER BY status",
         show: [],
         model: |db| DbReply::Counts(db.count_live()),
+    }
+
+    /// Runs that finished in the last `minutes` minutes (Postgres's
+    /// clock), counted by the minute they finished in and their status:
+    /// the throughput `GET /queue` reports. A range of the `runs_finished`
+    /// index, so its cost follows the window, not the table.
+    FinishedPerMinute { minutes: u32 } => {
+        name: "finished_per_minute",
+        access: Read,
+        reply: PerMinute,
+        sql: "SELECT (finished_at / 60000) * 60000 AS minute, status, count(*) AS n FROM runs \
+              WHERE finished_at > pelican_now_ms() - $1::bigint * 60000 \
+              GROUP BY 1, 2 ORDER BY 1, 2",
+        show: [minutes],
+        model: |db| DbReply::PerMinute(db.finished_per_minute(*minutes)),
     }
 
     /// Whether run id `run` was ever handed out: a run without a row whose

@@ -686,10 +686,49 @@ pub fn queue_view(names: &super::StreamNames, q: &QueueState) -> wire::Queue {
             })
             .collect(),
         runs: None,
+        throughput: None,
     }
 }
 
-/// `GET /queue`: the stream's side and the live runs by status.
+/// The minutes `GET /queue` reports throughput over.
+const THROUGHPUT_MINUTES: u32 = 10;
+
+/// [`DbReply::PerMinute`] as the last `minutes` minutes up to `now_minute`,
+/// each listed (zero when none finished).
+fn per_minute(
+    rows: &[(pelican_model::time::Timestamp, RunStatus, u64)],
+    minutes: u32,
+) -> Vec<wire::Minute> {
+    let last = rows.iter().map(|(m, _, _)| m.0).max();
+    let now = last.unwrap_or(0).max(now_minute());
+    (0..u64::from(minutes))
+        .rev()
+        .map(|back| {
+            let minute_ms = now.saturating_sub(back * 60_000);
+            let finished = rows
+                .iter()
+                .filter(|(m, _, _)| m.0 == minute_ms)
+                .map(|(_, s, n)| (s.as_str().to_owned(), *n))
+                .collect();
+            wire::Minute {
+                minute_ms,
+                finished,
+            }
+        })
+        .collect()
+}
+
+/// This minute's first millisecond, by this host's clock (the rows carry
+/// Postgres's minutes; a skew under a minute shifts the window by one).
+fn now_minute() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    ms / 60_000 * 60_000
+}
+
+/// `GET /queue`: the stream's side, the live runs by status, and the runs
+/// finished in each of the last ten minutes.
 #[utoipa::path(get, path = "/queue", tag = "queue",
     responses((status = 200, body = wire::Queue), (status = 401, body = wire::ErrorBody),
         (status = 503, body = wire::ErrorBody)),
@@ -720,6 +759,13 @@ async fn queue(
             })
             .collect(),
     );
+    let op = DbOp::FinishedPerMinute {
+        minutes: THROUGHPUT_MINUTES,
+    };
+    let Ok(DbReply::PerMinute(rows)) = state.io.db.inner().execute(&op).await else {
+        return Err(unavailable("Postgres"));
+    };
+    view.throughput = Some(per_minute(&rows, THROUGHPUT_MINUTES));
     Ok(Json(view))
 }
 

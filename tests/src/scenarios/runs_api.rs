@@ -145,7 +145,8 @@ pub fn the_runs_api_lists_pages_and_requeues(mutant: Option<&str>) {
 /// before any worker, the runs wait in the stream with no group; with a
 /// worker holding three long jobs, three deliveries are pending on its one
 /// consumer, kept fresh by its heartbeats; once it is killed they age;
-/// once the runs are cancelled, nothing stays running.
+/// once the runs are cancelled, nothing stays running and the throughput
+/// counts them.
 pub fn the_queue_route_reports_lag_and_pending(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let (_api, base) = env.api("tok");
@@ -201,7 +202,15 @@ pub fn the_queue_route_reports_lag_and_pending(mutant: Option<&str>) {
         let out = env.cli(&["cancel", &run.0.to_string()]);
         assert!(out.status.success(), "{out:?}");
     }
-    assert_eq!(queue()["runs"]["running"], json!(0));
+    let v = queue();
+    assert_eq!(v["runs"]["running"], json!(0));
+    let minutes = v["throughput"].as_array().expect("throughput");
+    assert_eq!(minutes.len(), 10, "{v}");
+    let cancelled: u64 = minutes
+        .iter()
+        .filter_map(|m| m["finished"]["cancelled"].as_u64())
+        .sum();
+    assert_eq!(cancelled, 3, "the three cancels are this minute's: {v}");
 }
 
 /// `GET /openapi.json` is served without a token and is the document

@@ -220,6 +220,19 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
         Shape::Steps => DbReply::Steps(all(rows, step_row)?),
         Shape::Events => DbReply::Events(all(rows, event)?),
         Shape::Runs => DbReply::Runs(all(rows, run_row)?),
+        Shape::PerMinute => DbReply::PerMinute(
+            rows.iter()
+                .map(|r| {
+                    let minute: i64 = r.try_get("minute")?;
+                    let n: i64 = r.try_get("n")?;
+                    Ok((
+                        Timestamp(unsigned("minute", minute)?),
+                        status(r.try_get("status")?)?,
+                        unsigned("count", n)?,
+                    ))
+                })
+                .collect::<Result<_, PgError>>()?,
+        ),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {
