@@ -161,6 +161,23 @@ pub struct Run {
     pub error: Option<RunError>,
     /// Its attempts, in order.
     pub attempts: Vec<Attempt>,
+    /// The steps its attempts recorded (durable steps), in order.
+    #[serde(default)]
+    pub steps: Vec<Step>,
+}
+
+/// A recorded step of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Step {
+    /// Its index in the job (0, 1, 2, ...).
+    pub step: u32,
+    /// Its name, as the job gave it.
+    pub name: String,
+    /// Its output.
+    pub output: Value,
+    /// The fence of the attempt that recorded it.
+    pub fence: u64,
 }
 
 /// A run's last error.

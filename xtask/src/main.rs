@@ -569,6 +569,18 @@ fn test(args: &[String]) -> Result<(), String> {
         "live end-to-end tests: real Redis and Postgres, real processes killed",
         live,
     )?;
+    let mut browser = cargo();
+    browser.env("PELICAN_BIN", &correct).args([
+        "test",
+        "--package",
+        "pelican-tests",
+        "--test",
+        "browser",
+    ]);
+    run(
+        "the dashboard in headless Chromium: submit, a reclaim under a new fence, a cancel, a requeue (screenshots in target/test-artefacts/dashboard)",
+        browser,
+    )?;
     let release = build_pelican(true, &[])?;
     let mut live_mutants = cargo();
     live_mutants.env("PELICAN_RELEASE_BIN", &release);

@@ -12,9 +12,10 @@
 //! | `GET /queue` | the queue's health: stream length, lag, pending deliveries, the oldest one's idle time, pending per consumer, live runs by status |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
+//! | `GET /`, `/ui/app.js`, `/ui/style.css` | the dashboard: a static page (no build step) of the routes above, which asks for the token |
 //! | `GET /openapi.json` | the OpenAPI document, made from the handlers' annotations and the bodies' types ([`pelican_client::wire`]) |
 //!
-//! Every route but `/healthz` and `/openapi.json` takes `Authorization: Bearer <token>`: the
+//! Every route but `/healthz`, `/openapi.json` and the dashboard's takes `Authorization: Bearer <token>`: the
 //! token for every route, or the read-only token for the `GET` routes.
 //! `pelican api` serves without a token only when told to
 //! (`--insecure-no-auth`). Every error is a 4xx/5xx with a JSON body
@@ -118,6 +119,9 @@ fn documented() -> (Router<Arc<ApiState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
         .routes(routes!(openapi_json))
+        .routes(routes!(dashboard))
+        .routes(routes!(dashboard_js))
+        .routes(routes!(dashboard_css))
         .split_for_parts()
 }
 
@@ -139,6 +143,48 @@ pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .with_state(state)
+}
+
+/// `GET /`: the dashboard (a static page of these routes; no token, it
+/// holds no data: the page asks for one).
+#[utoipa::path(get, path = "/", tag = "dashboard",
+    responses((status = 200, description = "the dashboard", content_type = "text/html")))]
+async fn dashboard() -> Response {
+    static_file(
+        "text/html; charset=utf-8",
+        include_str!("dashboard/index.html"),
+    )
+}
+
+/// `GET /ui/app.js`: the dashboard's script.
+#[utoipa::path(get, path = "/ui/app.js", tag = "dashboard",
+    responses((status = 200, description = "the dashboard's script", content_type = "text/javascript")))]
+async fn dashboard_js() -> Response {
+    static_file(
+        "text/javascript; charset=utf-8",
+        include_str!("dashboard/app.js"),
+    )
+}
+
+/// `GET /ui/style.css`: the dashboard's style sheet.
+#[utoipa::path(get, path = "/ui/style.css", tag = "dashboard",
+    responses((status = 200, description = "the dashboard's style sheet", content_type = "text/css")))]
+async fn dashboard_css() -> Response {
+    static_file(
+        "text/css; charset=utf-8",
+        include_str!("dashboard/style.css"),
+    )
+}
+
+fn static_file(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// The document's JSON, made once.
@@ -535,6 +581,9 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
     let Ok(DbReply::Attempts(attempts)) = db.execute(&DbOp::ReadAttempts { run }).await else {
         return Err(unavailable("Postgres"));
     };
+    let Ok(DbReply::Steps(steps)) = db.execute(&DbOp::ReadSteps { run }).await else {
+        return Err(unavailable("Postgres"));
+    };
     Ok(wire::Run {
         run_id: row.run_id,
         kind: row.kind,
@@ -555,6 +604,15 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
                 worker: a.worker.clone(),
                 entry_id: a.entry_id.to_string(),
                 outcome: a.outcome.map(|o| o.as_str().to_owned()),
+            })
+            .collect(),
+        steps: steps
+            .into_iter()
+            .map(|(step, s)| wire::Step {
+                step,
+                name: s.name,
+                output: as_json(&s.output),
+                fence: s.fence.0,
             })
             .collect(),
     })
@@ -1161,6 +1219,7 @@ mod tests {
         assert_eq!(
             listed,
             [
+                "GET /",
                 "GET /dead-letters",
                 "GET /healthz",
                 "GET /metrics",
@@ -1169,6 +1228,8 @@ mod tests {
                 "GET /runs",
                 "GET /runs/{id}",
                 "GET /runs/{id}/events",
+                "GET /ui/app.js",
+                "GET /ui/style.css",
                 "POST /dead-letters/{id}/requeue",
                 "POST /runs",
                 "POST /runs/{id}/cancel",

@@ -1,0 +1,311 @@
+// Pelican's dashboard: a page of the API's own routes (GET /queue, /runs,
+// /runs/{id}, its events over SSE, /dead-letters; cancel and requeue),
+// with the operator's bearer token. No build step, no dependencies.
+"use strict";
+
+const view = document.getElementById("view");
+const conn = document.getElementById("conn");
+const TERMINAL = ["succeeded", "failed", "dead", "cancelled"];
+const STATUSES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"];
+
+let token = sessionStorage.getItem("pelican-token") || "";
+// Every route change starts a new page: the old one's timers and streams
+// see a stale generation and stop.
+let generation = 0;
+let stream = null;
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+function pill(status) {
+  return `<span class="pill s-${esc(status)}">${esc(status)}</span>`;
+}
+
+function when(ms) {
+  return ms == null ? "" : new Date(ms).toLocaleTimeString();
+}
+
+async function api(method, path, body, headers = {}) {
+  const h = { ...headers };
+  if (token) h.Authorization = `Bearer ${token}`;
+  if (body !== undefined) h["Content-Type"] = "application/json";
+  let r;
+  try {
+    r = await fetch(path, { method, headers: h, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    setConn("unreachable", "s-failed");
+    throw new Error("the API is unreachable");
+  }
+  const text = await r.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch (_) { json = { error: text }; }
+  if (r.status === 401 || r.status === 403) setConn(json?.error || "not authorized", "s-failed");
+  else if (r.ok) setConn("connected", "s-succeeded");
+  if (!r.ok) throw new Error(json?.error || `HTTP ${r.status}`);
+  return json;
+}
+
+function setConn(text, cls) {
+  conn.textContent = text;
+  conn.className = `pill ${cls}`;
+}
+
+document.getElementById("login").addEventListener("submit", (e) => {
+  e.preventDefault();
+  token = document.getElementById("token").value.trim();
+  sessionStorage.setItem("pelican-token", token);
+  route();
+});
+
+function every(ms, gen, f) {
+  const tick = async () => {
+    if (gen !== generation) return;
+    try { await f(); } catch (e) { showError(e); }
+    if (gen === generation) setTimeout(tick, ms);
+  };
+  tick();
+}
+
+function showError(e) {
+  const el = document.getElementById("error");
+  if (el) el.textContent = e.message;
+}
+
+// --- the queue and the runs ------------------------------------------------
+
+let filter = { status: "", kind: "", cursor: "" };
+
+function overview(gen) {
+  view.innerHTML = `
+    <p id="error" class="error"></p>
+    <h2>Queue</h2><div class="cards" id="queue"></div>
+    <h2>Finished per minute (last ten)</h2><div class="bars" id="throughput"></div>
+    <h2>Consumers</h2><div id="consumers"></div>
+    <h2>Submit a run</h2>
+    <form class="inline" id="submit-form">
+      <input id="submit-kind" placeholder="kind" required>
+      <input id="submit-input" placeholder='input JSON, e.g. {"ms": 1000}' size="40" value="{}">
+      <button id="submit" type="submit">Submit</button>
+    </form>
+    <h2>Runs</h2>
+    <form class="inline" id="filter-form">
+      <select id="filter-status"><option value="">any status</option>${STATUSES.map((s) => `<option>${s}</option>`).join("")}</select>
+      <input id="filter-kind" placeholder="any kind">
+      <button type="submit">Filter</button>
+      <button type="button" id="first-page">First page</button>
+      <button type="button" id="next-page">Next page</button>
+    </form>
+    <div id="runs"></div>`;
+  document.getElementById("filter-status").value = filter.status;
+  document.getElementById("filter-kind").value = filter.kind;
+  document.getElementById("filter-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    filter = { status: document.getElementById("filter-status").value, kind: document.getElementById("filter-kind").value.trim(), cursor: "" };
+    runs();
+  });
+  document.getElementById("first-page").addEventListener("click", () => { filter.cursor = ""; runs(); });
+  document.getElementById("next-page").addEventListener("click", () => { if (nextCursor) { filter.cursor = nextCursor; runs(); } });
+  document.getElementById("submit-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    try {
+      const kind = document.getElementById("submit-kind").value.trim();
+      const input = JSON.parse(document.getElementById("submit-input").value || "{}");
+      const key = `dashboard-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+      const run = await api("POST", "/runs", { kind, input }, { "Idempotency-Key": key });
+      location.hash = `#/runs/${run.run_id}`;
+    } catch (err) { showError(err); }
+  });
+  every(2000, gen, async () => { await Promise.all([queue(), runs()]); });
+}
+
+async function queue() {
+  const q = await api("GET", "/queue");
+  const cards = [
+    ["queue-length", "stream length", q.length],
+    ["queue-lag", "lag (not yet delivered)", q.lag ?? "?"],
+    ["queue-pending", "pending deliveries", q.pending],
+    ["queue-oldest", "oldest pending idle", q.oldest_idle_ms == null ? "none" : `${(q.oldest_idle_ms / 1000).toFixed(1)} s`],
+    ["queue-dead", "dead-letter stream", q.dead_letters],
+    ...Object.entries(q.runs || {}).map(([s, n]) => [`runs-${s}`, `runs ${s}`, n]),
+  ];
+  document.getElementById("queue").innerHTML = cards
+    .map(([id, l, n]) => `<div class="card"><div class="n" id="${id}">${esc(n)}</div><div class="l">${esc(l)}</div></div>`)
+    .join("");
+  const minutes = q.throughput || [];
+  const totals = minutes.map((m) => Object.values(m.finished).reduce((a, b) => a + b, 0));
+  const top = Math.max(1, ...totals);
+  document.getElementById("throughput").innerHTML = minutes
+    .map((m, i) => `<div title="${esc(JSON.stringify(m.finished))}" style="height:${(100 * totals[i]) / top}%"><span>${totals[i]}</span></div>`)
+    .join("");
+  document.getElementById("consumers").innerHTML = q.consumers.length
+    ? `<table><tr><th>consumer</th><th>pending</th></tr>${q.consumers.map((c) => `<tr><td>${esc(c.name)}</td><td>${c.pending}</td></tr>`).join("")}</table>`
+    : `<p class="muted">No consumer holds a delivery.</p>`;
+}
+
+let nextCursor = null;
+
+async function runs() {
+  const p = new URLSearchParams({ limit: "20" });
+  if (filter.status) p.set("status", filter.status);
+  if (filter.kind) p.set("kind", filter.kind);
+  if (filter.cursor) p.set("cursor", filter.cursor);
+  const page = await api("GET", `/runs?${p}`);
+  nextCursor = page.next_cursor;
+  const el = document.getElementById("runs");
+  if (!el) return;
+  el.innerHTML = page.runs.length
+    ? `<table id="runs-table"><tr><th>run</th><th>kind</th><th>status</th><th>attempts</th><th>events</th><th>finished</th><th>error</th></tr>
+      ${page.runs.map((r) => `<tr data-run="${r.run_id}"><td><a href="#/runs/${r.run_id}">${r.run_id}</a></td><td>${esc(r.kind)}</td>
+        <td>${pill(r.status)}</td><td>${r.attempts}/${r.attempts_max}</td><td>${r.events}</td><td>${when(r.finished_at_ms)}</td>
+        <td>${r.error ? esc(`${r.error.class}: ${r.error.message}`) : ""}</td></tr>`).join("")}</table>`
+    : `<p class="muted">No runs here.</p>`;
+}
+
+// --- one run ---------------------------------------------------------------
+
+function runPage(gen, id) {
+  view.innerHTML = `
+    <p id="error" class="error"></p>
+    <h2>Run <span id="run-id">${esc(id)}</span> <span id="run-status"></span></h2>
+    <div id="run-actions" class="inline"></div>
+    <div class="grid2">
+      <div><h2>Attempts</h2><ul class="timeline" id="attempts"></ul></div>
+      <div><h2>Events <span class="muted" id="events-state"></span></h2><table id="events"><tr><th>#</th><th>event</th><th>attempt</th><th>fence</th><th>detail</th></tr></table></div>
+    </div>
+    <h2>Steps</h2><div id="steps"></div>
+    <div class="grid2"><div><h2>Input</h2><pre id="run-input"></pre></div><div><h2>Result or error</h2><pre id="run-result"></pre></div></div>`;
+  const refresh = () => run(gen, id).catch(showError);
+  refresh();
+  follow(gen, id, refresh);
+  // Leases and statuses change without events too (a reclaim waits for one).
+  every(2000, gen, () => run(gen, id));
+}
+
+async function run(gen, id) {
+  const r = await api("GET", `/runs/${id}`);
+  if (gen !== generation) return;
+  document.getElementById("run-status").innerHTML = pill(r.status);
+  const active = r.attempts.length && r.status === "running" ? r.attempts[r.attempts.length - 1].attempt : null;
+  document.getElementById("attempts").innerHTML = r.attempts.length
+    ? r.attempts.map((a) => `<li class="${a.outcome ? "ended" : ""} ${a.outcome === "succeeded" ? "succeeded" : ""}" data-attempt="${a.attempt}" data-fence="${a.fence}">
+        <b>attempt ${a.attempt}</b> · fence <span class="fence">${a.fence}</span> · worker <span class="worker">${esc(a.worker)}</span>
+        · entry ${esc(a.entry_id)} · <span class="outcome">${a.outcome ? pill(a.outcome) : a.attempt === active ? pill("running") : pill("no outcome: fenced off")}</span>
+        ${a.attempt === active && r.lease_until_ms ? ` · lease until ${when(r.lease_until_ms)}` : ""}</li>`).join("")
+    : `<li class="ended">no attempt yet (${esc(r.status)})</li>`;
+  document.getElementById("steps").innerHTML = r.steps.length
+    ? `<table><tr><th>step</th><th>name</th><th>fence</th><th>output</th></tr>${r.steps.map((s) => `<tr><td>${s.step}</td><td>${esc(s.name)}</td><td>${s.fence}</td><td><code>${esc(JSON.stringify(s.output))}</code></td></tr>`).join("")}</table>`
+    : `<p class="muted">No recorded steps.</p>`;
+  document.getElementById("run-input").textContent = JSON.stringify(r.input, null, 2);
+  document.getElementById("run-result").textContent = r.result != null ? JSON.stringify(r.result, null, 2) : r.error ? `${r.error.class}: ${r.error.message}` : "";
+  const actions = [];
+  if (!TERMINAL.includes(r.status)) actions.push(`<button class="danger" id="cancel">Cancel run</button>`);
+  if (r.status === "dead") actions.push(`<button id="requeue">Requeue (one more attempt)</button>`);
+  const el = document.getElementById("run-actions");
+  el.innerHTML = actions.join(" ");
+  document.getElementById("cancel")?.addEventListener("click", () => act("POST", `/runs/${id}/cancel`, undefined, gen, id));
+  document.getElementById("requeue")?.addEventListener("click", () => act("POST", `/dead-letters/${id}/requeue`, { extra_attempts: 1 }, gen, id));
+}
+
+async function act(method, path, body, gen, id) {
+  try {
+    await api(method, path, body);
+    await run(gen, id);
+  } catch (e) { showError(e); }
+}
+
+// The run's events over SSE (fetch, so the token goes in a header), resumed
+// with Last-Event-ID after a drop; each event refreshes the run.
+async function follow(gen, id, refresh) {
+  let last = 0;
+  const state = (t) => { const el = document.getElementById("events-state"); if (el) el.textContent = t; };
+  while (gen === generation) {
+    const ctl = new AbortController();
+    stream = ctl;
+    try {
+      const h = { Accept: "text/event-stream" };
+      if (token) h.Authorization = `Bearer ${token}`;
+      if (last) h["Last-Event-ID"] = String(last);
+      const r = await fetch(`/runs/${id}/events`, { headers: h, signal: ctl.signal });
+      if (r.status === 204) { state("(ended)"); return; }
+      if (!r.ok) { state(`(${r.status})`); return; }
+      state("(live)");
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, cut);
+          buf = buf.slice(cut + 2);
+          const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+          if (!data || gen !== generation) continue;
+          const e = JSON.parse(data);
+          if (e.seq <= last) continue;
+          last = e.seq;
+          addEvent(e);
+          refresh();
+          if (TERMINAL.includes(e.kind) || e.kind === "succeeded") { state("(ended)"); }
+        }
+      }
+    } catch (_) {
+      if (gen !== generation) return;
+      state("(reconnecting)");
+    }
+    await new Promise((ok) => setTimeout(ok, 1000));
+  }
+}
+
+function addEvent(e) {
+  const table = document.getElementById("events");
+  if (!table) return;
+  const detail = e.worker ? `worker ${e.worker}` : e.progress !== undefined ? JSON.stringify(e.progress) : e.class ? `${e.class}: ${e.message}` : "";
+  const tr = document.createElement("tr");
+  tr.dataset.seq = e.seq;
+  tr.innerHTML = `<td>${e.seq}</td><td>${pill(e.kind)}</td><td>${e.attempt}</td><td>${e.fence}</td><td>${esc(detail)}</td>`;
+  table.appendChild(tr);
+}
+
+// --- dead letters ----------------------------------------------------------
+
+function deadLetters(gen) {
+  view.innerHTML = `<p id="error" class="error"></p><h2>Dead letters</h2><div id="letters"></div>`;
+  every(3000, gen, async () => {
+    const page = await api("GET", "/dead-letters?limit=100");
+    const el = document.getElementById("letters");
+    if (!el) return;
+    el.innerHTML = page.dead_letters.length
+      ? `<table><tr><th>run</th><th>class</th><th>message</th><th>attempts</th><th>requeued</th><th></th></tr>
+        ${page.dead_letters.map((d) => `<tr><td><a href="#/runs/${d.run_id}">${d.run_id}</a></td><td>${esc(d.class)}</td><td>${esc(d.message)}</td>
+          <td>${d.attempts.length}</td><td>${d.requeued ? "yes" : ""}</td>
+          <td>${d.requeued ? "" : `<button data-requeue="${d.run_id}">Requeue</button>`}</td></tr>`).join("")}</table>`
+      : `<p class="muted">No dead letters.</p>`;
+    el.querySelectorAll("button[data-requeue]").forEach((b) => b.addEventListener("click", async () => {
+      try { await api("POST", `/dead-letters/${b.dataset.requeue}/requeue`, { extra_attempts: 1 }); } catch (e) { showError(e); }
+    }));
+  });
+}
+
+// --- routing ---------------------------------------------------------------
+
+function route() {
+  generation += 1;
+  if (stream) stream.abort();
+  const gen = generation;
+  if (!token) {
+    view.innerHTML = `<p class="muted">Give an API token (the read-only one shows; cancel and requeue need the full one).</p>`;
+    setConn("no token", "");
+    return;
+  }
+  const m = location.hash.match(/^#\/runs\/(\d+)$/);
+  if (m) runPage(gen, m[1]);
+  else if (location.hash === "#/dead-letters") deadLetters(gen);
+  else overview(gen);
+}
+
+window.addEventListener("hashchange", route);
+document.getElementById("token").value = token;
+route();
