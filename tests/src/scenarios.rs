@@ -315,8 +315,18 @@ pub fn retryable_errors_back_off_then_dead_letter(mutant: Option<&str>) {
     let d = &db.dead_letters[&run];
     assert_eq!(d.attempts.len(), 3);
     assert_eq!(d.class, ErrorClass::Retryable, "died of its own errors");
-    let out = env.cli(&["dlq", "list"]);
+    let out = env.cli(&["--json", "dlq", "list"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("\"run_id\": {}", run.0)));
+    // For people: a table, the run in its first column.
+    let out = env.cli(&["dlq", "list"]);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(table.starts_with("run "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&format!("{} ", run.0)) && l.contains("retryable")),
+        "{table}"
+    );
     let out = env.cli(&["dlq", "requeue", &run.0.to_string()]);
     assert!(
         out.status.success(),
@@ -535,7 +545,7 @@ pub fn submit_from_file_stores_every_line(mutant: Option<&str>) {
     }
     let path = std::env::temp_dir().join(format!("pelican-lines-{}.jsonl", std::process::id()));
     std::fs::write(&path, text).expect("the test writes its lines");
-    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+    let out = env.cli(&["--json", "submit", "--from-file", &path.to_string_lossy()]);
     let _ = std::fs::remove_file(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

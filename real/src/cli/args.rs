@@ -29,6 +29,10 @@ pub(crate) struct Cli {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, env = "PELICAN_LOG_LEVEL", default_value = "info", global = true)]
     pub(crate) log_level: tracing::Level,
+    /// Print JSON for scripts (the API's bodies; `watch`: one event a
+    /// line) instead of tables and lines for people.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Cmd,
 }
@@ -268,9 +272,6 @@ pub(crate) enum Cmd {
         /// A bearer token of the API (the read-only one will do).
         #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
         api_token: Option<String>,
-        /// Print each event as one line of JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Cancel a run.
     Cancel {

@@ -2,6 +2,7 @@
 //! operator's commands.
 
 use super::args::*;
+use super::output;
 use crate::jobs::Registry;
 use crate::live::api::{self, ApiState};
 use crate::live::metrics::MetricsProbe;
@@ -10,6 +11,7 @@ use crate::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submi
 use anyhow::{Context, Result, bail};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, StreamReply, SubmitterEnd};
+use pelican_model::status::RunStatus;
 use pelican_model::time::Timestamp;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -166,13 +168,6 @@ async fn serve_worker_http(
         }
     });
     Ok(())
-}
-
-pub(crate) fn print(v: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).expect("the API's bodies serialize")
-    );
 }
 
 pub(crate) async fn worker(
@@ -347,6 +342,7 @@ pub(crate) fn trace_probe(
 
 pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<()> {
     let c = &cli.conn;
+    let json = cli.json;
     match cli.command {
         Cmd::Migrate => migrate(c).await,
         Cmd::Api(a) => serve_api(c, a, handlers).await,
@@ -361,8 +357,10 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
         } => {
             let config = c.config(attempts_max, handlers)?;
             match (from_file, kind) {
-                (Some(path), _) => submit_file(c, config, &path, batch_max as usize).await,
-                (None, Some(kind)) => submit_one(c, config, &kind, &input, key.as_deref()).await,
+                (Some(path), _) => submit_file(c, config, &path, batch_max as usize, json).await,
+                (None, Some(kind)) => {
+                    submit_one(c, config, &kind, &input, key.as_deref(), json).await
+                }
                 (None, None) => bail!("name a KIND, or give --from-file"),
             }
         }
@@ -370,27 +368,26 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             let view = api::run_view(&connect_db(c).await?, run_id(&r)?)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            print(&view);
+            output::show(json, &view, output::run);
             Ok(())
         }
-        Cmd::Status { run: None } => status(c).await,
-        Cmd::Cancel { run } => cancel_one(c, &run).await,
+        Cmd::Status { run: None } => status(c, json).await,
+        Cmd::Cancel { run } => cancel_one(c, &run, json).await,
         Cmd::Watch {
             run,
             api_url,
             api_token,
-            json,
         } => watch(&run, &api_url, api_token.as_deref(), json).await,
         Cmd::Trace(TraceCmd::Check { files }) => check_traces(&files),
         Cmd::Openapi => {
             println!("{}", api::openapi().to_pretty_json()?);
             Ok(())
         }
-        Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit).await,
+        Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit, json).await,
         Cmd::Dlq(DlqCmd::Requeue {
             run,
             extra_attempts,
-        }) => dlq_requeue(c, &run, extra_attempts).await,
+        }) => dlq_requeue(c, &run, extra_attempts, json).await,
     }
 }
 
@@ -414,6 +411,7 @@ async fn submit_one(
     kind: &str,
     input: &str,
     key: Option<&str>,
+    json: bool,
 ) -> Result<()> {
     api::validate_kind(kind).map_err(anyhow::Error::msg)?;
     if let Some(k) = key {
@@ -428,11 +426,23 @@ async fn submit_one(
     };
     match submit(&io, run, kind, &input.to_string(), key).await {
         SubmitterEnd::Accepted { published } => {
-            print(&json!({ "run_id": run.0, "published": published }));
+            let answer = pelican_client::Submitted {
+                run_id: run,
+                status: Some(RunStatus::Queued),
+                published: Some(published),
+                existing: false,
+            };
+            output::show(json, &answer, output::submitted);
             Ok(())
         }
         SubmitterEnd::Existing(first) => {
-            print(&json!({ "run_id": first.0, "existing": true }));
+            let answer = pelican_client::Submitted {
+                run_id: first,
+                status: None,
+                published: None,
+                existing: true,
+            };
+            output::show(json, &answer, output::submitted);
             Ok(())
         }
         SubmitterEnd::KeyConflict(first) => {
@@ -499,6 +509,7 @@ async fn submit_file(
     config: Config,
     path: &std::path::Path,
     batch_max: usize,
+    json: bool,
 ) -> Result<()> {
     use futures_util::StreamExt;
     let text =
@@ -588,13 +599,27 @@ async fn submit_file(
         }
     }
     failed.sort_by_key(|f| f["line"].as_u64());
-    print(&json!({
+    let report = json!({
         "accepted": accepted,
         "existing": existing,
         "unpublished": unpublished,
         "failed": failed.len(),
         "failures": failed.iter().take(100).collect::<Vec<_>>(),
-    }));
+    });
+    output::show(json, &report, |_| {
+        let mut text = format!(
+            "{accepted} stored ({unpublished} left to the outbox), {existing} existed already, {} failed\n",
+            failed.len()
+        );
+        for f in failed.iter().take(100) {
+            text.push_str(&format!(
+                "line {}: {}\n",
+                f["line"],
+                f["error"].as_str().unwrap_or("")
+            ));
+        }
+        text
+    });
     if failed.is_empty() {
         Ok(())
     } else {
@@ -606,8 +631,8 @@ async fn submit_file(
     }
 }
 
-/// `pelican status` without a run: runs by status and the PEL's size.
-async fn status(c: &Connection) -> Result<()> {
+/// `pelican status` without a run: runs by status and the queue.
+async fn status(c: &Connection, json: bool) -> Result<()> {
     let db = connect_db(c).await?;
     let counts = match db.execute(&DbOp::CountRuns).await? {
         DbReply::Counts(c) => c,
@@ -626,22 +651,29 @@ async fn status(c: &Connection) -> Result<()> {
         Ok(other) => bail!("unexpected answer {other:?}"),
         Err(_) => bail!("Redis did not answer"),
     };
-    let runs: serde_json::Map<String, serde_json::Value> = counts
+    let runs: Vec<(String, u64)> = counts
         .iter()
-        .map(|(s, n)| (s.as_str().to_owned(), json!(n)))
+        .map(|(s, n)| (s.as_str().to_owned(), *n))
         .collect();
-    print(&json!({ "runs": runs, "queue": api::queue_view(&names, &queue) }));
+    let queue = api::queue_view(&names, &queue);
+    let report = json!({ "runs": runs.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(), "queue": queue });
+    output::show(json, &report, |_| output::status(&runs, &queue));
     Ok(())
 }
 
 /// `pelican cancel`.
-async fn cancel_one(c: &Connection, run: &str) -> Result<()> {
+async fn cancel_one(c: &Connection, run: &str, json: bool) -> Result<()> {
     let run = run_id(run)?;
     let clients = connect(c, 0).await?;
     let io = io(clients, Config::default(), NoProbe);
     match cancel(&io, run).await {
         Ok(true) => {
-            print(&json!({ "run_id": run.0, "status": "cancelled" }));
+            let answer = pelican_client::wire::Changed {
+                run_id: run,
+                status: RunStatus::Cancelled,
+                extra_attempts: None,
+            };
+            output::show(json, &answer, output::changed);
             Ok(())
         }
         Ok(false) => bail!("run {} is unknown or already ended", run.0),
@@ -670,7 +702,7 @@ fn check_traces(files: &[std::path::PathBuf]) -> Result<()> {
 }
 
 /// `pelican dlq list`.
-async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
+async fn dlq_list(c: &Connection, limit: usize, json: bool) -> Result<()> {
     let db = connect_db(c).await?;
     let letters = match db
         .execute(&DbOp::ListDeadLetters {
@@ -686,12 +718,12 @@ async fn dlq_list(c: &Connection, limit: usize) -> Result<()> {
         .iter()
         .map(|(run, d)| api::dead_letter_view(*run, d))
         .collect();
-    print(&json!(rows));
+    output::show(json, &rows, |r| output::dead_letters(r));
     Ok(())
 }
 
 /// `pelican dlq requeue`.
-async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32) -> Result<()> {
+async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32, json: bool) -> Result<()> {
     let run = run_id(run)?;
     if extra_attempts == 0 {
         bail!("--extra-attempts must be at least 1");
@@ -705,9 +737,12 @@ async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32) -> Result<(
         .await?
     {
         DbReply::Rows(1) => {
-            print(
-                &json!({ "run_id": run.0, "status": "queued", "extra_attempts": extra_attempts }),
-            );
+            let answer = pelican_client::wire::Changed {
+                run_id: run,
+                status: RunStatus::Queued,
+                extra_attempts: Some(extra_attempts),
+            };
+            output::show(json, &answer, output::changed);
             Ok(())
         }
         _ => bail!("run {} is not dead (or was requeued already)", run.0),
@@ -739,13 +774,7 @@ async fn watch(run: &str, api_url: &str, token: Option<&str>, json: bool) -> Res
     while let Some(event) = events.next().await {
         let e = event?;
         if json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "seq": e.seq, "kind": e.kind, "attempt": e.attempt, "fence": e.fence,
-                    "worker": e.worker, "progress": e.progress, "class": e.class, "message": e.message,
-                })
-            );
+            println!("{}", serde_json::to_string(&e)?);
         } else {
             let detail = match e.kind {
                 EventKind::Claimed => format!(

@@ -20,6 +20,7 @@
 
 mod args;
 mod commands;
+mod output;
 
 use crate::jobs::Registry;
 use args::Cli;

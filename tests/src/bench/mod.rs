@@ -541,7 +541,7 @@ fn submit_from_file(cluster: &Cluster, n: u32) -> f64 {
     std::fs::write(&path, text).expect("the bench writes its lines");
     eprintln!("bench: pelican submit --from-file of {n} lines");
     let t = Instant::now();
-    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+    let out = env.cli(&["--json", "submit", "--from-file", &path.to_string_lossy()]);
     let seconds = t.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&path);
     assert!(

@@ -184,9 +184,17 @@ pub fn the_queue_route_reports_lag_and_pending(mutant: Option<&str>) {
     assert_eq!(consumers[0]["pending"], json!(3), "{v}");
     let live = v["oldest_idle_ms"].as_u64().expect("an idle time");
     assert!(live < 2_000, "heartbeats keep a live delivery fresh: {v}");
-    let status = env.cli(&["status"]);
+    let status = env.cli(&["--json", "status"]);
     assert!(status.status.success(), "{status:?}");
     let s: Value = serde_json::from_slice(&status.stdout).expect("status prints JSON");
+    let people = env.cli(&["status"]);
+    let text = String::from_utf8_lossy(&people.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().eq(["running", "3"])),
+        "{text}"
+    );
+    assert!(text.contains(", 3 pending,"), "{text}");
     assert_eq!(s["queue"]["pending"], json!(3), "{s}");
     assert_eq!(s["runs"]["running"], json!(3), "{s}");
     // Without the worker's heartbeats the deliveries age.
