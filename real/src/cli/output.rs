@@ -41,6 +41,18 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// Milliseconds since the epoch as the time of day, UTC.
+fn utc(ms: u64) -> String {
+    let s = ms / 1000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03} UTC",
+        s / 3600 % 24,
+        s / 60 % 60,
+        s % 60,
+        ms % 1000
+    )
+}
+
 fn or_dash(v: Option<impl ToString>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
@@ -64,7 +76,7 @@ pub(crate) fn run(r: &wire::Run) -> String {
         let _ = writeln!(out, "error   {}: {}", e.class, e.message);
     }
     if let Some(lease) = r.lease_until_ms {
-        let _ = writeln!(out, "lease until {lease} ms (Postgres's clock)");
+        let _ = writeln!(out, "lease until {} (Postgres's clock)", utc(lease));
     }
     if !r.attempts.is_empty() {
         out.push('\n');
@@ -188,6 +200,11 @@ pub(crate) fn changed(c: &wire::Changed) -> String {
 #[cfg(test)]
 mod tests {
     use super::table;
+
+    #[test]
+    fn times_of_day_are_utc() {
+        assert_eq!(super::utc(1_796_192_396_924), "06:19:56.924 UTC");
+    }
 
     #[test]
     fn columns_align_on_their_widest_cell() {

@@ -1,17 +1,7 @@
 //! Prometheus metrics: the queue's state (observed from Redis and Postgres
 //! when scraped) and the worker's counters (observed by [`MetricsProbe`]).
 //!
-//! | metric | type | what |
-//! |---|---|---|
-//! | `pelican_queue_lag` | gauge | entries not yet delivered to the group (XINFO GROUPS lag) |
-//! | `pelican_pel_count` | gauge | deliveries pending acknowledgement (XPENDING) |
-//! | `pelican_oldest_pending_idle_ms` | gauge | idle time of the oldest pending delivery |
-//! | `pelican_runs{status}` | gauge | live runs by status: queued, running, retry_wait (finished runs are counted by `pelican_writes_total`; `pelican status` counts them all) |
-//! | `pelican_attempts_total{outcome}` | counter | job executions by outcome (succeeded, retryable, terminal, panic, unknown) |
-//! | `pelican_attempt_duration_seconds` | histogram | job execution time |
-//! | `pelican_writes_total{statement,accepted}` | counter | fenced writes and recoveries: complete, fail, schedule_retry, dead_letter, dead_letter_exhausted, heartbeat, requeue_entry, requeue_run; `accepted="false"` is a late write rejected by its fence |
-//! | `pelican_deliveries_total{end}` | counter | how deliveries ended (acked: written, terminal, stale, duplicate, exhausted, quarantined; left_pending) |
-//! | `pelican_unavailable_total` | counter | calls that got no answer |
+//! The series, their labels and what they mean: docs/OPERATIONS.md#metrics.
 
 use super::pg::PgDb;
 use super::redis::RedisStream;
