@@ -280,3 +280,81 @@ fn the_dashboards_queries_parse() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// docs/CONFIGURATION.md lists each command's flags as `pelican <command>
+/// --help` has them: no flag missing, none that does not exist, and each
+/// variable and literal default as the binary says.
+#[test]
+fn the_configuration_reference_matches_help() {
+    use pelican_tests::deploy::Help;
+    let doc = std::fs::read_to_string(root().join("docs/CONFIGURATION.md")).expect("the doc");
+    // (section's command, its rows: flags, env, default)
+    let mut sections: Vec<(String, Vec<(Vec<String>, String, String)>)> = Vec::new();
+    for line in doc.lines() {
+        if line.starts_with("Shared by every command") {
+            sections.push(("shared".into(), Vec::new()));
+        } else if let Some(rest) = line.strip_prefix("`pelican ") {
+            let command = rest.split([' ', '`']).next().unwrap_or_default().to_owned();
+            sections.push((command, Vec::new()));
+        } else if line.starts_with("| `--") {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let flags = cells[1]
+                .split('/')
+                .map(|f| f.trim().trim_matches('`').to_owned())
+                .collect();
+            let unquote = |c: &str| c.trim_matches('`').to_owned();
+            let (_, rows) = sections.last_mut().expect("a table under a section");
+            rows.push((flags, unquote(cells[2]), unquote(cells[3])));
+        }
+    }
+    let shared: Vec<String> = sections
+        .iter()
+        .filter(|(c, _)| c == "shared")
+        .flat_map(|(_, rows)| rows.iter().flat_map(|(f, _, _)| f.clone()))
+        .collect();
+    assert!(shared.contains(&"--redis-url".to_owned()), "{sections:?}");
+    let bin = pelican_bin();
+    let mut wrong = Vec::new();
+    let mut seen_commands = Vec::new();
+    for (command, rows) in &sections {
+        let probe = if command == "shared" {
+            "worker"
+        } else {
+            command
+        };
+        let help = Help::of(&bin, probe);
+        for (flags, env, default) in rows {
+            for flag in flags {
+                let Some((h_env, h_default)) = help.flags.get(flag) else {
+                    wrong.push(format!("{command}: the doc's {flag} is not a flag"));
+                    continue;
+                };
+                if flags.len() == 1 && !env.is_empty() && h_env.as_deref() != Some(env.as_str()) {
+                    wrong.push(format!(
+                        "{command} {flag}: the doc says {env}, --help {h_env:?}"
+                    ));
+                }
+                let literal = default.chars().next().is_some_and(|c| c.is_ascii_digit())
+                    || default.contains("://")
+                    || default.contains(':');
+                if flags.len() == 1 && literal && h_default.as_deref() != Some(default.as_str()) {
+                    wrong.push(format!(
+                        "{command} {flag}: the doc's default {default}, --help's {h_default:?}"
+                    ));
+                }
+            }
+        }
+        if command == "shared" {
+            continue;
+        }
+        seen_commands.push(command.clone());
+        let documented: Vec<&String> = rows.iter().flat_map(|(f, _, _)| f).collect();
+        for flag in help.flags.keys() {
+            if flag != "--help" && !shared.contains(flag) && !documented.contains(&flag) {
+                wrong.push(format!("{command}: {flag} is not in the doc"));
+            }
+        }
+    }
+    assert_eq!(seen_commands, ["api", "worker", "watch"]);
+    all_right(wrong);
+}
