@@ -281,6 +281,9 @@ fn the_dashboards_queries_parse() {
     );
 }
 
+/// A row of a flag table: its flags, variable and default.
+type Row = (Vec<String>, String, String);
+
 /// docs/CONFIGURATION.md lists each command's flags as `pelican <command>
 /// --help` has them: no flag missing, none that does not exist, and each
 /// variable and literal default as the binary says.
@@ -288,8 +291,7 @@ fn the_dashboards_queries_parse() {
 fn the_configuration_reference_matches_help() {
     use pelican_tests::deploy::Help;
     let doc = std::fs::read_to_string(root().join("docs/CONFIGURATION.md")).expect("the doc");
-    // (section's command, its rows: flags, env, default)
-    let mut sections: Vec<(String, Vec<(Vec<String>, String, String)>)> = Vec::new();
+    let mut sections: Vec<(String, Vec<Row>)> = Vec::new();
     for line in doc.lines() {
         if line.starts_with("Shared by every command") {
             sections.push(("shared".into(), Vec::new()));
