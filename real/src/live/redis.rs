@@ -137,6 +137,19 @@ impl RedisStream {
         answer(cmd.query_async::<Value>(&mut conn).await)
     }
 
+    /// Sends `pipe` as one round trip: each command's own answer, or
+    /// `Unavailable` when the round trip got none.
+    async fn pipeline(
+        &self,
+        pipe: &mut redis::Pipeline,
+    ) -> Result<Vec<redis::RedisResult<Value>>, Unavailable> {
+        let mut conn = self.conn.clone();
+        pipe.ignore_errors()
+            .query_async(&mut conn)
+            .await
+            .map_err(|_| Unavailable)
+    }
+
     /// Runs one command.
     pub async fn execute(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
@@ -233,13 +246,7 @@ impl RedisStream {
             .arg("-")
             .arg("+")
             .arg(1);
-        let mut conn = self.conn.clone();
-        let replies: Vec<redis::RedisResult<Value>> = pipe
-            .ignore_errors()
-            .query_async(&mut conn)
-            .await
-            .map_err(|_| Unavailable)?;
-        let mut replies = replies.into_iter().map(answer);
+        let mut replies = self.pipeline(&mut pipe).await?.into_iter().map(answer);
         let mut next = || replies.next().unwrap_or(Err(Unavailable));
         let length = next()?.ok().as_ref().and_then(int).unwrap_or(0);
         let dead_letters = next()?.ok().as_ref().and_then(int).unwrap_or(0);
@@ -418,13 +425,8 @@ impl StreamClient for RedisStream {
         for (cmd, _) in &pipelined {
             pipe.add_command(cmd.clone());
         }
-        let mut conn = self.conn.clone();
-        let replies: Vec<redis::RedisResult<Value>> = pipe
-            .ignore_errors()
-            .query_async(&mut conn)
-            .await
-            .map_err(|_| Unavailable)?;
-        replies
+        self.pipeline(&mut pipe)
+            .await?
             .into_iter()
             .zip(pipelined)
             .map(|(r, (_, read))| Ok(answer(r)?.and_then(read)))
