@@ -26,6 +26,7 @@ fn empty_object() -> Value {
 #[serde(deny_unknown_fields)]
 pub struct NewRun {
     /// The job kind (`[a-z0-9_.-]`, 1–64 characters).
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[a-z0-9_.-]{1,64}$"))]
     pub kind: String,
     /// The job input, any JSON (default `{}`).
     #[serde(default = "empty_object")]
@@ -37,14 +38,16 @@ pub struct NewRun {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Submit {
-    /// The job kind.
+    /// The job kind (`[a-z0-9_.-]`, 1–64 characters).
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[a-z0-9_.-]{1,64}$"))]
     pub kind: String,
     /// The job input (default `{}`).
     #[serde(default = "empty_object")]
     pub input: Value,
     /// The idempotency key (`None`: the client makes one; over HTTP, the
-    /// item has none).
+    /// item has none; 1–255 visible ASCII).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[!-~]{1,255}$"))]
     pub key: Option<String>,
 }
 
@@ -69,13 +72,49 @@ impl Submit {
 
 /// The body of `POST /runs`: one run, or an array of them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(untagged)]
 pub enum SubmitBody {
     /// One run; 202 [`Submitted`].
     One(NewRun),
-    /// Up to `--bulk-max` runs; 200 [`BulkSubmitted`].
+    /// 1 to `--bulk-max` runs; 200 [`BulkSubmitted`].
     Many(Vec<Submit>),
+}
+
+// By hand, for the array's `minItems` (a derive cannot say it of an
+// enum variant).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for SubmitBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref};
+        // An array's items are each a `Submit`, but each is checked alone:
+        // one that is not fails alone (400 or 422 in its answer), so the
+        // request as a whole takes any objects.
+        let item = ObjectBuilder::new().description(Some(
+            "a Submit (#/components/schemas/Submit); an item that is not one is refused alone",
+        ));
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("NewRun"))
+            .item(ArrayBuilder::new().items(item).min_items(Some(1)))
+            .description(Some("One run (202), or 1 to --bulk-max runs (200)"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl ToSchema for SubmitBody {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        for (name, schema) in [
+            ("NewRun", <NewRun as utoipa::PartialSchema>::schema()),
+            ("Submit", <Submit as utoipa::PartialSchema>::schema()),
+        ] {
+            schemas.push((name.to_owned(), schema));
+        }
+    }
 }
 
 /// A submission's answer.
@@ -108,14 +147,67 @@ pub struct BulkItem {
     /// unknown.
     pub code: u16,
     /// The run, when stored or found.
-    #[serde(flatten)]
-    pub run: Option<Submitted>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub run_id: Option<RunId>,
+    /// A new run's status (`queued`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub status: Option<RunStatus>,
+    /// Whether a new run's entry was published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<bool>,
+    /// Whether the key's run existed already.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub existing: bool,
     /// Why it was not stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// `unknown` when Postgres did not answer: the run may be stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+}
+
+impl BulkItem {
+    /// A stored or found run's answer.
+    #[must_use]
+    pub fn run(code: u16, s: Submitted) -> BulkItem {
+        BulkItem {
+            code,
+            run_id: Some(s.run_id),
+            status: s.status,
+            published: s.published,
+            existing: s.existing,
+            error: None,
+            outcome: None,
+        }
+    }
+
+    /// A refusal's answer.
+    #[must_use]
+    pub fn refused(code: u16, error: String) -> BulkItem {
+        BulkItem {
+            code,
+            run_id: None,
+            status: None,
+            published: None,
+            existing: false,
+            error: Some(error),
+            outcome: None,
+        }
+    }
+}
+
+/// `POST /runs`'s 200: the key's run for one run, or the answers of an
+/// array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum SubmitAnswer {
+    /// One run whose key was used already: that run.
+    One(Submitted),
+    /// An array's answers.
+    Many(BulkSubmitted),
 }
 
 /// The answer to a bulk `POST /runs`.
@@ -315,12 +407,30 @@ pub struct DeadLetterPage {
 #[serde(deny_unknown_fields)]
 pub struct Requeue {
     /// More attempts for the run (1–100, default 1).
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "whole_number")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
     pub extra_attempts: u32,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// A `u32` from any JSON number with no fraction (`3` or `3.0`: JSON
+/// Schema's integers).
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(d)?;
+    n.as_u64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+                .map(|f| f as u64)
+        })
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| {
+            D::Error::custom(format!("{n} is not a whole number from 0 to {}", u32::MAX))
+        })
 }
 
 /// A run's new status after a cancel or a requeue.

@@ -14,8 +14,8 @@ pub use operate::{
 };
 
 pub use runs_api::{
-    the_openapi_document_is_the_served_routes, the_queue_route_reports_lag_and_pending,
-    the_runs_api_lists_pages_and_requeues,
+    the_api_conforms_to_its_openapi_document, the_openapi_document_is_the_served_routes,
+    the_queue_route_reports_lag_and_pending, the_runs_api_lists_pages_and_requeues,
 };
 
 pub use events::{

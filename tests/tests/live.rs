@@ -53,6 +53,7 @@ live! {
     the_runs_api_lists_pages_and_requeues,
     the_queue_route_reports_lag_and_pending,
     the_openapi_document_is_the_served_routes,
+    the_api_conforms_to_its_openapi_document,
     worker_probes_follow_its_connections,
     the_deploy_kit_names_only_exported_metrics,
 }

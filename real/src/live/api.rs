@@ -283,13 +283,14 @@ pub fn validate_key(key: &str) -> Result<(), String> {
 
 /// `POST /runs`.
 #[utoipa::path(post, path = "/runs", tag = "runs", request_body = wire::SubmitBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII; a retry with it answers the first run (one run only)")),
+    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "1–255 visible ASCII; a retry with it answers the first run (one run only)")),
     responses(
         (status = 202, description = "stored (and published, or left to the outbox)", body = wire::Submitted),
-        (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::BulkSubmitted),
+        (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::SubmitAnswer),
         (status = 400, description = "bad JSON, kind or key; an empty array", body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
         (status = 413, description = "body over the limit, or more items than --bulk-max", body = wire::ErrorBody),
+        (status = 415, description = "the body is not `Content-Type: application/json`", body = wire::ErrorBody),
         (status = 422, description = "missing or unknown fields; a key used for another request", body = wire::ErrorBody),
         (status = 503, description = "Postgres unavailable: nothing stored", body = wire::ErrorBody),
         (status = 504, description = "Postgres did not answer in time: the run may be stored", body = wire::ErrorBody),
@@ -420,12 +421,7 @@ async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, Ap
             ),
         ));
     }
-    let refusal = |code: StatusCode, error: String| wire::BulkItem {
-        code: code.as_u16(),
-        run: None,
-        error: Some(error),
-        outcome: None,
-    };
+    let refusal = |code: StatusCode, error: String| wire::BulkItem::refused(code.as_u16(), error);
     let mut answers: Vec<Option<wire::BulkItem>> = vec![None; items.len()];
     let (mut runs, mut at) = (Vec::new(), Vec::new());
     for (i, item) in items.into_iter().enumerate() {
@@ -455,28 +451,24 @@ async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, Ap
         .count();
     for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
         answers[i] = Some(match end {
-            SubmitterEnd::Accepted { published } => wire::BulkItem {
-                code: 202,
-                run: Some(wire::Submitted {
+            SubmitterEnd::Accepted { published } => wire::BulkItem::run(
+                202,
+                wire::Submitted {
                     run_id: *run,
                     status: Some(RunStatus::Queued),
                     published: Some(published),
                     existing: false,
-                }),
-                error: None,
-                outcome: None,
-            },
-            SubmitterEnd::Existing(first) => wire::BulkItem {
-                code: 200,
-                run: Some(wire::Submitted {
+                },
+            ),
+            SubmitterEnd::Existing(first) => wire::BulkItem::run(
+                200,
+                wire::Submitted {
                     run_id: first,
                     status: None,
                     published: None,
                     existing: true,
-                }),
-                error: None,
-                outcome: None,
-            },
+                },
+            ),
             SubmitterEnd::KeyConflict(first) => refusal(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!(
@@ -634,7 +626,7 @@ fn run_error((class, message): (ErrorClass, String)) -> wire::RunError {
 const RUN_ID: &str = "the run's id: 17 or run-17";
 
 /// `GET /runs/{id}`.
-#[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = RUN_ID)),
+#[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = RUN_ID, pattern = r"^(run-)?[0-9]{1,19}$")),
     responses((status = 200, body = wire::Run), (status = 400, body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 404, body = wire::ErrorBody),
         (status = 503, body = wire::ErrorBody)),
@@ -650,7 +642,7 @@ async fn get_run(
 }
 
 /// `POST /runs/{id}/cancel` (S7: no new attempt after it).
-#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = RUN_ID)),
+#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = RUN_ID, pattern = r"^(run-)?[0-9]{1,19}$")),
     responses((status = 200, body = wire::Changed), (status = 400, body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
         (status = 404, body = wire::ErrorBody), (status = 409, description = "already ended", body = wire::ErrorBody),
@@ -873,8 +865,8 @@ struct EventsQuery {
 /// gets 204 (EventSource then stops reconnecting). While Postgres does not
 /// answer, the stream waits and keeps the connection alive.
 #[utoipa::path(get, path = "/runs/{id}/events", tag = "runs",
-    params(("id" = String, Path, description = RUN_ID),
-        ("Last-Event-ID" = Option<u32>, Header, description = "resume after this event"),
+    params(("id" = String, Path, description = RUN_ID, pattern = r"^(run-)?[0-9]{1,19}$"),
+        ("Last-Event-ID" = Option<u32>, Header, minimum = 0, description = "resume after this event"),
         EventsQuery),
     responses(
         (status = 200, description = "text/event-stream: `id` the event's number, `event` its kind, `data` an Event", body = wire::Event, content_type = "text/event-stream"),
@@ -977,12 +969,16 @@ const PAGE_DEFAULT: usize = 100;
 #[into_params(parameter_in = Query)]
 struct Page {
     /// Only runs of this status.
+    #[param(pattern = r"^(queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
     status: Option<String>,
     /// Only runs of this kind.
+    #[param(pattern = r"^([a-z0-9_.-]{1,64})?$")]
     kind: Option<String>,
     /// The `next_cursor` of the page before.
+    #[param(pattern = r"^((run-)?[0-9]{1,19})?$")]
     cursor: Option<String>,
     /// Page size, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -992,8 +988,10 @@ struct Page {
 #[into_params(parameter_in = Query)]
 struct Cursor {
     /// The `next_cursor` of the page before.
+    #[param(pattern = r"^((run-)?[0-9]{1,19})?$")]
     cursor: Option<String>,
     /// Page size, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -1142,7 +1140,7 @@ async fn list_dead_letters(
 
 /// `POST /dead-letters/{id}/requeue`: an operator's re-run of a dead run.
 #[utoipa::path(post, path = "/dead-letters/{id}/requeue", tag = "dead letters",
-    params(("id" = String, Path, description = RUN_ID)), request_body(content = Option<wire::Requeue>),
+    params(("id" = String, Path, description = RUN_ID, pattern = r"^(run-)?[0-9]{1,19}$")), request_body(content = Option<wire::Requeue>),
     responses((status = 200, body = wire::Changed), (status = 400, body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
         (status = 404, body = wire::ErrorBody), (status = 409, description = "not dead", body = wire::ErrorBody),
@@ -1159,12 +1157,15 @@ async fn requeue_dead_letter(
     let wire::Requeue { extra_attempts } = if body.iter().all(u8::is_ascii_whitespace) {
         wire::Requeue { extra_attempts: 1 }
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("bad requeue body: {e}"),
-            )
-        })?
+        // `null` is the empty body's JSON: the default too.
+        serde_json::from_slice::<Option<wire::Requeue>>(&body)
+            .map(|r| r.unwrap_or(wire::Requeue { extra_attempts: 1 }))
+            .map_err(|e| {
+                ApiError(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("bad requeue body: {e}"),
+                )
+            })?
     };
     if extra_attempts == 0 || extra_attempts > 100 {
         return Err(bad(format!(
