@@ -800,13 +800,8 @@ async fn queue(
     };
     let mut view = queue_view(stream.names(), &q);
     view.runs = Some(
-        RunStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_terminal())
-            .map(|s| {
-                let n = counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
-                (s.as_str().to_owned(), n)
-            })
+        metrics::live_runs(&counts)
+            .map(|(s, n)| (s.as_str().to_owned(), n))
             .collect(),
     );
     let op = DbOp::FinishedPerMinute {

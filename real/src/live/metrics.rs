@@ -11,7 +11,7 @@ use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
     AckReason, DbOp, DbReply, DeliveryEnd, Input, PendingReason, StreamOp, StreamReply,
 };
-use pelican_model::status::{ErrorClass, JobOutcome};
+use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::time::Timestamp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,17 +32,25 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
             .set(group.oldest_idle_ms.unwrap_or(0) as f64);
     }
     if let Ok(DbReply::Counts(counts)) = db.execute(&DbOp::CountLive).await {
-        let live = pelican_model::status::RunStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_terminal());
-        for status in live {
-            let n = counts
-                .iter()
-                .find(|(s, _)| *s == status)
-                .map_or(0, |(_, n)| *n);
+        for (status, n) in live_runs(&counts) {
             metrics::gauge!("pelican_runs", "status" => status.as_str()).set(n as f64);
         }
     }
+}
+
+/// Every live status (queued, running, retry_wait) with its count in
+/// `counts` ([`DbOp::CountLive`]'s answer, which leaves out statuses with
+/// none), zero where it has none.
+pub fn live_runs(counts: &[(RunStatus, u64)]) -> impl Iterator<Item = (RunStatus, u64)> + '_ {
+    RunStatus::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .map(|s| {
+            (
+                s,
+                counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n),
+            )
+        })
 }
 
 /// Whether a worker is connected and reading, as its `/readyz` answers:
