@@ -85,13 +85,15 @@ pub enum SubmitBody {
 #[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for SubmitBody {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref};
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref, SchemaType};
         // An array's items are each a `Submit`, but each is checked alone:
         // one that is not fails alone (400 or 422 in its answer), so the
-        // request as a whole takes any objects.
-        let item = ObjectBuilder::new().description(Some(
-            "a Submit (#/components/schemas/Submit); an item that is not one is refused alone",
-        ));
+        // request as a whole takes any JSON values.
+        let item = ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some(
+                "a Submit (#/components/schemas/Submit); an item that is not one is refused alone",
+            ));
         OneOfBuilder::new()
             .item(Ref::from_schema_name("NewRun"))
             .item(ArrayBuilder::new().items(item).min_items(Some(1)))
