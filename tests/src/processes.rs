@@ -82,6 +82,17 @@ impl Proc {
         }
     }
 
+    /// Its peak resident set so far, KiB (`VmHWM` of `/proc/PID/status`);
+    /// `None` once it has exited, or where there is no `/proc`.
+    #[must_use]
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Its log so far.
     #[must_use]
     pub fn log_text(&self) -> String {

@@ -29,6 +29,12 @@
 //!   maintenance pass (retries, outbox, sweep, retention, as `pelican
 //!   worker` runs them) and a `GET /metrics` of `pelican api` are timed,
 //!   20 of each, medians reported. Neither may scan finished runs.
+//! * **Cost as work grows**: the drain again, twice: `drain_jobs` runs
+//!   beside `finished_rows` finished ones (retention off), and a backlog of
+//!   `queued_rows` runs (submitted with `pelican submit --from-file`, the
+//!   bulk path) drained whole; before the latter drain starts, the
+//!   maintenance pass and `GET /metrics` are timed with the backlog queued.
+//!   Every drain reports its worker's peak resident set (`VmHWM`).
 //!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
@@ -87,8 +93,11 @@ pub struct BenchPlan {
     /// guarantees; the first pair's shipped drain is the headline drain.
     /// Their medians are compared.
     pub cost_rounds: u32,
-    /// Finished runs loaded for the scale figures (0: skip them).
+    /// Finished runs loaded for the scale figures and the drain beside
+    /// them (0: skip both).
     pub finished_rows: u32,
+    /// Queued runs of the backlog drain (0: skip it).
+    pub queued_rows: u32,
 }
 
 impl Default for BenchPlan {
@@ -107,6 +116,7 @@ impl Default for BenchPlan {
             baseline: false,
             cost_rounds: 2,
             finished_rows: 1_000_000,
+            queued_rows: 1_000_000,
         }
     }
 }
@@ -157,6 +167,23 @@ pub struct LiveFigures {
     /// For scale: the median count of every run by status (`pelican
     /// status`, which scans them all), ms.
     pub count_all_ms: Option<f64>,
+    /// The headline drain's worker: peak resident set, KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// The drain of `drain_jobs` runs beside `finished_rows` finished ones,
+    /// jobs/s.
+    pub finished_drain_jobs_per_s: Option<f64>,
+    /// Its worker's peak resident set, KiB.
+    pub finished_drain_peak_rss_kib: Option<u64>,
+    /// Runs in the backlog drain.
+    pub queued_rows: u64,
+    /// The backlog drained whole, jobs/s.
+    pub queued_drain_jobs_per_s: Option<f64>,
+    /// Its worker's peak resident set, KiB.
+    pub queued_drain_peak_rss_kib: Option<u64>,
+    /// Median maintenance pass with the backlog queued, ms.
+    pub queued_maintenance_pass_ms: Option<f64>,
+    /// Median `GET /metrics` with the backlog queued, ms.
+    pub queued_metrics_ms: Option<f64>,
 }
 
 impl LiveFigures {
@@ -175,9 +202,25 @@ impl LiveFigures {
         Some(100.0 * (1.0 - shipped / baseline))
     }
 
+    /// The small-table drain the drains at scale are compared with: the
+    /// median of the shipped drains (the headline drain alone without the
+    /// cost comparison), jobs/s.
+    #[must_use]
+    pub fn small_table_jobs_per_s(&self) -> f64 {
+        median(&self.shipped_drains).unwrap_or(self.jobs_per_s)
+    }
+
+    /// How much slower than the small-table drain `scaled` is, percent
+    /// (negative: faster).
+    #[must_use]
+    pub fn slowdown_pct(&self, scaled: Option<f64>) -> Option<f64> {
+        Some(100.0 * (1.0 - scaled? / self.small_table_jobs_per_s()))
+    }
+
     /// As JSON.
     #[must_use]
     pub fn json(&self) -> Value {
+        let mib = |kib: Option<u64>| kib.map(|k| round(k as f64 / 1024.0, 1));
         json!({
             "drain_jobs": self.drain_jobs,
             "submit_seconds": round(self.submit_seconds, 2),
@@ -201,6 +244,16 @@ impl LiveFigures {
             "maintenance_pass_ms_1m_finished": self.maintenance_pass_ms.map(|x| round(x, 2)),
             "metrics_ms_1m_finished": self.metrics_ms.map(|x| round(x, 2)),
             "count_all_ms_1m_finished": self.count_all_ms.map(|x| round(x, 1)),
+            "worker_peak_rss_mib": mib(self.peak_rss_kib),
+            "live_jobs_per_s_1m_finished": self.finished_drain_jobs_per_s.map(|x| round(x, 0)),
+            "slowdown_pct_1m_finished": self.slowdown_pct(self.finished_drain_jobs_per_s).map(|x| round(x, 1)),
+            "worker_peak_rss_mib_1m_finished": mib(self.finished_drain_peak_rss_kib),
+            "queued_rows": self.queued_rows,
+            "live_jobs_per_s_1m_queued": self.queued_drain_jobs_per_s.map(|x| round(x, 0)),
+            "slowdown_pct_1m_queued": self.slowdown_pct(self.queued_drain_jobs_per_s).map(|x| round(x, 1)),
+            "worker_peak_rss_mib_1m_queued": mib(self.queued_drain_peak_rss_kib),
+            "maintenance_pass_ms_1m_queued": self.queued_maintenance_pass_ms.map(|x| round(x, 2)),
+            "metrics_ms_1m_queued": self.queued_metrics_ms.map(|x| round(x, 2)),
         })
     }
 }
@@ -342,22 +395,23 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     // Drain, batched as shipped; then the baseline protocol, in pairs with
     // the shipped one; then each claim and completion on its own.
     let jobs = f64::from(plan.drain_jobs);
-    let (submit_s, drain_s) = drain(&rt, &cluster, plan, plan.batch_max, false);
+    let headline = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
     figures.drain_jobs = u64::from(plan.drain_jobs);
-    figures.submit_seconds = submit_s;
-    figures.submit_per_s = jobs / submit_s;
-    figures.drain_seconds = drain_s;
-    figures.jobs_per_s = jobs / drain_s;
+    figures.submit_seconds = headline.submit_s;
+    figures.submit_per_s = jobs / headline.submit_s;
+    figures.drain_seconds = headline.drain_s;
+    figures.jobs_per_s = headline.jobs_per_s();
+    figures.peak_rss_kib = headline.peak_rss_kib;
     if plan.baseline {
         for round in 0..plan.cost_rounds.max(1) {
             // The first round's shipped drain is the headline drain.
             let shipped = match round {
                 0 => figures.jobs_per_s,
-                _ => jobs / drain(&rt, &cluster, plan, plan.batch_max, false).1,
+                _ => drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh).jobs_per_s(),
             };
             figures.shipped_drains.push(shipped);
-            let (_, s) = drain(&rt, &cluster, plan, plan.batch_max, true);
-            figures.unguarded_drains.push(jobs / s);
+            let unguarded = drain(&rt, &cluster, plan, plan.batch_max, true, Backlog::Fresh);
+            figures.unguarded_drains.push(unguarded.jobs_per_s());
         }
         eprintln!(
             "bench: the guarantees cost {:.1}% of the baseline's drain (shipped {:.0?}, baseline {:.0?} jobs/s)",
@@ -368,8 +422,24 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
-        let (_, unbatched_s) = drain(&rt, &cluster, plan, 1, false);
-        figures.unbatched_jobs_per_s = Some(jobs / unbatched_s);
+        let unbatched = drain(&rt, &cluster, plan, 1, false, Backlog::Fresh);
+        figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
+    }
+    // Cost as work grows.
+    if plan.finished_rows > 0 {
+        let beside = Backlog::Finished(plan.finished_rows);
+        let d = drain(&rt, &cluster, plan, plan.batch_max, false, beside);
+        figures.finished_drain_jobs_per_s = Some(d.jobs_per_s());
+        figures.finished_drain_peak_rss_kib = d.peak_rss_kib;
+    }
+    if plan.queued_rows > 0 {
+        let backlog = Backlog::Queued(plan.queued_rows);
+        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog);
+        figures.queued_rows = u64::from(plan.queued_rows);
+        figures.queued_drain_jobs_per_s = Some(d.jobs_per_s());
+        figures.queued_drain_peak_rss_kib = d.peak_rss_kib;
+        figures.queued_maintenance_pass_ms = d.maintenance_pass_ms;
+        figures.queued_metrics_ms = d.metrics_ms;
     }
 
     // Latency at a fixed offered load.
@@ -452,14 +522,37 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
 /// pass, `GET /metrics` and full count by status, in ms, with `rows`
 /// finished runs.
 fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f64, f64) {
-    use pelican_model::protocol::{Maintenance, MaintenanceTask};
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
     let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
-    eprintln!("bench: loading {rows} finished runs");
     let io = Arc::new(rt.block_on(clients(&env, 4)));
-    // Finished a minute ago: retention (7 days) keeps them all.
+    load_finished(rt, &io, rows);
+    rt.block_on(submit_many(&io, 1_000, 16, "noop", "{}"));
+    let pass = time_maintenance(rt, &io, 20);
+    let metrics = time_metrics(&mut env, 20);
+    let counts: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let counted = rt.block_on(io.db.execute(&DbOp::CountRuns));
+            assert!(matches!(counted, Ok(DbReply::Counts(_))), "{counted:?}");
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let count_all = median(&counts).unwrap_or(f64::NAN);
+    eprintln!(
+        "bench: with {rows} finished runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms \
+         (medians of 20); counting every run by status (pelican status) {count_all:.1} ms (median of 5)"
+    );
+    (pass, metrics, count_all)
+}
+
+/// Loads `rows` runs that finished a minute ago (an attempt each) into an
+/// empty database, as run ids `1..=rows`; later submissions take the ids
+/// after them.
+fn load_finished(rt: &tokio::runtime::Runtime, io: &Clients, rows: u32) {
+    eprintln!("bench: loading {rows} finished runs");
+    let t = Instant::now();
     let load = format!(
         "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
            published_at, finished_at, entry_id, result) \
@@ -471,8 +564,14 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
     );
     rt.block_on(pelican_real::live::pg::raw_execute(&io.db, &load))
         .expect("loading finished runs");
-    rt.block_on(submit_many(&io, 1_000, 16, "noop", "{}"));
-    let passes: Vec<f64> = (0..20)
+    eprintln!("bench: loaded in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// The median of `n` maintenance passes (retries, outbox, sweep, retention,
+/// as `pelican worker` runs them, each from a fresh sweeper cursor), ms.
+fn time_maintenance(rt: &tokio::runtime::Runtime, io: &Arc<Clients>, n: usize) -> f64 {
+    use pelican_model::protocol::{Maintenance, MaintenanceTask};
+    let passes: Vec<f64> = (0..n)
         .map(|_| {
             let mut m = Maintenance::new(&io.config.policy);
             let start = Instant::now();
@@ -483,7 +582,7 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
                 MaintenanceTask::Retention,
             ] {
                 rt.block_on(pelican_real::maintain(
-                    &io,
+                    io,
                     pelican_model::ids::WorkerId(1),
                     &mut m,
                     task,
@@ -492,8 +591,13 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
+    median(&passes).unwrap_or(f64::NAN)
+}
+
+/// The median of `n` `GET /metrics` of a `pelican api` started for them, ms.
+fn time_metrics(env: &mut Env, n: usize) -> f64 {
     let (_api, base) = env.api("bench");
-    let scrapes: Vec<f64> = (0..20)
+    let scrapes: Vec<f64> = (0..n)
         .map(|_| {
             let start = Instant::now();
             let mut resp = ureq::get(format!("{base}/metrics"))
@@ -504,35 +608,30 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
-    let counts: Vec<f64> = (0..5)
-        .map(|_| {
-            let start = Instant::now();
-            let counted = rt.block_on(io.db.execute(&DbOp::CountRuns));
-            assert!(matches!(counted, Ok(DbReply::Counts(_))), "{counted:?}");
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    let (pass, metrics, count_all) = (
-        median(&passes).unwrap_or(f64::NAN),
-        median(&scrapes).unwrap_or(f64::NAN),
-        median(&counts).unwrap_or(f64::NAN),
-    );
-    eprintln!(
-        "bench: with {rows} finished runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms \
-         (medians of 20); counting every run by status (pelican status) {count_all:.1} ms (median of 5)"
-    );
-    (pass, metrics, count_all)
+    median(&scrapes).unwrap_or(f64::NAN)
 }
 
 /// Times `pelican submit --from-file` of `n` no-op lines into an empty
 /// database, checks that it stored every line, and answers runs per
 /// second.
 fn submit_from_file(cluster: &Cluster, n: u32) -> f64 {
-    use std::fmt::Write as _;
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
     let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
+    let seconds = bulk_submit(&env, n);
+    eprintln!(
+        "bench: submitted from a file in {seconds:.2} s ({:.0}/s)",
+        f64::from(n) / seconds
+    );
+    f64::from(n) / seconds
+}
+
+/// `pelican submit --from-file` of `n` no-op lines, each input its own;
+/// checks that every line was stored and answers the command's seconds
+/// (process start and file included).
+fn bulk_submit(env: &Env, n: u32) -> f64 {
+    use std::fmt::Write as _;
     let mut text = String::with_capacity(n as usize * 40);
     for i in 0..n {
         let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
@@ -551,43 +650,82 @@ fn submit_from_file(cluster: &Cluster, n: u32) -> f64 {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("it prints JSON");
     assert_eq!(v["accepted"], n, "every line stored: {v}");
-    eprintln!(
-        "bench: submitted from a file in {seconds:.2} s ({:.0}/s)",
-        f64::from(n) / seconds
-    );
-    f64::from(n) / seconds
+    seconds
 }
 
-/// Submits `plan.drain_jobs` no-op runs, then starts the workers (with
+/// What a drain starts from.
+#[derive(Clone, Copy, Debug)]
+enum Backlog {
+    /// `drain_jobs` runs submitted one per call into empty tables.
+    Fresh,
+    /// The same, beside this many finished runs (retention off).
+    Finished(u32),
+    /// This many runs submitted in bulk and drained whole; the maintenance
+    /// pass and `GET /metrics` are timed with them queued.
+    Queued(u32),
+}
+
+/// One drain's figures.
+#[derive(Debug)]
+struct Drained {
+    /// Runs drained.
+    jobs: u32,
+    /// Seconds of their submission.
+    submit_s: f64,
+    /// From the workers' start to every outcome and an empty PEL.
+    drain_s: f64,
+    /// The largest peak resident set among the worker processes, KiB.
+    peak_rss_kib: Option<u64>,
+    /// With a queued backlog: the median maintenance pass, ms.
+    maintenance_pass_ms: Option<f64>,
+    /// With a queued backlog: the median `GET /metrics`, ms.
+    metrics_ms: Option<f64>,
+}
+
+impl Drained {
+    fn jobs_per_s(&self) -> f64 {
+        f64::from(self.jobs) / self.drain_s
+    }
+}
+
+/// Submits the runs `backlog` says, then starts the workers (with
 /// `--batch-max batch_max`) and waits until every run has its outcome and
 /// the PEL is empty. `baseline`: the [`baseline`] drains instead of
-/// `pelican worker`s. Returns the seconds of the submission and of the
-/// drain.
+/// `pelican worker`s.
 fn drain(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
     plan: &BenchPlan,
     batch_max: u32,
     baseline: bool,
-) -> (f64, f64) {
+    backlog: Backlog,
+) -> Drained {
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
     let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
     let io = Arc::new(rt.block_on(clients(&env, 16)));
-    eprintln!(
-        "bench: submitting {} no-op runs ({} at a time)",
-        plan.drain_jobs, plan.submit_concurrency
-    );
-    let t = Instant::now();
-    rt.block_on(submit_many(
-        &io,
-        plan.drain_jobs,
-        plan.submit_concurrency,
-        "noop",
-        "{}",
-    ));
-    let submit = t.elapsed().as_secs_f64();
+    if let Backlog::Finished(rows) = backlog {
+        load_finished(rt, &io, rows);
+    }
+    let (jobs, submit) = match backlog {
+        Backlog::Fresh | Backlog::Finished(_) => {
+            eprintln!(
+                "bench: submitting {} no-op runs ({} at a time)",
+                plan.drain_jobs, plan.submit_concurrency
+            );
+            let t = Instant::now();
+            rt.block_on(submit_many(
+                &io,
+                plan.drain_jobs,
+                plan.submit_concurrency,
+                "noop",
+                "{}",
+            ));
+            (plan.drain_jobs, t.elapsed().as_secs_f64())
+        }
+        Backlog::Queued(rows) => (rows, bulk_submit(&env, rows)),
+    };
     // The drain starts from a settled database, as a queue that filled up
     // a while ago would be: the submit path's dead row versions vacuumed,
     // statistics current, and a checkpoint done, so that neither an
@@ -601,14 +739,30 @@ fn drain(
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
     });
+    let (maintenance_pass_ms, metrics_ms) = match backlog {
+        Backlog::Queued(rows) => {
+            let pass = time_maintenance(rt, &io, 10);
+            let metrics = time_metrics(&mut env, 10);
+            eprintln!(
+                "bench: with {rows} queued runs: maintenance pass {pass:.2} ms, GET /metrics {metrics:.2} ms (medians of 10)"
+            );
+            (Some(pass), Some(metrics))
+        }
+        Backlog::Fresh | Backlog::Finished(_) => (None, None),
+    };
     eprintln!(
-        "bench: submitted in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}",
-        f64::from(plan.drain_jobs) / submit,
+        "bench: submitted {jobs} in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}{}",
+        f64::from(jobs) / submit,
         plan.workers,
         if baseline {
             "the baseline"
         } else {
             "the shipped protocol"
+        },
+        match backlog {
+            Backlog::Fresh => String::new(),
+            Backlog::Finished(rows) => format!(", beside {rows} finished runs"),
+            Backlog::Queued(_) => ", the whole backlog".to_owned(),
         }
     );
     let t = Instant::now();
@@ -622,18 +776,13 @@ fn drain(
         };
         baseline::start(rt, &to, plan.in_flight * plan.workers, batch_max)
     });
+    let worker_plan = BenchPlan {
+        batch_max,
+        ..plan.clone()
+    };
     let workers: Vec<Proc> = (1..=plan.workers)
         .filter(|_| !baseline)
-        .map(|w| {
-            start_worker(
-                &mut env,
-                &BenchPlan {
-                    batch_max,
-                    ..plan.clone()
-                },
-                w,
-            )
-        })
+        .map(|w| start_worker(&mut env, &worker_plan, w))
         .collect();
     loop {
         // Redis first (cheap); count the runs (a table scan) only once the
@@ -650,13 +799,25 @@ fn drain(
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let drain = t.elapsed().as_secs_f64();
+    let drain_s = t.elapsed().as_secs_f64();
+    let peak_rss_kib = workers.iter().filter_map(Proc::peak_rss_kib).max();
     eprintln!(
-        "bench: drained in {drain:.2} s: {:.0} jobs/s",
-        f64::from(plan.drain_jobs) / drain
+        "bench: drained in {drain_s:.2} s: {:.0} jobs/s{}",
+        f64::from(jobs) / drain_s,
+        peak_rss_kib.map_or_else(String::new, |k| format!(
+            "; worker peak RSS {:.1} MiB",
+            k as f64 / 1024.0
+        ))
     );
     drop(workers);
-    (submit, drain)
+    Drained {
+        jobs,
+        submit_s: submit,
+        drain_s,
+        peak_rss_kib,
+        maintenance_pass_ms,
+        metrics_ms,
+    }
 }
 
 /// Submits `n` no-op runs at `rate` per second while a poller watches

@@ -47,9 +47,13 @@ struct Args {
     /// guarantees; their medians are compared.
     #[arg(long, default_value_t = BenchPlan::default().cost_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
     cost_rounds: u32,
-    /// Finished runs loaded for the scale figures (0: skip them).
+    /// Finished runs loaded for the scale figures and the drain beside
+    /// them (0: skip both).
     #[arg(long, default_value_t = BenchPlan::default().finished_rows)]
     finished_rows: u32,
+    /// Queued runs of the backlog drain (0: skip it).
+    #[arg(long, default_value_t = BenchPlan::default().queued_rows)]
+    queued_rows: u32,
     /// The model checker's JSON line, to join into the report.
     #[arg(long)]
     model_json: Option<String>,
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         baseline: !a.no_baseline,
         cost_rounds: a.cost_rounds,
         finished_rows: a.finished_rows,
+        queued_rows: a.queued_rows,
         ..BenchPlan::default()
     };
     let live = run(&plan).json();
@@ -115,6 +120,14 @@ fn main() -> ExitCode {
         "recovery_p99_ms": live["recovery_p99_ms"],
         "maintenance_pass_ms_1m_finished": live["maintenance_pass_ms_1m_finished"],
         "metrics_ms_1m_finished": live["metrics_ms_1m_finished"],
+        "live_jobs_per_s_1m_finished": live["live_jobs_per_s_1m_finished"],
+        "slowdown_pct_1m_finished": live["slowdown_pct_1m_finished"],
+        "live_jobs_per_s_1m_queued": live["live_jobs_per_s_1m_queued"],
+        "slowdown_pct_1m_queued": live["slowdown_pct_1m_queued"],
+        "maintenance_pass_ms_1m_queued": live["maintenance_pass_ms_1m_queued"],
+        "metrics_ms_1m_queued": live["metrics_ms_1m_queued"],
+        "worker_peak_rss_mib": live["worker_peak_rss_mib"],
+        "worker_peak_rss_mib_1m_queued": live["worker_peak_rss_mib_1m_queued"],
     });
     let target = |key: &str, ok: bool, goal: &str| {
         let v = &summary[key];
@@ -218,6 +231,37 @@ fn main() -> ExitCode {
         "count_all_ms_1m_finished",
         live["count_all_ms_1m_finished"].to_string()
     );
+    eprintln!(
+        "  {:<22} {:>14}   (beside {} finished runs)",
+        "live_jobs_per_s_1m_finished",
+        summary["live_jobs_per_s_1m_finished"].to_string(),
+        live["finished_rows"]
+    );
+    eprintln!(
+        "  {:<22} {:>14}   ({} queued runs drained whole)",
+        "live_jobs_per_s_1m_queued",
+        summary["live_jobs_per_s_1m_queued"].to_string(),
+        live["queued_rows"]
+    );
+    for key in ["slowdown_pct_1m_finished", "slowdown_pct_1m_queued"] {
+        target(key, num(key).is_some_and(|s| s <= 10.0), "<= 10");
+    }
+    for key in ["maintenance_pass_ms_1m_queued", "metrics_ms_1m_queued"] {
+        target(key, num(key).is_some_and(|s| s < 10.0), "< 10");
+    }
+    for (key, what) in [
+        ("worker_peak_rss_mib", "the headline drain"),
+        (
+            "worker_peak_rss_mib_1m_finished",
+            "beside the finished runs",
+        ),
+        ("worker_peak_rss_mib_1m_queued", "the backlog"),
+    ] {
+        eprintln!(
+            "  {key:<32} {:>8}   (a worker's peak resident set, {what})",
+            live[key].to_string()
+        );
+    }
     if let Some(path) = &a.report {
         let full = json!({ "summary": summary, "model": model, "sim": sim, "live": live });
         let text = serde_json::to_string_pretty(&full).expect("JSON prints");
