@@ -162,6 +162,9 @@ pub struct Candidate {
     pub dispatch: Dispatch,
     /// Its entry, if one was recorded.
     pub entry_id: Option<EntryId>,
+    /// When its dispatch was published (or taken to be): the sweeper's
+    /// order, with the run id.
+    pub published_at: Option<Timestamp>,
 }
 
 /// One recorded step of a run (`steps`): what the job asked for and what
@@ -898,31 +901,44 @@ impl Db {
     }
 
     /// [`Statement::OrphanCandidates`]: runs that should have been picked up long
-    /// ago: queued and published at least `grace_ms` ago, or running with a
-    /// lease expired at least `grace_ms` ago; of those, the first `limit`
-    /// above run `after` (the sweeper's cursor). The sweeper checks whether
+    /// ago: published at least `grace_ms` ago and still queued, or running
+    /// with a lease expired at least `grace_ms` ago; of those, the first
+    /// `limit` in the order of (`published_at`, run id) after the sweeper's
+    /// cursor (`after_published_ms`, `after`). The sweeper checks whether
     /// their entry still exists in the stream or the PEL.
+    ///
+    /// A running run was published before it was claimed (a claim sets
+    /// `published_at` if it was unset), so its `published_at` is at most its
+    /// lease's end: every run of the second kind is published long ago too.
+    /// The order lets Postgres read just the runs published before the
+    /// cutoff (`runs_sweep`), however many younger ones are queued.
     #[must_use]
     pub fn orphan_candidates(
         &self,
         now: Timestamp,
         grace_ms: u64,
+        after_published_ms: u64,
         after: RunId,
         limit: usize,
     ) -> Vec<Candidate> {
         let cutoff = now.sub_ms(grace_ms);
-        self.runs
-            .range(RunId(after.0.saturating_add(1))..)
-            .map(|(_, r)| r)
+        let mut found: Vec<&RunRow> = self
+            .runs
+            .values()
             .filter(|r| r.finished_at.is_none())
+            .filter(|r| {
+                r.published_at.is_some_and(|t| {
+                    t <= cutoff && (t.as_ms(), r.run_id) > (after_published_ms, after)
+                })
+            })
             .filter(|r| match r.status {
-                RunStatus::Queued => r.published_at.is_some_and(|t| t <= cutoff),
+                RunStatus::Queued => true,
                 RunStatus::Running => r.lease_until.is_some_and(|t| t <= cutoff),
                 _ => false,
             })
-            .take(limit)
-            .map(candidate)
-            .collect()
+            .collect();
+        found.sort_by_key(|r| (r.published_at, r.run_id));
+        found.into_iter().take(limit).map(candidate).collect()
     }
 
     /// [`Statement::RequeueRun`]: re-dispatch a run whose entry is gone (trimmed,
@@ -1145,6 +1161,7 @@ fn candidate(r: &RunRow) -> Candidate {
         run_id: r.run_id,
         dispatch: r.dispatch,
         entry_id: r.entry_id,
+        published_at: r.published_at,
     }
 }
 

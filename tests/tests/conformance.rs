@@ -80,3 +80,59 @@ fn provider_limits_race_in_two_sessions() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The sweeper's walk: runs published in another order than their ids
+/// come back oldest publication first, from the cursor on, in Postgres as
+/// in the model (random sequences seldom publish two runs out of order).
+#[test]
+fn the_sweeper_walks_in_the_models_order() {
+    use pelican_model::ids::{Dispatch, EntryId, RunId};
+    use pelican_model::protocol::DbOp;
+    use pelican_model::time::Timestamp;
+    use pelican_tests::conformance::{DbStep, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let insert = |run| {
+        DbStep::One(DbOp::InsertRun {
+            run: RunId(run),
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+            budget_ms: 0,
+        })
+    };
+    let publish = |run, ms| {
+        DbStep::One(DbOp::MarkPublished {
+            run: RunId(run),
+            dispatch: Dispatch(1),
+            entry: EntryId::new(ms, 0),
+        })
+    };
+    let sweep = |after_published_ms, after, limit| {
+        DbStep::One(DbOp::OrphanCandidates {
+            grace_ms: 1_000,
+            after_published_ms,
+            after: RunId(after),
+            limit,
+        })
+    };
+    let steps = [
+        insert(1),
+        insert(2),
+        insert(3),
+        DbStep::Clock(Timestamp(2_000)),
+        publish(3, 2_000),
+        DbStep::Clock(Timestamp(3_000)),
+        publish(1, 3_000),
+        publish(2, 3_000),
+        DbStep::Clock(Timestamp(9_000)),
+        sweep(0, 0, 10),
+        sweep(0, 0, 2),
+        sweep(3_000, 1, 10),
+        DbStep::Clock(Timestamp(3_500)),
+        sweep(0, 0, 10),
+    ];
+    if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
+        panic!("model::Db and Postgres differ on the sweeper's walk:\n{e}");
+    }
+}

@@ -917,25 +917,30 @@ statements! {
                  ORDER BY run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
               taken AS ( \
                 UPDATE runs r SET published_at = pelican_now_ms() FROM picked p WHERE r.run_id = p.run_id \
-                RETURNING r.run_id, r.dispatch, r.entry_id) \
-              SELECT run_id, dispatch, entry_id FROM taken ORDER BY run_id",
+                RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
+              SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
         show: [],
         model: |db| Candidates(db.claim_outbox(db.clock, *limit)),
     }
 
     /// Runs published, or leased, longer than `grace_ms` ago: the sweeper
-    /// checks that their entries still exist.
-    OrphanCandidates { grace_ms: u64, after: RunId, limit: usize } => {
+    /// checks that their entries still exist. They come in the order of
+    /// (`published_at`, run id), after the sweeper's cursor: a range of
+    /// `runs_sweep` that ends at the cutoff, so runs queued more recently
+    /// cost nothing. `after_published_ms` is a `published_at` this
+    /// statement answered before, a position, not the sender's clock.
+    OrphanCandidates { grace_ms: u64, after_published_ms: u64, after: RunId, limit: usize } => {
         name: "orphan_candidates",
         access: Read,
         reply: Candidates,
-        sql: "SELECT run_id, dispatch, entry_id FROM runs \
-              WHERE finished_at IS NULL AND run_id > $2 \
-                AND ((status = 'queued' AND published_at <= GREATEST(pelican_now_ms() - $1, 0)) \
+        sql: "SELECT run_id, dispatch, entry_id, published_at FROM runs \
+              WHERE finished_at IS NULL AND published_at <= GREATEST(pelican_now_ms() - $1, 0) \
+                AND (published_at, run_id) > ($2, $3) \
+                AND (status = 'queued' \
                   OR (status = 'running' AND lease_until <= GREATEST(pelican_now_ms() - $1, 0))) \
-              ORDER BY run_id LIMIT $3",
-        show: [after],
-        model: |db| Candidates(db.orphan_candidates(db.clock, *grace_ms, *after, *limit)),
+              ORDER BY published_at, run_id LIMIT $4",
+        show: [after_published_ms, after],
+        model: |db| Candidates(db.orphan_candidates(db.clock, *grace_ms, *after_published_ms, *after, *limit)),
     }
 
     /// Re-dispatch a run whose entry is gone.

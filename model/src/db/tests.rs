@@ -253,6 +253,29 @@ fn cancel_wins_over_a_running_attempt_and_blocks_new_ones() {
 }
 
 #[test]
+fn the_sweeper_walks_runs_by_publication_then_id() {
+    let mut db = db_with(1, 3);
+    db.insert_run(RunId(2), "noop", "{}", 3);
+    db.insert_run(RunId(3), "noop", "{}", 3);
+    db.mark_published(RunId(3), Dispatch(1), e(3), t(10));
+    db.mark_published(RunId(1), Dispatch(1), e(1), t(20));
+    db.mark_published(RunId(2), Dispatch(1), e(2), t(20));
+    let ids = |cs: Vec<Candidate>| cs.iter().map(|c| c.run_id).collect::<Vec<_>>();
+    let all = db.orphan_candidates(t(1_000), 100, 0, RunId(0), 10);
+    assert_eq!(ids(all), vec![RunId(3), RunId(1), RunId(2)]);
+    assert_eq!(
+        ids(db.orphan_candidates(t(1_000), 100, 20, RunId(1), 10)),
+        vec![RunId(2)],
+        "the cursor is (published_at, run id)"
+    );
+    assert_eq!(
+        ids(db.orphan_candidates(t(115), 100, 0, RunId(0), 10)),
+        vec![RunId(3)],
+        "runs published after the cutoff are not candidates"
+    );
+}
+
+#[test]
 fn orphans_are_found_after_the_grace_and_requeued_once() {
     let mut db = db_with(1, 3);
     db.insert_run(RunId(2), "noop", "{}", 3);
@@ -260,13 +283,16 @@ fn orphans_are_found_after_the_grace_and_requeued_once() {
     let c = db
         .claim(RunId(2), Dispatch(1), e(2), "w0", t(100), LEASE)
         .unwrap();
-    assert!(db.orphan_candidates(t(150), 100, RunId(0), 10).is_empty());
-    let found = db.orphan_candidates(t(1_200), 100, RunId(0), 10);
+    assert!(
+        db.orphan_candidates(t(150), 100, 0, RunId(0), 10)
+            .is_empty()
+    );
+    let found = db.orphan_candidates(t(1_200), 100, 0, RunId(0), 10);
     assert_eq!(
         found.iter().map(|c| c.run_id).collect::<Vec<_>>(),
         vec![RunId(1), RunId(2)]
     );
-    let after = db.orphan_candidates(t(1_200), 100, RunId(1), 10);
+    let after = db.orphan_candidates(t(1_200), 100, 100, RunId(1), 10);
     assert_eq!(
         after.iter().map(|c| c.run_id).collect::<Vec<_>>(),
         vec![RunId(2)]

@@ -74,9 +74,9 @@ pub struct Maintenance {
     phase: Phase,
     todo: VecDeque<Candidate>,
     outbox: VecDeque<Command>,
-    /// The sweeper's cursor: the next pass lists candidates above this run
-    /// (0: from the start).
-    swept: RunId,
+    /// The sweeper's cursor: the next pass lists candidates after this
+    /// (`published_at` in ms, run id) ((0, 0): from the start).
+    swept: (u64, RunId),
 }
 
 impl Maintenance {
@@ -88,7 +88,7 @@ impl Maintenance {
             phase: Phase::Idle,
             todo: VecDeque::new(),
             outbox: VecDeque::new(),
-            swept: RunId(0),
+            swept: (0, RunId(0)),
         }
     }
 
@@ -110,11 +110,12 @@ impl Maintenance {
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::ClaimOutbox { limit }),
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;
-                let after = self.swept;
+                let (after_published_ms, after) = self.swept;
                 (
                     Phase::ListingOrphans,
                     DbOp::OrphanCandidates {
                         grace_ms,
+                        after_published_ms,
                         after,
                         limit,
                     },
@@ -202,8 +203,10 @@ impl Maintenance {
                 // A full batch: the next pass goes on after it; else from
                 // the start.
                 self.swept = match cs.last() {
-                    Some(c) if cs.len() >= self.policy.sweep_batch_max => c.run_id,
-                    _ => RunId(0),
+                    Some(c) if cs.len() >= self.policy.sweep_batch_max => {
+                        (c.published_at.map_or(0, Timestamp::as_ms), c.run_id)
+                    }
+                    _ => (0, RunId(0)),
                 };
                 self.todo = cs.into();
                 self.next(now, false);

@@ -45,7 +45,10 @@ fn weight(s: Statement) -> u64 {
         Statement::MarkPublished
         | Statement::Heartbeat
         | Statement::Complete
-        | Statement::ScheduleRetry => 2,
+        | Statement::ScheduleRetry
+        // The sweeper's order: candidates published in another order
+        // than their ids.
+        | Statement::OrphanCandidates => 2,
         _ => 1,
     }
 }
@@ -131,6 +134,9 @@ impl Pick<u64> for Words<'_> {
         let w = self.word();
         match field {
             "grace_ms" => w % 3_001,
+            // The sweeper's cursor: from the start, or a published_at
+            // among the drawn clocks.
+            "after_published_ms" => [0, 1_000 * (w % 13) + 1_000][(w % 2) as usize],
             // No budget, or one that runs out within the drawn clocks.
             "budget_ms" => [0, 1_000, 5_000][(w % 3) as usize],
             _ => 2_000,

@@ -231,7 +231,7 @@ impl Pick<String> for Aim<'_> {
 impl Pick<u64> for Aim<'_> {
     fn pick(&mut self, _: Statement, field: &'static str) -> u64 {
         match field {
-            "keep_ms" | "grace_ms" => 0,
+            "keep_ms" | "grace_ms" | "after_published_ms" => 0,
             _ => LEASE_MS,
         }
     }

@@ -243,7 +243,7 @@ impl State {
                         .any(|r| r.status == RunStatus::Queued && r.published_at.is_none())
             }
             MaintenanceTask::Sweep => db
-                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, RunId(0), usize::MAX)
+                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, 0, RunId(0), usize::MAX)
                 .iter()
                 .any(|c| !self.locatable(c)),
             MaintenanceTask::Retention => {

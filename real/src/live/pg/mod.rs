@@ -72,6 +72,7 @@ pub fn migrator() -> Migrator {
         migration(9, "elapsed budgets", sql::SCHEMA_BUDGET),
         migration(10, "provider limits", sql::SCHEMA_LIMITS),
         migration(11, "run events", sql::SCHEMA_EVENTS),
+        migration(12, "sweeper index", sql::SCHEMA_SWEEP),
     ])
 }
 

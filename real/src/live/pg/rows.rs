@@ -92,6 +92,7 @@ fn candidate(r: &PgRow) -> Result<Candidate, PgError> {
         run_id: run_id(r)?,
         dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
         entry_id: entry("entry_id", r.try_get("entry_id")?)?,
+        published_at: time("published_at", r.try_get("published_at")?)?,
     })
 }
 
