@@ -1200,6 +1200,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
             "runs_live",
             "runs_pkey",
             "runs_retry_due",
+            "runs_sweep",
             "runs_unpublished",
         ],
         "the upgraded schema: indexes of runs, attempts' foreign keys, fill factors"
