@@ -153,7 +153,12 @@ impl<D: DbClient> DbClient for Batching<D> {
         };
         match queue {
             Some(queue) => queue.call(op, by).await,
-            None => self.inner.call(op, by).await,
+            // Boxed: the binding's own future (sqlx's, about 9 KB) would
+            // otherwise size every call's future, and so every delivery's
+            // task, which is moved and zeroed once per delivery; the
+            // commands that come this way (heartbeats, steps) are the rare
+            // ones.
+            None => Box::pin(self.inner.call(op, by)).await,
         }
     }
 
@@ -171,7 +176,8 @@ impl<S: StreamClient> StreamClient for Batching<S> {
         };
         match queue {
             Some(queue) => queue.call(op, by).await,
-            None => self.inner.call(op, by).await,
+            // Boxed, as the database's (see there).
+            None => Box::pin(self.inner.call(op, by)).await,
         }
     }
 
