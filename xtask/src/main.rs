@@ -40,12 +40,14 @@ commands:
             S1-S10 and the protocol traces checked (default 20,000 jobs)
   bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
             the benchmarks: the standard model check, simulated seeds/s, and
-            live drain, latency and recovery (pelican-bench), and the drain
+            live drain, latency and recovery (pelican-bench), the drain
             with the least protocol that still drains (the cost of the
-            guarantees: tests/src/bench/baseline.rs); a table, a JSON
-            report in target/bench/report.json, and with --json the summary
-            as the last stdout line; --quick skips the model check and runs
-            smaller live figures
+            guarantees: tests/src/bench/baseline.rs), and the drain beside
+            1,000,000 finished runs and of a 1,000,000-run backlog, with
+            each worker's peak RSS; a table, a JSON report in
+            target/bench/report.json, and with --json the summary as the
+            last stdout line; --quick skips the model check and runs
+            smaller live figures (a 200,000-run backlog)
   verify    the main job: check standard (complete, every guarantee holds,
             every interesting path reached) and catch every mutant; then
             10,000 simulated seeds (and 2,000 busy ones) pass and every
@@ -394,6 +396,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             ("--jobs", "20000"),
             ("--kills", "5"),
             ("--latency-seconds", "5"),
+            ("--queued-rows", "200000"),
         ] {
             if !rest
                 .iter()

@@ -34,7 +34,8 @@
 //!   `queued_rows` runs (submitted with `pelican submit --from-file`, the
 //!   bulk path) drained whole; before the latter drain starts, the
 //!   maintenance pass and `GET /metrics` are timed with the backlog queued.
-//!   Every drain reports its worker's peak resident set (`VmHWM`).
+//!   Each is compared with a small-table drain run right before it, its
+//!   pair. Every drain reports its worker's peak resident set (`VmHWM`).
 //!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
@@ -172,12 +173,16 @@ pub struct LiveFigures {
     /// The drain of `drain_jobs` runs beside `finished_rows` finished ones,
     /// jobs/s.
     pub finished_drain_jobs_per_s: Option<f64>,
+    /// The small-table drain run right before it, jobs/s: its pair.
+    pub finished_pair_jobs_per_s: Option<f64>,
     /// Its worker's peak resident set, KiB.
     pub finished_drain_peak_rss_kib: Option<u64>,
     /// Runs in the backlog drain.
     pub queued_rows: u64,
     /// The backlog drained whole, jobs/s.
     pub queued_drain_jobs_per_s: Option<f64>,
+    /// The small-table drain run right before it, jobs/s: its pair.
+    pub queued_pair_jobs_per_s: Option<f64>,
     /// Its worker's peak resident set, KiB.
     pub queued_drain_peak_rss_kib: Option<u64>,
     /// Median maintenance pass with the backlog queued, ms.
@@ -202,19 +207,12 @@ impl LiveFigures {
         Some(100.0 * (1.0 - shipped / baseline))
     }
 
-    /// The small-table drain the drains at scale are compared with: the
-    /// median of the shipped drains (the headline drain alone without the
-    /// cost comparison), jobs/s.
+    /// How much slower a drain at scale is than its pair, the small-table
+    /// drain run right before it (so that a slow spell of the machine
+    /// falls on both), percent (negative: faster).
     #[must_use]
-    pub fn small_table_jobs_per_s(&self) -> f64 {
-        median(&self.shipped_drains).unwrap_or(self.jobs_per_s)
-    }
-
-    /// How much slower than the small-table drain `scaled` is, percent
-    /// (negative: faster).
-    #[must_use]
-    pub fn slowdown_pct(&self, scaled: Option<f64>) -> Option<f64> {
-        Some(100.0 * (1.0 - scaled? / self.small_table_jobs_per_s()))
+    pub fn slowdown_pct(small: Option<f64>, scaled: Option<f64>) -> Option<f64> {
+        Some(100.0 * (1.0 - scaled? / small?))
     }
 
     /// As JSON.
@@ -246,11 +244,13 @@ impl LiveFigures {
             "count_all_ms_1m_finished": self.count_all_ms.map(|x| round(x, 1)),
             "worker_peak_rss_mib": mib(self.peak_rss_kib),
             "live_jobs_per_s_1m_finished": self.finished_drain_jobs_per_s.map(|x| round(x, 0)),
-            "slowdown_pct_1m_finished": self.slowdown_pct(self.finished_drain_jobs_per_s).map(|x| round(x, 1)),
+            "live_jobs_per_s_1m_finished_pair": self.finished_pair_jobs_per_s.map(|x| round(x, 0)),
+            "slowdown_pct_1m_finished": Self::slowdown_pct(self.finished_pair_jobs_per_s, self.finished_drain_jobs_per_s).map(|x| round(x, 1)),
             "worker_peak_rss_mib_1m_finished": mib(self.finished_drain_peak_rss_kib),
             "queued_rows": self.queued_rows,
             "live_jobs_per_s_1m_queued": self.queued_drain_jobs_per_s.map(|x| round(x, 0)),
-            "slowdown_pct_1m_queued": self.slowdown_pct(self.queued_drain_jobs_per_s).map(|x| round(x, 1)),
+            "live_jobs_per_s_1m_queued_pair": self.queued_pair_jobs_per_s.map(|x| round(x, 0)),
+            "slowdown_pct_1m_queued": Self::slowdown_pct(self.queued_pair_jobs_per_s, self.queued_drain_jobs_per_s).map(|x| round(x, 1)),
             "worker_peak_rss_mib_1m_queued": mib(self.queued_drain_peak_rss_kib),
             "maintenance_pass_ms_1m_queued": self.queued_maintenance_pass_ms.map(|x| round(x, 2)),
             "metrics_ms_1m_queued": self.queued_metrics_ms.map(|x| round(x, 2)),
@@ -428,12 +428,16 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     // Cost as work grows.
     if plan.finished_rows > 0 {
         let beside = Backlog::Finished(plan.finished_rows);
+        let pair = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
+        figures.finished_pair_jobs_per_s = Some(pair.jobs_per_s());
         let d = drain(&rt, &cluster, plan, plan.batch_max, false, beside);
         figures.finished_drain_jobs_per_s = Some(d.jobs_per_s());
         figures.finished_drain_peak_rss_kib = d.peak_rss_kib;
     }
     if plan.queued_rows > 0 {
         let backlog = Backlog::Queued(plan.queued_rows);
+        let pair = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
+        figures.queued_pair_jobs_per_s = Some(pair.jobs_per_s());
         let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog);
         figures.queued_rows = u64::from(plan.queued_rows);
         figures.queued_drain_jobs_per_s = Some(d.jobs_per_s());
@@ -973,5 +977,15 @@ mod tests {
         let cost = f.guarantees_cost_pct().expect("both measured");
         assert!((cost - 23.75).abs() < 1e-9, "{cost}");
         assert_eq!(LiveFigures::default().guarantees_cost_pct(), None);
+    }
+
+    #[test]
+    fn a_drain_at_scale_is_compared_with_its_pair() {
+        let slower = LiveFigures::slowdown_pct(Some(40_000.0), Some(36_000.0));
+        assert!((slower.expect("both measured") - 10.0).abs() < 1e-9);
+        let faster = LiveFigures::slowdown_pct(Some(40_000.0), Some(44_000.0));
+        assert!((faster.expect("both measured") + 10.0).abs() < 1e-9);
+        assert_eq!(LiveFigures::slowdown_pct(None, Some(1.0)), None);
+        assert_eq!(LiveFigures::slowdown_pct(Some(1.0), None), None);
     }
 }

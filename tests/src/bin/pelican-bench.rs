@@ -232,16 +232,18 @@ fn main() -> ExitCode {
         live["count_all_ms_1m_finished"].to_string()
     );
     eprintln!(
-        "  {:<22} {:>14}   (beside {} finished runs)",
+        "  {:<22} {:>14}   (beside {} finished runs; its small-table pair {})",
         "live_jobs_per_s_1m_finished",
         summary["live_jobs_per_s_1m_finished"].to_string(),
-        live["finished_rows"]
+        live["finished_rows"],
+        live["live_jobs_per_s_1m_finished_pair"]
     );
     eprintln!(
-        "  {:<22} {:>14}   ({} queued runs drained whole)",
+        "  {:<22} {:>14}   ({} queued runs drained whole; its small-table pair {})",
         "live_jobs_per_s_1m_queued",
         summary["live_jobs_per_s_1m_queued"].to_string(),
-        live["queued_rows"]
+        live["queued_rows"],
+        live["live_jobs_per_s_1m_queued_pair"]
     );
     for key in ["slowdown_pct_1m_finished", "slowdown_pct_1m_queued"] {
         target(key, num(key).is_some_and(|s| s <= 10.0), "<= 10");
