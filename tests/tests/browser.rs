@@ -112,9 +112,14 @@ async fn fill(c: &Client, css: &str, value: &str) {
     e.send_keys(value).await.expect("typed");
 }
 
+/// Clicks `css` once it is there. The page re-renders as it polls, so an
+/// element found just before a render is stale by the click (WebDriver's
+/// stale element reference, and no click): it is found again.
 async fn click(c: &Client, css: &str) {
-    let e = until(css, || async { c.find(Locator::Css(css)).await.ok() }).await;
-    e.click().await.expect("clicked");
+    until(css, || async {
+        c.find(Locator::Css(css)).await.ok()?.click().await.ok()
+    })
+    .await;
 }
 
 fn artefacts() -> PathBuf {
