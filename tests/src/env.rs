@@ -201,16 +201,13 @@ impl Env {
                     None => Some(format!("{r} missing")),
                 })
                 .collect();
-            // Undelivered entries first, then the PEL: an entry read between
-            // the two reads is then seen pending. In the other order, a read
-            // in between hid it from both, and a run not in `accepted` (a
-            // bulk submission's) could be taken for settled while pending.
-            let undelivered = self.undelivered();
-            let pel = self.pel_len();
-            if open.is_empty() && pel == 0 && !undelivered {
+            // Runs not in `accepted` (a bulk submission's) count through
+            // the stream alone.
+            if open.is_empty() && self.stream_drained() {
                 return db;
             }
             if start.elapsed() > timeout {
+                let pel = self.pel_len();
                 panic!(
                     "not settled within {timeout:?}: open runs [{}], {pel} pending; logs: {:?}",
                     open.join(", "),

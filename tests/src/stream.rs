@@ -30,6 +30,15 @@ impl Env {
         }
     }
 
+    /// Whether the group has delivered every entry and none is pending.
+    /// Undelivered entries are read first, then the PEL: an entry a reader
+    /// takes between the two reads is then seen pending. In the other
+    /// order, such a read hid it from both.
+    #[must_use]
+    pub fn stream_drained(&self) -> bool {
+        !self.undelivered() && self.pel_len() == 0
+    }
+
     /// Whether the stream holds entries the group has not delivered yet.
     #[must_use]
     pub fn undelivered(&self) -> bool {

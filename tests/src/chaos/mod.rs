@@ -203,7 +203,7 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
     loop {
         let db = env.db();
         last_open = db.runs.values().filter(|r| !r.status.is_terminal()).count() as u64;
-        let done = last_open == 0 && env.pel_len() == 0 && !env.undelivered();
+        let done = last_open == 0 && env.stream_drained();
         if done || settle_start.elapsed() > settle_timeout {
             break;
         }
