@@ -30,7 +30,8 @@
 //!   worker` runs them) and a `GET /metrics` of `pelican api` are timed,
 //!   20 of each, medians reported. Neither may scan finished runs.
 //! * **Cost as work grows**: the drain again, twice: `drain_jobs` runs
-//!   beside `finished_rows` finished ones (retention off), and a backlog of
+//!   beside `finished_rows` finished ones (which retention, as shipped,
+//!   keeps: they finished a minute ago), and a backlog of
 //!   `queued_rows` runs (submitted with `pelican submit --from-file`, the
 //!   bulk path) drained whole; before the latter drain starts, the
 //!   maintenance pass and `GET /metrics` are timed with the backlog queued.
@@ -170,25 +171,37 @@ pub struct LiveFigures {
     pub count_all_ms: Option<f64>,
     /// The headline drain's worker: peak resident set, KiB.
     pub peak_rss_kib: Option<u64>,
-    /// The drain of `drain_jobs` runs beside `finished_rows` finished ones,
-    /// jobs/s.
-    pub finished_drain_jobs_per_s: Option<f64>,
-    /// The small-table drain run right before it, jobs/s: its pair.
-    pub finished_pair_jobs_per_s: Option<f64>,
-    /// Its worker's peak resident set, KiB.
-    pub finished_drain_peak_rss_kib: Option<u64>,
+    /// The drain of `drain_jobs` runs beside `finished_rows` finished ones.
+    pub beside_finished: Option<ScaleDrain>,
     /// Runs in the backlog drain.
     pub queued_rows: u64,
-    /// The backlog drained whole, jobs/s.
-    pub queued_drain_jobs_per_s: Option<f64>,
-    /// The small-table drain run right before it, jobs/s: its pair.
-    pub queued_pair_jobs_per_s: Option<f64>,
-    /// Its worker's peak resident set, KiB.
-    pub queued_drain_peak_rss_kib: Option<u64>,
+    /// The backlog drained whole.
+    pub backlog: Option<ScaleDrain>,
     /// Median maintenance pass with the backlog queued, ms.
     pub queued_maintenance_pass_ms: Option<f64>,
     /// Median `GET /metrics` with the backlog queued, ms.
     pub queued_metrics_ms: Option<f64>,
+}
+
+/// A drain at scale and its pair, the small-table drain run right before
+/// it (so that a slow spell of the machine falls on both).
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleDrain {
+    /// The pair, jobs/s.
+    pub pair_jobs_per_s: f64,
+    /// The drain at scale, jobs/s.
+    pub jobs_per_s: f64,
+    /// Its worker's peak resident set, KiB.
+    pub peak_rss_kib: Option<u64>,
+}
+
+impl ScaleDrain {
+    /// How much slower the drain at scale is than its pair, percent
+    /// (negative: faster).
+    #[must_use]
+    pub fn slowdown_pct(&self) -> f64 {
+        100.0 * (1.0 - self.jobs_per_s / self.pair_jobs_per_s)
+    }
 }
 
 impl LiveFigures {
@@ -207,18 +220,11 @@ impl LiveFigures {
         Some(100.0 * (1.0 - shipped / baseline))
     }
 
-    /// How much slower a drain at scale is than its pair, the small-table
-    /// drain run right before it (so that a slow spell of the machine
-    /// falls on both), percent (negative: faster).
-    #[must_use]
-    pub fn slowdown_pct(small: Option<f64>, scaled: Option<f64>) -> Option<f64> {
-        Some(100.0 * (1.0 - scaled? / small?))
-    }
-
     /// As JSON.
     #[must_use]
     pub fn json(&self) -> Value {
         let mib = |kib: Option<u64>| kib.map(|k| round(k as f64 / 1024.0, 1));
+        let (finished, queued) = (self.beside_finished.as_ref(), self.backlog.as_ref());
         json!({
             "drain_jobs": self.drain_jobs,
             "submit_seconds": round(self.submit_seconds, 2),
@@ -243,15 +249,15 @@ impl LiveFigures {
             "metrics_ms_1m_finished": self.metrics_ms.map(|x| round(x, 2)),
             "count_all_ms_1m_finished": self.count_all_ms.map(|x| round(x, 1)),
             "worker_peak_rss_mib": mib(self.peak_rss_kib),
-            "live_jobs_per_s_1m_finished": self.finished_drain_jobs_per_s.map(|x| round(x, 0)),
-            "live_jobs_per_s_1m_finished_pair": self.finished_pair_jobs_per_s.map(|x| round(x, 0)),
-            "slowdown_pct_1m_finished": Self::slowdown_pct(self.finished_pair_jobs_per_s, self.finished_drain_jobs_per_s).map(|x| round(x, 1)),
-            "worker_peak_rss_mib_1m_finished": mib(self.finished_drain_peak_rss_kib),
+            "live_jobs_per_s_1m_finished": finished.map(|d| round(d.jobs_per_s, 0)),
+            "live_jobs_per_s_1m_finished_pair": finished.map(|d| round(d.pair_jobs_per_s, 0)),
+            "slowdown_pct_1m_finished": finished.map(|d| round(d.slowdown_pct(), 1)),
+            "worker_peak_rss_mib_1m_finished": mib(finished.and_then(|d| d.peak_rss_kib)),
             "queued_rows": self.queued_rows,
-            "live_jobs_per_s_1m_queued": self.queued_drain_jobs_per_s.map(|x| round(x, 0)),
-            "live_jobs_per_s_1m_queued_pair": self.queued_pair_jobs_per_s.map(|x| round(x, 0)),
-            "slowdown_pct_1m_queued": Self::slowdown_pct(self.queued_pair_jobs_per_s, self.queued_drain_jobs_per_s).map(|x| round(x, 1)),
-            "worker_peak_rss_mib_1m_queued": mib(self.queued_drain_peak_rss_kib),
+            "live_jobs_per_s_1m_queued": queued.map(|d| round(d.jobs_per_s, 0)),
+            "live_jobs_per_s_1m_queued_pair": queued.map(|d| round(d.pair_jobs_per_s, 0)),
+            "slowdown_pct_1m_queued": queued.map(|d| round(d.slowdown_pct(), 1)),
+            "worker_peak_rss_mib_1m_queued": mib(queued.and_then(|d| d.peak_rss_kib)),
             "maintenance_pass_ms_1m_queued": self.queued_maintenance_pass_ms.map(|x| round(x, 2)),
             "metrics_ms_1m_queued": self.queued_metrics_ms.map(|x| round(x, 2)),
         })
@@ -425,23 +431,24 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         let unbatched = drain(&rt, &cluster, plan, 1, false, Backlog::Fresh);
         figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
     }
-    // Cost as work grows.
-    if plan.finished_rows > 0 {
-        let beside = Backlog::Finished(plan.finished_rows);
+    // Cost as work grows: each drain at scale with its pair.
+    let at_scale = |backlog| {
         let pair = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
-        figures.finished_pair_jobs_per_s = Some(pair.jobs_per_s());
-        let d = drain(&rt, &cluster, plan, plan.batch_max, false, beside);
-        figures.finished_drain_jobs_per_s = Some(d.jobs_per_s());
-        figures.finished_drain_peak_rss_kib = d.peak_rss_kib;
+        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog);
+        let figures = ScaleDrain {
+            pair_jobs_per_s: pair.jobs_per_s(),
+            jobs_per_s: d.jobs_per_s(),
+            peak_rss_kib: d.peak_rss_kib,
+        };
+        (figures, d)
+    };
+    if plan.finished_rows > 0 {
+        figures.beside_finished = Some(at_scale(Backlog::Finished(plan.finished_rows)).0);
     }
     if plan.queued_rows > 0 {
-        let backlog = Backlog::Queued(plan.queued_rows);
-        let pair = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
-        figures.queued_pair_jobs_per_s = Some(pair.jobs_per_s());
-        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog);
+        let (backlog, d) = at_scale(Backlog::Queued(plan.queued_rows));
         figures.queued_rows = u64::from(plan.queued_rows);
-        figures.queued_drain_jobs_per_s = Some(d.jobs_per_s());
-        figures.queued_drain_peak_rss_kib = d.peak_rss_kib;
+        figures.backlog = Some(backlog);
         figures.queued_maintenance_pass_ms = d.maintenance_pass_ms;
         figures.queued_metrics_ms = d.metrics_ms;
     }
@@ -662,7 +669,8 @@ fn bulk_submit(env: &Env, n: u32) -> f64 {
 enum Backlog {
     /// `drain_jobs` runs submitted one per call into empty tables.
     Fresh,
-    /// The same, beside this many finished runs (retention off).
+    /// The same, beside this many finished runs (kept by retention as
+    /// shipped: they finished a minute ago).
     Finished(u32),
     /// This many runs submitted in bulk and drained whole; the maintenance
     /// pass and `GET /metrics` are timed with them queued.
@@ -791,7 +799,7 @@ fn drain(
     loop {
         // Redis first (cheap); count the runs (a table scan) only once the
         // stream is drained.
-        if env.pel_len() == 0 && !env.undelivered() {
+        if env.stream_drained() {
             let open = rt.block_on(open_runs(&io.db));
             if open == 0 {
                 break;
@@ -961,7 +969,7 @@ async fn recovery(io: &Arc<Clients>, workers: &mut [Proc], runs: u32) -> (usize,
 
 #[cfg(test)]
 mod tests {
-    use super::{LiveFigures, median};
+    use super::{LiveFigures, ScaleDrain, median};
 
     #[test]
     fn the_cost_compares_medians() {
@@ -981,11 +989,19 @@ mod tests {
 
     #[test]
     fn a_drain_at_scale_is_compared_with_its_pair() {
-        let slower = LiveFigures::slowdown_pct(Some(40_000.0), Some(36_000.0));
-        assert!((slower.expect("both measured") - 10.0).abs() < 1e-9);
-        let faster = LiveFigures::slowdown_pct(Some(40_000.0), Some(44_000.0));
-        assert!((faster.expect("both measured") + 10.0).abs() < 1e-9);
-        assert_eq!(LiveFigures::slowdown_pct(None, Some(1.0)), None);
-        assert_eq!(LiveFigures::slowdown_pct(Some(1.0), None), None);
+        let at = |jobs_per_s| ScaleDrain {
+            pair_jobs_per_s: 40_000.0,
+            jobs_per_s,
+            peak_rss_kib: None,
+        };
+        assert!((at(36_000.0).slowdown_pct() - 10.0).abs() < 1e-9);
+        assert!((at(44_000.0).slowdown_pct() + 10.0).abs() < 1e-9);
+        let figures = LiveFigures {
+            beside_finished: Some(at(36_000.0)),
+            ..LiveFigures::default()
+        };
+        let json = figures.json();
+        assert_eq!(json["slowdown_pct_1m_finished"], 10.0);
+        assert!(json["slowdown_pct_1m_queued"].is_null(), "not measured");
     }
 }
