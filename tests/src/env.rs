@@ -5,7 +5,7 @@ use crate::{Database, Redis, rt, scratch};
 use pelican_model::Db;
 use pelican_model::ids::RunId;
 use pelican_model::protocol::{KindPolicy, Policy, SubmitterEnd};
-use pelican_real::live::{PgDb, RedisStream, StreamNames};
+use pelican_real::live::{PgDb, RedisAddr, RedisStream, StreamNames};
 use pelican_real::{Config, Entropy, Io, NoProbe, submit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -67,6 +67,26 @@ impl Env {
     /// A fresh Redis, and the database at `url`, migrated.
     #[must_use]
     pub fn with_database(database_url: String, db: Option<Database>, mutant: Option<&str>) -> Env {
+        Env::with_services(database_url, db, Redis::start(), mutant)
+    }
+
+    /// A fresh Redis Cluster (three masters with a replica each) and
+    /// database, migrated; every process runs `mutant`.
+    #[must_use]
+    pub fn on_cluster(mutant: Option<&str>) -> Env {
+        let db = Database::create();
+        let url = db.url().to_owned();
+        Env::with_services(url, Some(db), Redis::cluster(), mutant)
+    }
+
+    /// `redis`, and the database at `url`, migrated.
+    #[must_use]
+    pub fn with_services(
+        database_url: String,
+        db: Option<Database>,
+        redis: Redis,
+        mutant: Option<&str>,
+    ) -> Env {
         let env = Env {
             mutant: mutant.map(str::to_owned),
             traces: Vec::new(),
@@ -75,7 +95,7 @@ impl Env {
             } else {
                 Duration::from_secs(60)
             },
-            redis: Redis::start(),
+            redis,
             database_url,
             stream: "pelican".into(),
             logs: scratch("pelican_logs"),
@@ -101,7 +121,8 @@ impl Env {
     /// The clients, for submitting directly (as the API does).
     #[must_use]
     pub fn io(&self, attempts_max: u32) -> Io<RedisStream, PgDb, NoProbe> {
-        let (redis, db) = (self.redis.url(), self.database_url.clone());
+        let redis = RedisAddr::new(&self.redis.url(), self.redis.is_cluster());
+        let db = self.database_url.clone();
         let stream = self.stream.clone();
         let (stream, db) = rt().block_on(async move {
             let s = RedisStream::connect(

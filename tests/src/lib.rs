@@ -39,7 +39,7 @@ pub(crate) use env::Fixed;
 pub use env::{Env, submit_new};
 pub use pelican_model::invariants::{Broken, Guarantee};
 pub use processes::{Proc, take_traces};
-pub use services::{Cluster, Database, Redis, pg_admin_url};
+pub use services::{Cluster, Database, Redis, RedisConnection, pg_admin_url};
 
 /// The shared async runtime the harness talks to Postgres and Redis with.
 pub fn rt() -> &'static tokio::runtime::Runtime {

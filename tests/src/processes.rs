@@ -125,6 +125,7 @@ impl Env {
             Command::new(bin)
         };
         c.env("REDIS_URL", self.redis.url())
+            .env("PELICAN_REDIS_CLUSTER", self.redis.is_cluster().to_string())
             .env("DATABASE_URL", &self.database_url)
             .env("PELICAN_STREAM", &self.stream)
             .env("PELICAN_CALL_TIMEOUT_MS", "1000")

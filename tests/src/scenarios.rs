@@ -1514,3 +1514,54 @@ pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
         );
     });
 }
+
+/// Redis Cluster: three masters with a replica each. Workers and
+/// submissions run through redis-rs' cluster client. Mid-drain the replica
+/// of the job stream's master is held back, runs are submitted (their
+/// entries reach the master alone), the master is killed and the replica
+/// takes over: those entries are lost, with whatever deliveries and
+/// acknowledgements the master had not replicated (replication is
+/// asynchronous). Postgres holds every run, so the sweeper publishes what
+/// was lost and the reclaimer takes back what is delivered again: every run
+/// ends once, and nothing is left pending.
+pub fn redis_cluster_master_failover(mutant: Option<&str>) {
+    let mut env = Env::on_cluster(mutant);
+    let fast_sweep = ["--sweep-grace-ms", "3000", "--maintenance-every-ms", "500"];
+    let before: Vec<RunId> = (0..40)
+        .map(|i| match i % 2 {
+            0 => env.submit("sleep", r#"{"ms":300}"#, 5),
+            _ => env.submit("effect", r#"{"calls":1}"#, 5),
+        })
+        .collect();
+    let _w1 = env.worker(1, None, &fast_sweep);
+    let _w2 = env.worker(2, None, &fast_sweep);
+    wait_for("a first run finishes on the cluster", || {
+        let db = env.db();
+        before
+            .iter()
+            .any(|r| db.runs.get(r).is_some_and(|row| row.status.is_terminal()))
+    });
+    let key = env.jobs_key();
+    env.redis.hold_replica(&key);
+    let unreplicated: Vec<RunId> = (0..5).map(|_| env.submit("noop", "{}", 5)).collect();
+    let outage = env.redis.fail_over(&key);
+    eprintln!("the job stream's slot had no master for {outage:?}");
+    // The new master never had those entries.
+    let db = env.db();
+    let entries: Vec<_> = unreplicated
+        .iter()
+        .filter_map(|r| db.runs[r].entry_id)
+        .collect();
+    assert_eq!(entries.len(), unreplicated.len(), "each run was published");
+    assert_eq!(
+        env.present(&entries),
+        [],
+        "the failover lost the unreplicated entries"
+    );
+    let after: Vec<RunId> = (0..10).map(|_| env.submit("noop", "{}", 5)).collect();
+    env.settle();
+    let db = env.check(&[]);
+    for r in before.iter().chain(&unreplicated).chain(&after) {
+        assert_eq!(db.runs[r].status, RunStatus::Succeeded, "{r}");
+    }
+}

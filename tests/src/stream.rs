@@ -128,9 +128,7 @@ impl Env {
 
     /// XADDs raw bytes to the job stream; `None` when Redis does not answer.
     pub fn xadd_raw(&self, fields: &[(&[u8], Vec<u8>)]) -> Option<EntryId> {
-        let mut c = redis::Client::open(self.redis.url())
-            .and_then(|c| c.get_connection())
-            .ok()?;
+        let mut c = self.redis.try_conn()?;
         let mut cmd = redis::cmd("XADD");
         cmd.arg(self.jobs_key()).arg("*");
         for (k, v) in fields {
@@ -159,7 +157,7 @@ impl Env {
     }
 
     /// Pending entry IDs (up to 1,000), oldest first.
-    fn pending_ids(&self, c: &mut redis::Connection) -> Vec<String> {
+    fn pending_ids(&self, c: &mut dyn redis::ConnectionLike) -> Vec<String> {
         let v: redis::Value = redis::cmd("XPENDING")
             .arg(self.jobs_key())
             .arg("pelican")
@@ -189,8 +187,7 @@ impl Env {
     /// the oldest pending entry. Returns how many entries went (0 when
     /// nothing was pending or Redis did not answer).
     pub fn trim_below_pending(&self, xdel: bool) -> u64 {
-        let Ok(mut c) = redis::Client::open(self.redis.url()).and_then(|c| c.get_connection())
-        else {
+        let Some(mut c) = self.redis.try_conn() else {
             return 0;
         };
         let pending = self.pending_ids(&mut c);
@@ -217,8 +214,7 @@ impl Env {
     /// retried after a lost reply); false when there was none or Redis did
     /// not answer.
     pub fn publish_again(&self) -> bool {
-        let Ok(mut c) = redis::Client::open(self.redis.url()).and_then(|c| c.get_connection())
-        else {
+        let Some(mut c) = self.redis.try_conn() else {
             return false;
         };
         let v: redis::Value = redis::cmd("XREVRANGE")

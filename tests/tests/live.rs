@@ -56,4 +56,5 @@ live! {
     the_api_conforms_to_its_openapi_document,
     worker_probes_follow_its_connections,
     the_deploy_kit_names_only_exported_metrics,
+    redis_cluster_master_failover,
 }

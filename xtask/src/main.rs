@@ -32,7 +32,7 @@ commands:
   conformance [--cases N] [--seed S] [--json]
             the reference models against live Redis and Postgres: N random
             stream and N random database sequences (default 10,000 each)
-  chaos [--jobs N] [--workers W] [--seconds S] [--seed X] [--json]
+  chaos [--jobs N] [--workers W] [--seconds S] [--seed X] [--redis-cluster] [--json]
         [--mutant NAME] [--short]
             the chaos soak: a real API and W real workers against throwaway
             Redis and Postgres, a seeded nemesis (kill -9, SIGSTOP, Redis
@@ -606,6 +606,10 @@ fn test(args: &[String]) -> Result<(), String> {
     run(
         "chaos soak, short: 2,000 jobs under kills, pauses, Redis and Postgres restarts, a wipe, trims and bad input",
         chaos_command(&["--short", "--quiet"])?,
+    )?;
+    run(
+        "chaos soak on a Redis Cluster, short: 1,000 jobs under kills, pauses, master failovers, a Postgres restart, trims and bad input",
+        chaos_command(&["--short", "--redis-cluster", "--quiet"])?,
     )?;
     let mut conformance = cargo();
     conformance.env("CONFORMANCE_CASES", "1000").args([

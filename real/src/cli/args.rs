@@ -45,7 +45,8 @@ pub(crate) enum LogFormat {
 
 #[derive(Args)]
 pub(crate) struct Connection {
-    /// Redis URL.
+    /// Redis URL; with `--redis-cluster`, the URLs of some of the
+    /// cluster's nodes, separated by commas.
     #[arg(
         long,
         env = "REDIS_URL",
@@ -53,6 +54,10 @@ pub(crate) struct Connection {
         global = true
     )]
     pub(crate) redis_url: String,
+    /// Redis is a Redis Cluster: commands go to their key's slot's master
+    /// and follow its failover.
+    #[arg(long, env = "PELICAN_REDIS_CLUSTER", global = true)]
+    pub(crate) redis_cluster: bool,
     /// PostgreSQL URL.
     #[arg(
         long,

@@ -6,7 +6,7 @@ use super::output;
 use crate::jobs::Registry;
 use crate::live::api::{self, ApiState};
 use crate::live::metrics::MetricsProbe;
-use crate::live::{PgDb, PgTools, RedisStream, StreamNames};
+use crate::live::{PgDb, PgTools, RedisAddr, RedisStream, StreamNames};
 use crate::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
 use anyhow::{Context, Result, bail};
 use pelican_model::ids::{RunId, WorkerId};
@@ -61,7 +61,7 @@ pub(crate) async fn connect_db(c: &Connection) -> Result<PgDb> {
 pub(crate) async fn connect(c: &Connection, read_block_ms: u64) -> Result<Clients> {
     let db = connect_db(c).await?;
     let stream = RedisStream::connect(
-        &c.redis_url,
+        &RedisAddr::new(&c.redis_url, c.redis_cluster),
         StreamNames::new(&c.stream, &c.group),
         read_block_ms,
         Duration::from_millis(c.call_timeout_ms),

@@ -7,4 +7,4 @@ pub mod pg;
 pub mod redis;
 
 pub use pg::{PgDb, PgSession, PgTools};
-pub use redis::{RedisStream, StreamNames};
+pub use redis::{RedisAddr, RedisConn, RedisStream, StreamNames};

@@ -1,4 +1,6 @@
-//! The stream client on Redis (redis-rs, tokio, `ConnectionManager`).
+//! The stream client on Redis (redis-rs, tokio): a single server through a
+//! `ConnectionManager`, or a Redis Cluster through redis-rs' cluster client,
+//! which follows the slots (MOVED, ASK) and a failover on its own.
 //!
 //! Each [`StreamOp`] is one Redis command (or, for `Locate`, one pipeline of
 //! read-only commands), the twin of the `pelican_model::Stream` method that
@@ -14,8 +16,86 @@ use pelican_model::protocol::{
 use pelican_model::stream::{AutoClaim, StreamError};
 use pelican_model::world::Issuer;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisFuture, Value};
 use std::time::Duration;
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisAddr {
+    /// One server (`redis://host:port`).
+    Server(String),
+    /// A Redis Cluster, by the URLs of some of its nodes: the client reads
+    /// the slot map from the first that answers.
+    Cluster(Vec<String>),
+}
+
+impl RedisAddr {
+    /// `url` as one server, or with `cluster` as a comma-separated list of
+    /// seed nodes.
+    #[must_use]
+    pub fn new(url: &str, cluster: bool) -> RedisAddr {
+        if cluster {
+            RedisAddr::Cluster(
+                url.split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            )
+        } else {
+            RedisAddr::Server(url.to_owned())
+        }
+    }
+
+    /// The address for messages.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self {
+            RedisAddr::Server(url) => url.clone(),
+            RedisAddr::Cluster(seeds) => format!("the cluster at {}", seeds.join(",")),
+        }
+    }
+}
+
+/// A connection to a single server or to a cluster; both multiplex, both
+/// reconnect on their own.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One server.
+    Server(ConnectionManager),
+    /// A cluster: a connection per node, each command sent to its key's
+    /// slot's master.
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Server(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Server(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// Where the streams live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,53 +125,84 @@ impl StreamNames {
 #[derive(Clone)]
 pub struct RedisStream {
     /// Every command but the blocking read.
-    conn: ConnectionManager,
+    conn: RedisConn,
     /// XREADGROUP ... BLOCK, on its own connection so that a blocked read
     /// never delays a heartbeat queued behind it on a multiplexed one.
-    reader: ConnectionManager,
+    reader: RedisConn,
     names: StreamNames,
     block_ms: u64,
 }
 
 /// Why the client could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to Redis at {url}: {source}")]
+#[error("cannot connect to Redis at {addr}: {source}")]
 pub struct ConnectError {
-    url: String,
+    addr: String,
     #[source]
     source: redis::RedisError,
 }
 
 impl RedisStream {
-    /// Connects to `url` (two connections, each reconnecting on its own).
+    /// Connects to `addr` (two connections, each reconnecting on its own).
     /// An empty `XREADGROUP` waits up to `block_ms` for entries.
     ///
     /// # Errors
-    /// The URL is invalid or the server cannot be reached.
+    /// The address is invalid or Redis cannot be reached.
     pub async fn connect(
-        url: &str,
+        addr: &RedisAddr,
         names: StreamNames,
         block_ms: u64,
         response_timeout: Duration,
     ) -> Result<RedisStream, ConnectError> {
         let err = |source| ConnectError {
-            url: url.to_owned(),
+            addr: addr.describe(),
             source,
         };
-        let client = redis::Client::open(url).map_err(err)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(response_timeout))
-            .set_response_timeout(Some(response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
-            .await
-            .map_err(err)?;
-        let reader_config =
-            config.set_response_timeout(Some(response_timeout + Duration::from_millis(block_ms)));
-        let reader = ConnectionManager::new_with_config(client, reader_config)
-            .await
-            .map_err(err)?;
+        let read_timeout = response_timeout + Duration::from_millis(block_ms);
+        let (conn, reader) = match addr {
+            RedisAddr::Server(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(err)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(response_timeout))
+                    .set_response_timeout(Some(response_timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
+                    .await
+                    .map_err(err)?;
+                let reader_config = config.set_response_timeout(Some(read_timeout));
+                let reader = ConnectionManager::new_with_config(client, reader_config)
+                    .await
+                    .map_err(err)?;
+                (RedisConn::Server(conn), RedisConn::Server(reader))
+            }
+            RedisAddr::Cluster(seeds) => {
+                // Two clients, so the blocking read has node connections of
+                // its own. Retries follow MOVED and ASK, and ride out a
+                // failover (the replica's promotion takes the node timeout);
+                // each command's wait stays bounded by the response timeout.
+                let cluster = |timeout: Duration| {
+                    redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+                        .connection_timeout(response_timeout)
+                        .response_timeout(timeout)
+                        .retries(3)
+                        .min_retry_wait(100)
+                        .max_retry_wait(500)
+                        .build()
+                };
+                let conn = cluster(response_timeout)
+                    .map_err(err)?
+                    .get_async_connection()
+                    .await
+                    .map_err(err)?;
+                let reader = cluster(read_timeout)
+                    .map_err(err)?
+                    .get_async_connection()
+                    .await
+                    .map_err(err)?;
+                (RedisConn::Cluster(conn), RedisConn::Cluster(reader))
+            }
+        };
         Ok(RedisStream {
             conn,
             reader,
@@ -106,9 +217,9 @@ impl RedisStream {
         &self.names
     }
 
-    /// A connection for other uses (metrics, tests).
+    /// A connection for other uses (health checks, tests).
     #[must_use]
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
@@ -231,13 +342,20 @@ impl RedisStream {
     }
 
     /// `Queue`: XLEN of both streams, XINFO GROUPS, and XPENDING's summary
-    /// and oldest row, as one pipeline (one round trip). The reads need no
-    /// transaction: each figure is a reading, as a scrape's are.
+    /// and oldest row, as one pipeline (one round trip; on a cluster, where
+    /// a pipeline stays within one slot, the dead stream's XLEN is a second
+    /// one). The reads need no transaction: each figure is a reading, as a
+    /// scrape's are.
     async fn queue(&self) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
         let mut pipe = redis::pipe();
         pipe.cmd("XLEN").arg(&n.jobs);
-        pipe.cmd("XLEN").arg(&n.dead);
+        let dead_apart = matches!(self.conn, RedisConn::Cluster(_));
+        let mut dead = redis::cmd("XLEN");
+        dead.arg(&n.dead);
+        if !dead_apart {
+            pipe.add_command(dead.clone());
+        }
         pipe.cmd("XINFO").arg("GROUPS").arg(&n.jobs);
         pipe.cmd("XPENDING").arg(&n.jobs).arg(&n.group);
         pipe.cmd("XPENDING")
@@ -249,7 +367,12 @@ impl RedisStream {
         let mut replies = self.pipeline(&mut pipe).await?.into_iter().map(answer);
         let mut next = || replies.next().unwrap_or(Err(Unavailable));
         let length = next()?.ok().as_ref().and_then(int).unwrap_or(0);
-        let dead_letters = next()?.ok().as_ref().and_then(int).unwrap_or(0);
+        let dead_letters = if dead_apart {
+            self.query(&dead).await?
+        } else {
+            next()?
+        };
+        let dead_letters = dead_letters.ok().as_ref().and_then(int).unwrap_or(0);
         let info = match next()? {
             Ok(Value::Array(groups)) => groups
                 .iter()

@@ -44,7 +44,7 @@
 use crate::{Cluster, Database, Env, Proc, round, submit_new};
 use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
-use pelican_real::live::{PgDb, RedisStream, StreamNames};
+use pelican_real::live::{PgDb, RedisAddr, RedisStream, StreamNames};
 use pelican_real::{Config, Io, NoProbe};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -299,7 +299,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 async fn clients(env: &Env, pool: u32) -> Clients {
     let stream = RedisStream::connect(
-        &env.redis.url(),
+        &RedisAddr::new(&env.redis.url(), env.redis.is_cluster()),
         StreamNames::new(&env.stream, "pelican"),
         100,
         Duration::from_secs(5),

@@ -84,7 +84,12 @@ pub fn run(plan: &Plan, progress: &dyn Fn(&Progress)) -> Report {
     let cluster = Cluster::start();
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
-    let mut env = Env::with_database(url, Some(db), plan.mutant.as_deref());
+    let redis = if plan.redis_cluster {
+        crate::Redis::cluster()
+    } else {
+        crate::Redis::start()
+    };
+    let mut env = Env::with_services(url, Some(db), redis, plan.mutant.as_deref());
     env.settle_timeout = Duration::from_secs(u64::from(plan.settle_seconds));
     let (_api, base) = env.api_with(TOKEN, plan.attempts_max);
     let mut slots: Vec<Slot> = (0..plan.workers)
@@ -261,15 +266,21 @@ pub fn run_and_print(plan: &Plan, quiet: bool) -> Result<Report, Box<Report>> {
     );
     let n = plan.fault_counts();
     eprintln!(
-        "chaos: seed {}, {} jobs, {} workers, {} s of faults: {} kills, {} pauses, {} Redis restarts, {} wipe, {} Postgres restarts, {} trims, {} bad inputs, {} duplicate publishes",
+        "chaos: seed {}, {} jobs, {} workers, {} s of faults{}: {} kills, {} pauses, {} Redis restarts, {} wipe, {} master failovers, {} Postgres restarts, {} trims, {} bad inputs, {} duplicate publishes",
         plan.seed,
         plan.jobs,
         plan.workers,
         plan.seconds,
+        if plan.redis_cluster {
+            " on a Redis Cluster"
+        } else {
+            ""
+        },
         n.kills,
         n.pauses,
         n.redis_restarts,
         n.redis_wipes,
+        n.failovers,
         n.pg_restarts,
         n.trims,
         n.bad_inputs,
@@ -305,11 +316,16 @@ pub fn run_and_print(plan: &Plan, quiet: bool) -> Result<Report, Box<Report>> {
             eprintln!("  {t:>7} {fault}");
         }
         eprintln!(
-            "re-run: cargo xtask chaos --jobs {} --workers {} --seconds {} --seed {}{}",
+            "re-run: cargo xtask chaos --jobs {} --workers {} --seconds {} --seed {}{}{}",
             plan.jobs,
             plan.workers,
             plan.seconds,
             plan.seed,
+            if plan.redis_cluster {
+                " --redis-cluster"
+            } else {
+                ""
+            },
             plan.mutant
                 .as_deref()
                 .map(|m| format!(" --mutant {m}"))
@@ -327,7 +343,7 @@ mod tests {
 
     #[test]
     fn the_schedule_is_a_function_of_the_plan_and_has_the_counts() {
-        for plan in [Plan::default(), Plan::short()] {
+        for plan in [Plan::default(), Plan::short(), Plan::short_cluster()] {
             let s = schedule(&plan);
             assert_eq!(s, schedule(&plan));
             let n = plan.fault_counts();
@@ -337,7 +353,10 @@ mod tests {
                 count(|f| matches!(f, Fault::RedisRestart)),
                 n.redis_restarts
             );
-            assert_eq!(count(|f| matches!(f, Fault::RedisWipe)), 1);
+            assert_eq!(count(|f| matches!(f, Fault::RedisWipe)), n.redis_wipes);
+            assert_eq!(count(|f| matches!(f, Fault::Failover { .. })), n.failovers);
+            assert_eq!(n.failovers > 0, plan.redis_cluster);
+            assert_eq!(n.redis_wipes + n.redis_restarts > 0, !plan.redis_cluster);
             assert_eq!(count(|f| matches!(f, Fault::PgRestart)), n.pg_restarts);
             let kinds: BTreeSet<_> = s
                 .iter()

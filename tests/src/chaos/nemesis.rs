@@ -32,6 +32,14 @@ pub enum Fault {
     RedisRestart,
     /// kill -9 Redis and start it empty.
     RedisWipe,
+    /// Hold back the replica of the job stream's master for `lag_ms`
+    /// (what the master acknowledges meanwhile is not replicated), then
+    /// kill -9 the master: the replica takes over without those writes,
+    /// and the old master rejoins as its replica.
+    Failover {
+        /// How long the replica is held back.
+        lag_ms: u64,
+    },
     /// Immediate shutdown of Postgres, and start.
     PgRestart,
     /// XTRIM MINID at a pending ID (`xdel: false`), or XDEL of one pending
@@ -55,6 +63,10 @@ impl fmt::Display for Fault {
             Fault::Pause { worker, ms } => write!(f, "SIGSTOP worker {worker} for {ms} ms"),
             Fault::RedisRestart => f.write_str("restart Redis (AOF)"),
             Fault::RedisWipe => f.write_str("wipe Redis"),
+            Fault::Failover { lag_ms } => write!(
+                f,
+                "kill the job stream's master {lag_ms} ms after holding back its replica"
+            ),
             Fault::PgRestart => f.write_str("restart Postgres (immediate)"),
             Fault::Trim { xdel: false } => f.write_str("XTRIM MINID at a pending ID"),
             Fault::Trim { xdel: true } => f.write_str("XDEL a pending entry"),
@@ -105,6 +117,10 @@ pub fn schedule(plan: &Plan) -> Vec<(u64, Fault)> {
     }
     for t in spread(n.redis_wipes, span / 4, &mut rng) {
         out.push((t.min(span * 92 / 100), Fault::RedisWipe));
+    }
+    for t in spread(n.failovers, span / 10, &mut rng) {
+        let lag_ms = rng.random_range(0..1000);
+        out.push((t.min(span * 92 / 100), Fault::Failover { lag_ms }));
     }
     for t in spread(n.pg_restarts, span / 8, &mut rng) {
         out.push((t.min(span * 92 / 100), Fault::PgRestart));
@@ -212,6 +228,14 @@ pub(super) fn throw(
             if let Some(run) = submit_probe(agent, base, &key) {
                 report.wipe_probes.push(run);
             }
+        }
+        Fault::Failover { lag_ms } => {
+            let key = env.jobs_key();
+            env.redis.hold_replica(&key);
+            std::thread::sleep(Duration::from_millis(*lag_ms));
+            let outage = env.redis.fail_over(&key);
+            f.failovers += 1;
+            report.failover_ms.push(outage.as_millis() as u64);
         }
         Fault::PgRestart => {
             cluster.restart();

@@ -21,6 +21,10 @@ pub struct Plan {
     /// Run every process with this mutant (a `pelican` built with
     /// `mutants`): the soak must then fail.
     pub mutant: Option<String>,
+    /// Run against a Redis Cluster (three masters with a replica each)
+    /// instead of one server: master failovers take the place of Redis
+    /// restarts and the wipe.
+    pub redis_cluster: bool,
 }
 
 impl Default for Plan {
@@ -34,6 +38,7 @@ impl Default for Plan {
             attempts_max: 5,
             settle_seconds: 240,
             mutant: None,
+            redis_cluster: false,
         }
     }
 }
@@ -53,16 +58,32 @@ impl Plan {
         }
     }
 
+    /// The short soak on a Redis Cluster: 1,000 jobs, 3 workers, 30 s of
+    /// faults, among them master failovers.
+    #[must_use]
+    pub fn short_cluster() -> Plan {
+        Plan {
+            jobs: 1_000,
+            seconds: 30,
+            redis_cluster: true,
+            ..Plan::short()
+        }
+    }
+
     /// How many faults of each kind the schedule throws.
     #[must_use]
     pub fn fault_counts(&self) -> FaultCounts {
         let s = self.seconds;
+        let cluster = self.redis_cluster;
         FaultCounts {
             // About one kill every 1.3 s of the fault phase.
             kills: (s * 10).div_ceil(13).max(20),
             pauses: (s / 6).max(2),
-            redis_restarts: (s / 45).max(1),
-            redis_wipes: 1,
+            redis_restarts: if cluster { 0 } else { (s / 45).max(1) },
+            redis_wipes: u32::from(!cluster),
+            // A failover every 15 s; each keeps the slot without a master
+            // for a few seconds.
+            failovers: if cluster { (s / 15).max(2) } else { 0 },
             pg_restarts: (s / 60).max(1),
             trims: (s / 8).max(2),
             // Every kind at least twice.
@@ -83,6 +104,8 @@ pub struct FaultCounts {
     pub redis_restarts: u32,
     /// Redis killed and restarted empty.
     pub redis_wipes: u32,
+    /// The job stream's master killed; its replica takes over.
+    pub failovers: u32,
     /// Postgres shut down immediately and restarted.
     pub pg_restarts: u32,
     /// XTRIM MINID / XDEL below pending IDs.

@@ -62,6 +62,9 @@ pub struct Report {
     pub seconds: f64,
     /// Runs submitted right after each Redis wipe.
     pub wipe_probes: Vec<RunId>,
+    /// How long each master failover left the job stream's slot without
+    /// a master, ms.
+    pub failover_ms: Vec<u64>,
     /// The slowest of them, from its publication to its outcome (both by
     /// Postgres's clock), ms: how soon runs published after a wipe are
     /// delivered (the recreated group reads them; the sweeper's grace is
@@ -101,6 +104,8 @@ impl Report {
             "pauses": self.faults.pauses,
             "redis_restarts": self.faults.redis_restarts,
             "redis_wipes": self.faults.redis_wipes,
+            "failovers": self.faults.failovers,
+            "failover_ms": self.failover_ms,
             "pg_restarts": self.faults.pg_restarts,
             "trims": self.faults.trims,
             "bad_inputs": self.faults.bad_inputs,
@@ -147,6 +152,15 @@ impl Report {
                         f.redis_wipes
                     ),
                     None => f.redis_wipes.to_string(),
+                },
+            ),
+            (
+                "master failovers",
+                match self.failover_ms.iter().max() {
+                    Some(ms) => {
+                        format!("{} (the slot had no master for up to {ms} ms)", f.failovers)
+                    }
+                    None => f.failovers.to_string(),
                 },
             ),
             ("Postgres restarts", f.pg_restarts.to_string()),

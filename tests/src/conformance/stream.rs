@@ -15,7 +15,7 @@ use pelican_model::protocol::{DeadEntry, JobEntry, StreamOp, StreamReply};
 use pelican_model::status::ErrorClass;
 use pelican_model::time::Timestamp;
 use pelican_model::world::Redis;
-use pelican_real::live::{RedisStream, StreamNames};
+use pelican_real::live::{RedisAddr, RedisStream, StreamNames};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -335,7 +335,7 @@ pub fn run_stream(url: &str, cases: u32, seed: u64) -> Outcome {
     let prefix = crate::unique("conformance");
     let live = crate::rt()
         .block_on(RedisStream::connect(
-            url,
+            &RedisAddr::Server(url.to_owned()),
             StreamNames::new(&prefix, "g"),
             1,
             Duration::from_secs(5),
