@@ -1516,14 +1516,16 @@ pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
 }
 
 /// Redis Cluster: three masters with a replica each. Workers and
-/// submissions run through redis-rs' cluster client. Mid-drain the replica
-/// of the job stream's master is held back, runs are submitted (their
-/// entries reach the master alone), the master is killed and the replica
-/// takes over: those entries are lost, with whatever deliveries and
-/// acknowledgements the master had not replicated (replication is
+/// submissions run through redis-rs' cluster client. Mid-drain the workers
+/// are stopped (so no reader takes the next entries from the master) and
+/// the replica of the job stream's master is held back; runs are submitted
+/// (their entries reach the master alone), the master is killed and the
+/// replica takes over: those entries are lost, with whatever deliveries
+/// and acknowledgements the master had not replicated (replication is
 /// asynchronous). Postgres holds every run, so the sweeper publishes what
-/// was lost and the reclaimer takes back what is delivered again: every run
-/// ends once, and nothing is left pending.
+/// was lost (NoSweep leaves those runs queued) and the reclaimer takes
+/// back what is delivered again: every run ends once, and nothing is left
+/// pending.
 pub fn redis_cluster_master_failover(mutant: Option<&str>) {
     let mut env = Env::on_cluster(mutant);
     let fast_sweep = ["--sweep-grace-ms", "3000", "--maintenance-every-ms", "500"];
@@ -1533,8 +1535,8 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
             _ => env.submit("effect", r#"{"calls":1}"#, 5),
         })
         .collect();
-    let _w1 = env.worker(1, None, &fast_sweep);
-    let _w2 = env.worker(2, None, &fast_sweep);
+    let w1 = env.worker(1, None, &fast_sweep);
+    let w2 = env.worker(2, None, &fast_sweep);
     wait_for("a first run finishes on the cluster", || {
         let db = env.db();
         before
@@ -1542,9 +1544,13 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
             .any(|r| db.runs.get(r).is_some_and(|row| row.status.is_terminal()))
     });
     let key = env.jobs_key();
+    w1.stop();
+    w2.stop();
     env.redis.hold_replica(&key);
     let unreplicated: Vec<RunId> = (0..5).map(|_| env.submit("noop", "{}", 5)).collect();
     let outage = env.redis.fail_over(&key);
+    w1.cont();
+    w2.cont();
     eprintln!("the job stream's slot had no master for {outage:?}");
     // The new master never had those entries.
     let db = env.db();
@@ -1563,5 +1569,8 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
     let db = env.check(&[]);
     for r in before.iter().chain(&unreplicated).chain(&after) {
         assert_eq!(db.runs[r].status, RunStatus::Succeeded, "{r}");
+    }
+    for r in &unreplicated {
+        assert!(db.runs[r].dispatch.0 >= 2, "{r} was published again");
     }
 }

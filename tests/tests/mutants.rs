@@ -65,6 +65,7 @@ mutants! {
     ignore_trimmed: "IgnoreTrimmed" => trimmed_pending_entry_is_recovered,
     revive_cancelled: "ReviveCancelled" => cancelled_before_delivery_never_runs,
     no_publish_recovery: "NoPublishRecovery" => unpublished_run_is_published_by_the_outbox,
+    no_sweep: "NoSweep" => redis_cluster_master_failover,
     poison_retried: "PoisonRetried" => poison_values_fail_alone,
     worker_clock: "WorkerClock" => skewed_clock_takes_no_live_lease,
     retain_live: "RetainLive" => retention_deletes_finished_runs,

@@ -318,6 +318,7 @@ mod mutants {
         mutant_ignore_trimmed: IgnoreTrimmed on standard;
         mutant_revive_cancelled: ReviveCancelled on standard;
         mutant_no_publish_recovery: NoPublishRecovery on standard;
+        mutant_no_sweep: NoSweep on standard;
         mutant_poison_retried: PoisonRetried on standard;
         mutant_worker_clock: WorkerClock on standard;
         mutant_retain_live: RetainLive on standard;

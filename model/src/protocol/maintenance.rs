@@ -108,6 +108,7 @@ impl Maintenance {
             MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { limit }),
             MaintenanceTask::Outbox if crate::injects!(self.policy, NoPublishRecovery) => return,
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::ClaimOutbox { limit }),
+            MaintenanceTask::Sweep if crate::injects!(self.policy, NoSweep) => return,
             MaintenanceTask::Sweep => {
                 let grace_ms = self.policy.sweep_grace_ms;
                 let (after_published_ms, after) = self.swept;

@@ -83,6 +83,9 @@ mutants! {
     ReviveCancelled,
     /// Runs whose publish was lost are never published.
     NoPublishRecovery,
+    /// Runs whose entry Redis lost are never published again: the sweeper
+    /// does nothing.
+    NoSweep,
     /// An outcome Postgres refuses (a NUL byte) is left pending, as if its
     /// reply were lost: the run is retried until its attempts run out.
     PoisonRetried,

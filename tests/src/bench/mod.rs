@@ -37,11 +37,15 @@
 //!   maintenance pass and `GET /metrics` are timed with the backlog queued.
 //!   Each is compared with a small-table drain run right before it, its
 //!   pair. Every drain reports its worker's peak resident set (`VmHWM`).
+//! * **Redis Cluster**: the drain again through a throwaway Redis Cluster
+//!   of three masters with a replica each (`--redis-cluster`), paired with
+//!   a drain on one server. The job stream is one key, so one master
+//!   carries it: this prices the cluster client and replication.
 //!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
 
-use crate::{Cluster, Database, Env, Proc, round, submit_new};
+use crate::{Cluster, Database, Env, Proc, Redis, round, submit_new};
 use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
 use pelican_real::live::{PgDb, RedisAddr, RedisStream, StreamNames};
@@ -100,6 +104,9 @@ pub struct BenchPlan {
     pub finished_rows: u32,
     /// Queued runs of the backlog drain (0: skip it).
     pub queued_rows: u32,
+    /// Also drain through a Redis Cluster of three masters (each with a
+    /// replica), paired with a single-server drain.
+    pub redis_cluster: bool,
 }
 
 impl Default for BenchPlan {
@@ -119,6 +126,7 @@ impl Default for BenchPlan {
             cost_rounds: 2,
             finished_rows: 1_000_000,
             queued_rows: 1_000_000,
+            redis_cluster: true,
         }
     }
 }
@@ -181,10 +189,14 @@ pub struct LiveFigures {
     pub queued_maintenance_pass_ms: Option<f64>,
     /// Median `GET /metrics` with the backlog queued, ms.
     pub queued_metrics_ms: Option<f64>,
+    /// The drain through a Redis Cluster of three masters, its pair the
+    /// same drain on one `redis-server`.
+    pub redis_cluster: Option<ScaleDrain>,
 }
 
-/// A drain at scale and its pair, the small-table drain run right before
-/// it (so that a slow spell of the machine falls on both).
+/// A drain at scale (or on a cluster) and its pair, the small-table drain
+/// on one Redis server run right before it (so that a slow spell of the
+/// machine falls on both).
 #[derive(Clone, Copy, Debug)]
 pub struct ScaleDrain {
     /// The pair, jobs/s.
@@ -225,6 +237,7 @@ impl LiveFigures {
     pub fn json(&self) -> Value {
         let mib = |kib: Option<u64>| kib.map(|k| round(k as f64 / 1024.0, 1));
         let (finished, queued) = (self.beside_finished.as_ref(), self.backlog.as_ref());
+        let cluster = self.redis_cluster.as_ref();
         json!({
             "drain_jobs": self.drain_jobs,
             "submit_seconds": round(self.submit_seconds, 2),
@@ -260,6 +273,9 @@ impl LiveFigures {
             "worker_peak_rss_mib_1m_queued": mib(queued.and_then(|d| d.peak_rss_kib)),
             "maintenance_pass_ms_1m_queued": self.queued_maintenance_pass_ms.map(|x| round(x, 2)),
             "metrics_ms_1m_queued": self.queued_metrics_ms.map(|x| round(x, 2)),
+            "live_jobs_per_s_redis_cluster_3_masters": cluster.map(|d| round(d.jobs_per_s, 0)),
+            "live_jobs_per_s_redis_cluster_3_masters_pair": cluster.map(|d| round(d.pair_jobs_per_s, 0)),
+            "slowdown_pct_redis_cluster_3_masters": cluster.map(|d| round(d.slowdown_pct(), 1)),
         })
     }
 }
@@ -401,7 +417,16 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     // Drain, batched as shipped; then the baseline protocol, in pairs with
     // the shipped one; then each claim and completion on its own.
     let jobs = f64::from(plan.drain_jobs);
-    let headline = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
+    let one = Topology::Server;
+    let headline = drain(
+        &rt,
+        &cluster,
+        plan,
+        plan.batch_max,
+        false,
+        Backlog::Fresh,
+        one,
+    );
     figures.drain_jobs = u64::from(plan.drain_jobs);
     figures.submit_seconds = headline.submit_s;
     figures.submit_per_s = jobs / headline.submit_s;
@@ -413,10 +438,27 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
             // The first round's shipped drain is the headline drain.
             let shipped = match round {
                 0 => figures.jobs_per_s,
-                _ => drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh).jobs_per_s(),
+                _ => drain(
+                    &rt,
+                    &cluster,
+                    plan,
+                    plan.batch_max,
+                    false,
+                    Backlog::Fresh,
+                    one,
+                )
+                .jobs_per_s(),
             };
             figures.shipped_drains.push(shipped);
-            let unguarded = drain(&rt, &cluster, plan, plan.batch_max, true, Backlog::Fresh);
+            let unguarded = drain(
+                &rt,
+                &cluster,
+                plan,
+                plan.batch_max,
+                true,
+                Backlog::Fresh,
+                one,
+            );
             figures.unguarded_drains.push(unguarded.jobs_per_s());
         }
         eprintln!(
@@ -428,13 +470,21 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
-        let unbatched = drain(&rt, &cluster, plan, 1, false, Backlog::Fresh);
+        let unbatched = drain(&rt, &cluster, plan, 1, false, Backlog::Fresh, one);
         figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
     }
     // Cost as work grows: each drain at scale with its pair.
-    let at_scale = |backlog| {
-        let pair = drain(&rt, &cluster, plan, plan.batch_max, false, Backlog::Fresh);
-        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog);
+    let at_scale = |backlog, redis| {
+        let pair = drain(
+            &rt,
+            &cluster,
+            plan,
+            plan.batch_max,
+            false,
+            Backlog::Fresh,
+            one,
+        );
+        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog, redis);
         let figures = ScaleDrain {
             pair_jobs_per_s: pair.jobs_per_s(),
             jobs_per_s: d.jobs_per_s(),
@@ -443,14 +493,17 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         (figures, d)
     };
     if plan.finished_rows > 0 {
-        figures.beside_finished = Some(at_scale(Backlog::Finished(plan.finished_rows)).0);
+        figures.beside_finished = Some(at_scale(Backlog::Finished(plan.finished_rows), one).0);
     }
     if plan.queued_rows > 0 {
-        let (backlog, d) = at_scale(Backlog::Queued(plan.queued_rows));
+        let (backlog, d) = at_scale(Backlog::Queued(plan.queued_rows), one);
         figures.queued_rows = u64::from(plan.queued_rows);
         figures.backlog = Some(backlog);
         figures.queued_maintenance_pass_ms = d.maintenance_pass_ms;
         figures.queued_metrics_ms = d.metrics_ms;
+    }
+    if plan.redis_cluster {
+        figures.redis_cluster = Some(at_scale(Backlog::Fresh, Topology::Cluster).0);
     }
 
     // Latency at a fixed offered load.
@@ -700,6 +753,15 @@ impl Drained {
     }
 }
 
+/// Which Redis a drain runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    /// One `redis-server` (AOF everysec).
+    Server,
+    /// A Redis Cluster: three masters, a replica each.
+    Cluster,
+}
+
 /// Submits the runs `backlog` says, then starts the workers (with
 /// `--batch-max batch_max`) and waits until every run has its outcome and
 /// the PEL is empty. `baseline`: the [`baseline`] drains instead of
@@ -711,10 +773,19 @@ fn drain(
     batch_max: u32,
     baseline: bool,
     backlog: Backlog,
+    redis: Topology,
 ) -> Drained {
+    assert!(
+        !(baseline && redis == Topology::Cluster),
+        "the baseline drains one server"
+    );
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
-    let mut env = Env::with_database(url, Some(db), None);
+    let redis_service = match redis {
+        Topology::Server => Redis::start(),
+        Topology::Cluster => Redis::cluster(),
+    };
+    let mut env = Env::with_services(url, Some(db), redis_service, None);
     env.trace = false;
     let io = Arc::new(rt.block_on(clients(&env, 16)));
     if let Backlog::Finished(rows) = backlog {
@@ -763,9 +834,13 @@ fn drain(
         Backlog::Fresh | Backlog::Finished(_) => (None, None),
     };
     eprintln!(
-        "bench: submitted {jobs} in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}{}",
+        "bench: submitted {jobs} in {submit:.1} s ({:.0}/s), vacuumed; draining with {} worker process(es), batches of at most {batch_max}, {}{}{}",
         f64::from(jobs) / submit,
         plan.workers,
+        match redis {
+            Topology::Server => "",
+            Topology::Cluster => "through a Redis Cluster of three masters, ",
+        },
         if baseline {
             "the baseline"
         } else {
