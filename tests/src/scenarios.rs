@@ -1573,4 +1573,15 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
     for r in &unreplicated {
         assert!(db.runs[r].dispatch.0 >= 2, "{r} was published again");
     }
+    let again: Vec<String> = before
+        .iter()
+        .filter(|r| db.runs[*r].dispatch.0 >= 2 || db.runs[*r].attempts >= 2)
+        .map(|r| {
+            format!(
+                "{r}: dispatch {}, {} attempts",
+                db.runs[r].dispatch.0, db.runs[r].attempts
+            )
+        })
+        .collect();
+    eprintln!("runs in flight at the failover that were recovered: {again:?}");
 }

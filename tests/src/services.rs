@@ -339,9 +339,10 @@ impl Redis {
             .expect("a port of one of the test's nodes")
     }
 
-    /// Holds back the replica of `key`'s master (SIGSTOP): what the master
-    /// acknowledges from now on is not replicated until
-    /// [`Redis::fail_over`], which resumes it, so a failover loses it.
+    /// Holds back the replica of `key`'s master: stops it (SIGSTOP) and
+    /// has the master drop its link, so that what the master acknowledges
+    /// from now on reaches no replica, and a failover
+    /// ([`Redis::fail_over`], which resumes the replica) loses it.
     ///
     /// # Panics
     /// On a single server, or when the cluster does not answer.
@@ -360,6 +361,20 @@ impl Redis {
             .expect("the master has a replica");
         let at = self.node_at(port);
         self.nodes[at].signal("-STOP");
+        // Close the master's side of the link too: what it had written
+        // into the socket would still reach the replica when it resumes.
+        let master_port = master_serving(&nodes, slot).map(|(p, _)| p);
+        let closed = master_port
+            .and_then(|p| self.nodes[self.node_at(p)].conn().ok())
+            .and_then(|mut c| {
+                redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("replica")
+                    .query::<u64>(&mut c)
+                    .ok()
+            });
+        assert_eq!(closed, Some(1), "the master drops its replica's link");
     }
 
     /// Fails over the master of `key`'s slot the hard way: kill -9, resume

@@ -242,10 +242,13 @@ impl State {
                         .values()
                         .any(|r| r.status == RunStatus::Queued && r.published_at.is_none())
             }
-            MaintenanceTask::Sweep => db
-                .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, 0, RunId(0), usize::MAX)
-                .iter()
-                .any(|c| !self.locatable(c)),
+            MaintenanceTask::Sweep => {
+                !pelican_model::injects!(cfg.policy, NoSweep)
+                    && db
+                        .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, 0, RunId(0), usize::MAX)
+                        .iter()
+                        .any(|c| !self.locatable(c))
+            }
             MaintenanceTask::Retention => {
                 let keep = cfg.policy.keep_finished_ms;
                 keep > 0
