@@ -39,14 +39,16 @@ commands:
             restarts and a wipe, Postgres restarts, trims, bad input), then
             S1-S10 and the protocol traces checked (default 20,000 jobs)
   bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
-            the benchmarks: the standard model check, simulated seeds/s, and
-            live drain, latency and recovery (pelican-bench), the drain
-            with the least protocol that still drains (the cost of the
-            guarantees: tests/src/bench/baseline.rs), and the drain beside
-            1,000,000 finished runs and of a 1,000,000-run backlog, with
-            each worker's peak RSS; a table, a JSON report in
+            the benchmarks: the standard and standard_steps model checks,
+            simulated seeds/s, and live drain, latency and recovery
+            (pelican-bench), the drain with the least protocol that still
+            drains (the cost of the guarantees:
+            tests/src/bench/baseline.rs), the drain beside 1,000,000
+            finished runs and of a 1,000,000-run backlog, with each
+            worker's peak RSS, and the drain through a Redis Cluster of
+            three masters; a table, a JSON report in
             target/bench/report.json, and with --json the summary as the
-            last stdout line; --quick skips the model check and runs
+            last stdout line; --quick skips the model checks and runs
             smaller live figures (a 200,000-run backlog)
   verify    the main job: check standard (complete, every guarantee holds,
             every interesting path reached) and catch every mutant; then
@@ -355,6 +357,17 @@ fn bench(args: &[String]) -> Result<(), String> {
             ),
         )?)
     };
+    let model_steps = if quick {
+        None
+    } else {
+        Some(last_line(
+            "model: check standard_steps (the larger configuration)",
+            checker(
+                false,
+                &["--config".into(), "standard_steps".into(), "--json".into()],
+            ),
+        )?)
+    };
     let seeds = if quick { "0..1000" } else { "0..5000" };
     let sim = last_line(
         "sim: standard seeds, all cores",
@@ -389,6 +402,9 @@ fn bench(args: &[String]) -> Result<(), String> {
     live.arg(&report);
     if let Some(m) = &model {
         live.args(["--model-json", m]);
+    }
+    if let Some(m) = &model_steps {
+        live.args(["--model-steps-json", m]);
     }
     if quick {
         // Smaller figures, unless the options after `--` say otherwise.

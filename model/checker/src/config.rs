@@ -225,6 +225,16 @@ impl Config {
         c
     }
 
+    /// `standard` with every job's side effect in a durable step: the
+    /// larger configuration `cargo xtask bench` times beside `standard`.
+    #[must_use]
+    pub fn standard_steps() -> Config {
+        let mut c = Self::standard();
+        c.name = "standard_steps".into();
+        c.steps = true;
+        c
+    }
+
     /// Small with the job's side effect inside a durable step, and up to
     /// three faults per path: a crash (between the step and its record, or
     /// after), a pause (a zombie that ran the step before a later attempt
@@ -325,11 +335,12 @@ impl Config {
             "poison" => Ok(Self::poison()),
             "retention" => Ok(Self::retention()),
             "steps" => Ok(Self::steps()),
+            "standard_steps" => Ok(Self::standard_steps()),
             "unknown" => Ok(Self::unknown()),
             "budget" => Ok(Self::budget()),
             "limits" => Ok(Self::limits()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, large, poison, retention, steps, unknown, budget, limits"
+                "unknown configuration {other:?}; known: small, standard, standard_steps, large, poison, retention, steps, unknown, budget, limits"
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {

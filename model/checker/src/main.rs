@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "pelican-check")]
 struct Args {
-    /// small, standard, large, poison, retention, steps, unknown, budget or limits.
+    /// small, standard, standard_steps, large, poison, retention, steps, unknown, budget or limits.
     #[arg(long, default_value = "standard")]
     config: String,
     /// A mutant to inject (needs the `mutants` feature), or `all`.
