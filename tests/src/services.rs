@@ -351,7 +351,7 @@ impl Redis {
         let (slot, nodes) = self
             .slot_and_nodes(key)
             .expect("a node of the cluster answers CLUSTER NODES");
-        let (_, master) = master_serving(&nodes, slot).expect("the slot has a master");
+        let (master_port, master) = master_serving(&nodes, slot).expect("the slot has a master");
         let port = nodes
             .lines()
             .find_map(|line| {
@@ -363,9 +363,9 @@ impl Redis {
         self.nodes[at].signal("-STOP");
         // Close the master's side of the link too: what it had written
         // into the socket would still reach the replica when it resumes.
-        let master_port = master_serving(&nodes, slot).map(|(p, _)| p);
-        let closed = master_port
-            .and_then(|p| self.nodes[self.node_at(p)].conn().ok())
+        let closed = self.nodes[self.node_at(master_port)]
+            .conn()
+            .ok()
             .and_then(|mut c| {
                 redis::cmd("CLIENT")
                     .arg("KILL")

@@ -418,15 +418,12 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     // the shipped one; then each claim and completion on its own.
     let jobs = f64::from(plan.drain_jobs);
     let one = Topology::Server;
-    let headline = drain(
-        &rt,
-        &cluster,
-        plan,
-        plan.batch_max,
-        false,
-        Backlog::Fresh,
-        one,
-    );
+    let drain_as = |batch_max, baseline, backlog, redis| {
+        drain(&rt, &cluster, plan, batch_max, baseline, backlog, redis)
+    };
+    // The shipped protocol on a small table and one server, as shipped.
+    let small = || drain_as(plan.batch_max, false, Backlog::Fresh, one);
+    let headline = small();
     figures.drain_jobs = u64::from(plan.drain_jobs);
     figures.submit_seconds = headline.submit_s;
     figures.submit_per_s = jobs / headline.submit_s;
@@ -438,27 +435,10 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
             // The first round's shipped drain is the headline drain.
             let shipped = match round {
                 0 => figures.jobs_per_s,
-                _ => drain(
-                    &rt,
-                    &cluster,
-                    plan,
-                    plan.batch_max,
-                    false,
-                    Backlog::Fresh,
-                    one,
-                )
-                .jobs_per_s(),
+                _ => small().jobs_per_s(),
             };
             figures.shipped_drains.push(shipped);
-            let unguarded = drain(
-                &rt,
-                &cluster,
-                plan,
-                plan.batch_max,
-                true,
-                Backlog::Fresh,
-                one,
-            );
+            let unguarded = drain_as(plan.batch_max, true, Backlog::Fresh, one);
             figures.unguarded_drains.push(unguarded.jobs_per_s());
         }
         eprintln!(
@@ -470,21 +450,13 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
-        let unbatched = drain(&rt, &cluster, plan, 1, false, Backlog::Fresh, one);
+        let unbatched = drain_as(1, false, Backlog::Fresh, one);
         figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
     }
     // Cost as work grows: each drain at scale with its pair.
     let at_scale = |backlog, redis| {
-        let pair = drain(
-            &rt,
-            &cluster,
-            plan,
-            plan.batch_max,
-            false,
-            Backlog::Fresh,
-            one,
-        );
-        let d = drain(&rt, &cluster, plan, plan.batch_max, false, backlog, redis);
+        let pair = small();
+        let d = drain_as(plan.batch_max, false, backlog, redis);
         let figures = ScaleDrain {
             pair_jobs_per_s: pair.jobs_per_s(),
             jobs_per_s: d.jobs_per_s(),
