@@ -78,75 +78,133 @@ impl fmt::Display for WorkerId {
     }
 }
 
-/// A stream entry ID, `<ms>-<seq>`, ordered as Redis orders them.
+/// A job stream partition: one of the `--partitions` stream keys, each
+/// with its own consumer group. Partition 0 is the only one by default.
+pub type Partition = u16;
+
+/// The partition at `index` of a list of every partition.
+///
+/// # Panics
+/// Past the partitions' type (more than 65,536 of them).
+#[must_use]
+pub fn partition_at(index: usize) -> Partition {
+    Partition::try_from(index).expect("partitions fit their type")
+}
+
+/// A stream entry's address: the partition whose stream holds it and its
+/// ID there, `<ms>-<seq>`. IDs are ordered as Redis orders them within a
+/// partition (and by partition first, which no Redis command compares).
+///
+/// Written `<ms>-<seq>` in partition 0 (as Redis writes IDs, and as rows
+/// from before partitions hold them) and `<partition>:<ms>-<seq>` in the
+/// others: one text per address, so Postgres compares them as the model does.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
 )]
 pub struct EntryId {
+    /// The partition (0 when there is one).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub partition: Partition,
     /// Milliseconds part.
     pub ms: u64,
     /// Sequence part.
     pub seq: u64,
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(p: &Partition) -> bool {
+    *p == 0
+}
+
 impl EntryId {
     /// `0-0`, the smallest ID; Redis uses it as "no ID" in several replies.
-    pub const ZERO: EntryId = EntryId { ms: 0, seq: 0 };
+    pub const ZERO: EntryId = EntryId::new(0, 0);
     /// The largest ID.
-    pub const MAX: EntryId = EntryId {
-        ms: u64::MAX,
-        seq: u64::MAX,
-    };
+    pub const MAX: EntryId = EntryId::new(u64::MAX, u64::MAX);
 
-    /// An ID from its two parts.
+    /// An ID of partition 0 from its two parts.
     #[must_use]
     pub const fn new(ms: u64, seq: u64) -> EntryId {
-        EntryId { ms, seq }
+        EntryId {
+            partition: 0,
+            ms,
+            seq,
+        }
     }
 
-    /// The next ID after `self` (used for exclusive ranges), or `None` at the end.
+    /// The same ID in partition `partition`.
+    #[must_use]
+    pub const fn in_partition(self, partition: Partition) -> EntryId {
+        EntryId { partition, ..self }
+    }
+
+    /// The ID within its stream, as Redis knows it (partition 0's form).
+    #[must_use]
+    pub const fn local(self) -> EntryId {
+        self.in_partition(0)
+    }
+
+    /// The next ID after `self` in its partition (used for exclusive
+    /// ranges), or `None` at the end.
     #[must_use]
     pub fn successor(self) -> Option<EntryId> {
-        if self.seq < u64::MAX {
-            Some(EntryId::new(self.ms, self.seq + 1))
+        let next = if self.seq < u64::MAX {
+            EntryId::new(self.ms, self.seq + 1)
         } else if self.ms < u64::MAX {
-            Some(EntryId::new(self.ms + 1, 0))
+            EntryId::new(self.ms + 1, 0)
         } else {
-            None
-        }
+            return None;
+        };
+        Some(next.in_partition(self.partition))
     }
 }
 
 impl fmt::Display for EntryId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.partition != 0 {
+            write!(f, "{}:", self.partition)?;
+        }
         write!(f, "{}-{}", self.ms, self.seq)
     }
 }
 
 /// Why a string is not a stream entry ID.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid stream ID {0:?}: expected <ms>-<seq> with two unsigned integers")]
+#[error(
+    "invalid stream ID {0:?}: expected <ms>-<seq> with two unsigned integers, \
+     after <partition>: outside partition 0"
+)]
 pub struct ParseEntryIdError(pub String);
 
 impl FromStr for EntryId {
     type Err = ParseEntryIdError;
 
     /// Parses the strict `<ms>-<seq>` form Redis replies with (a bare `<ms>`
-    /// means `<ms>-0`, as Redis accepts in commands).
+    /// means `<ms>-0`, as Redis accepts in commands), after `<partition>:`
+    /// for partitions other than 0 (never `0:`: one text per address).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseEntryIdError(s.to_owned());
-        let (ms, seq) = match s.split_once('-') {
-            Some((ms, seq)) => (ms, seq),
-            None => (s, "0"),
-        };
         let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+        let (partition, id) = match s.split_once(':') {
+            Some((p, id)) if digits(p) => match p.parse::<Partition>() {
+                Ok(p) if p > 0 => (p, id),
+                _ => return Err(err()),
+            },
+            Some(_) => return Err(err()),
+            None => (0, s),
+        };
+        let (ms, seq) = match id.split_once('-') {
+            Some((ms, seq)) => (ms, seq),
+            None => (id, "0"),
+        };
         if !digits(ms) || !digits(seq) {
             return Err(err());
         }
         Ok(EntryId::new(
             ms.parse().map_err(|_| err())?,
             seq.parse().map_err(|_| err())?,
-        ))
+        )
+        .in_partition(partition))
     }
 }
 
@@ -169,5 +227,17 @@ mod tests {
             Some(EntryId::new(2, 0))
         );
         assert_eq!(EntryId::MAX.successor(), None);
+        let b: EntryId = "3:5-1".parse().unwrap();
+        assert_eq!(b, a.in_partition(3));
+        assert_eq!(b.to_string(), "3:5-1");
+        assert_eq!(b.local(), a);
+        assert_eq!(
+            b.successor(),
+            Some(EntryId::new(5, 2).in_partition(3)),
+            "a successor stays in its partition"
+        );
+        for bad in ["0:5-1", ":5-1", "x:5-1", "1:", "1:2:3-4", "70000:1-0"] {
+            assert!(bad.parse::<EntryId>().is_err(), "{bad:?} parsed");
+        }
     }
 }

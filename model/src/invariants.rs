@@ -241,13 +241,13 @@ pub fn quiescent(world: &World, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken
             }
         }
     }
-    let pel = world.redis.jobs.pel_len();
+    let pel = world.redis.pel_len();
     if pel > 0 {
         out.push(broken(Guarantee::S9, format!("{pel} entries left pending")));
     }
     for (id, e) in &world.entries {
         if matches!(e, JobEntry::Malformed { .. })
-            && world.redis.jobs.entries.contains_key(id)
+            && world.redis.holds(*id)
             && !world.quarantined.contains(id)
         {
             out.push(broken(

@@ -13,7 +13,7 @@
 
 use crate::db::{Claimed, Db, RunRow};
 use crate::events::{self, EventFault, RunEvent};
-use crate::ids::{AttemptNo, EntryId, Fence, RunId, WorkerId};
+use crate::ids::{AttemptNo, EntryId, Fence, Partition, RunId, WorkerId, partition_at};
 use crate::invariants::Guarantee;
 use crate::protocol::{
     DbOp, DbReply, DeadEntry, DeliveryEnd, GroupState, JobEntry, QueueState, StreamOp, StreamReply,
@@ -27,29 +27,109 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The consumer group's name.
 pub const GROUP: &str = "pelican";
 
-/// Redis: the job stream with its group, and the dead-letter stream.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Redis: the job stream of each partition with its group, and the
+/// dead-letter stream.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Redis {
-    /// `pelican:jobs`.
-    pub jobs: Stream<JobEntry>,
+    /// `pelican:jobs` (or the partitions' keys): partition `p` at index `p`.
+    pub jobs: Vec<Stream<JobEntry>>,
     /// `pelican:jobs:dead`.
     pub dead: Stream<DeadEntry>,
 }
 
+impl Default for Redis {
+    /// One partition.
+    fn default() -> Self {
+        Redis::partitioned(1)
+    }
+}
+
 impl Redis {
-    /// Executes one stream command against the reference streams.
+    /// Empty streams, `partitions` job streams (at least one).
+    #[must_use]
+    pub fn partitioned(partitions: Partition) -> Redis {
+        Redis {
+            jobs: vec![Stream::new(); usize::from(partitions.max(1))],
+            dead: Stream::new(),
+        }
+    }
+
+    /// The job stream of `partition`.
+    ///
+    /// # Panics
+    /// If there is no such partition.
+    #[must_use]
+    pub fn part(&self, partition: Partition) -> &Stream<JobEntry> {
+        &self.jobs[usize::from(partition)]
+    }
+
+    /// The job stream of `partition`, to change.
+    ///
+    /// # Panics
+    /// If there is no such partition.
+    pub fn part_mut(&mut self, partition: Partition) -> &mut Stream<JobEntry> {
+        &mut self.jobs[usize::from(partition)]
+    }
+
+    /// The pending delivery of entry `id`, in its partition.
+    #[must_use]
+    pub fn pending(&self, id: EntryId) -> Option<&crate::stream::Pending> {
+        self.jobs
+            .get(usize::from(id.partition))?
+            .pending(id.local())
+    }
+
+    /// Whether entry `id` is in its partition's stream.
+    #[must_use]
+    pub fn holds(&self, id: EntryId) -> bool {
+        self.jobs
+            .get(usize::from(id.partition))
+            .is_some_and(|s| s.entries.contains_key(&id.local()))
+    }
+
+    /// `Locate` of `id` in its partition (nothing there without one).
+    #[must_use]
+    pub fn locate(&self, id: EntryId) -> StreamReply {
+        match self.jobs.get(usize::from(id.partition)) {
+            Some(jobs) => locate(jobs, id.local()),
+            None => StreamReply::Located {
+                entry: None,
+                pending: false,
+                delivered: false,
+            },
+        }
+    }
+
+    /// Deliveries pending in every partition.
+    #[must_use]
+    pub fn pel_len(&self) -> usize {
+        self.jobs.iter().map(Stream::pel_len).sum()
+    }
+
+    /// Executes one stream command against the reference streams: on the
+    /// stream of its partition, with IDs as Redis knows them (without
+    /// partition), and the reply's IDs put back in the partition.
     pub fn execute(&mut self, op: &StreamOp) -> Result<StreamReply, StreamError> {
-        match op {
-            StreamOp::Publish { entry, now } => self
-                .jobs
+        let Some(p) = op.partition() else {
+            return match op {
+                StreamOp::PublishDead { entry, now } => self
+                    .dead
+                    .xadd(AddId::Auto, entry.clone(), *now)
+                    .map(StreamReply::Added),
+                StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
+                _ => unreachable!("only these two have no partition"),
+            };
+        };
+        let Some(jobs) = self.jobs.get_mut(usize::from(p)) else {
+            // A partition this Redis does not have: an empty key.
+            return Err(StreamError::NoGroup);
+        };
+        let reply = match op {
+            StreamOp::Publish { entry, now, .. } => jobs
                 .xadd(AddId::Auto, entry.clone(), *now)
                 .map(StreamReply::Added),
-            StreamOp::PublishDead { entry, now } => self
-                .dead
-                .xadd(AddId::Auto, entry.clone(), *now)
-                .map(StreamReply::Added),
-            StreamOp::EnsureGroup => {
-                match self.jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
+            StreamOp::EnsureGroup { .. } => {
+                match jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
                     Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
                     Err(e) => Err(e),
                 }
@@ -58,96 +138,112 @@ impl Redis {
                 consumer,
                 count,
                 now,
-            } => self
-                .jobs
+                ..
+            } => jobs
                 .xreadgroup(consumer, *count, *now)
                 .map(StreamReply::Entries),
-            StreamOp::Ack { ids } => self.jobs.xack(ids).map(StreamReply::Acked),
+            StreamOp::Ack { ids } => {
+                let local: Vec<EntryId> = ids.iter().map(|id| id.local()).collect();
+                debug_assert!(
+                    ids.iter().all(|id| id.partition == p),
+                    "one XACK acknowledges IDs of one partition"
+                );
+                jobs.xack(&local).map(StreamReply::Acked)
+            }
             StreamOp::AutoClaim {
                 consumer,
                 min_idle_ms,
                 start,
                 count,
                 now,
-            } => self
-                .jobs
-                .xautoclaim(consumer, *min_idle_ms, *start, *count, false, *now)
+            } => jobs
+                .xautoclaim(consumer, *min_idle_ms, start.local(), *count, false, *now)
                 .map(StreamReply::AutoClaimed),
-            StreamOp::Touch { consumer, id, now } => self
-                .jobs
-                .xclaim(consumer, 0, &[*id], None, true, *now)
+            StreamOp::Touch { consumer, id, now } => jobs
+                .xclaim(consumer, 0, &[id.local()], None, true, *now)
                 .map(|got| StreamReply::Touched(!got.is_empty())),
-            StreamOp::Locate { id } => Ok(self.locate(*id)),
-            StreamOp::Retain { before } => Ok(StreamReply::Trimmed(self.retain(*before))),
-            StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
-        }
+            StreamOp::Locate { id } => Ok(locate(jobs, id.local())),
+            StreamOp::Retain { before, .. } => Ok(StreamReply::Trimmed(retain(jobs, *before))),
+            StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => {
+                unreachable!("no partition")
+            }
+        };
+        reply.map(|r| r.in_partition(p))
     }
 
-    /// `Queue`: the streams' lengths and the group's lag and PEL. Read-only.
+    /// `Queue`: the streams' lengths and the group's lag and PEL, over
+    /// every partition. Read-only.
     #[must_use]
     pub fn queue(&self, now: Timestamp) -> QueueState {
-        let group = self.jobs.group().ok().map(|_| {
-            let info = self
-                .jobs
-                .xinfo_groups()
-                .ok()
-                .and_then(|g| g.into_iter().next());
-            let summary = self.jobs.xpending_summary().unwrap_or_default();
-            let oldest = self
-                .jobs
-                .xpending_range(None, EntryId::ZERO, EntryId::MAX, 1, None, now)
-                .ok()
-                .and_then(|rows| rows.into_iter().next());
-            GroupState {
-                lag: info.and_then(|i| i.lag),
-                pending: summary.count,
-                oldest_pending: oldest.as_ref().map(|r| r.id),
-                oldest_idle_ms: oldest.map(|r| r.idle_ms),
-                consumers: summary.consumers,
+        let dead_letters = self.dead.len();
+        QueueState::merge(self.jobs.iter().enumerate().map(|(p, jobs)| {
+            let part = queue_of(jobs, dead_letters, now);
+            match StreamReply::Queue(part).in_partition(partition_at(p)) {
+                StreamReply::Queue(q) => q,
+                _ => unreachable!("a queue stays a queue"),
             }
-        });
-        QueueState {
-            length: self.jobs.len(),
-            dead_letters: self.dead.len(),
-            group,
-        }
+        }))
     }
 
-    /// `Retain`: the cutoff below which every entry is delivered,
-    /// acknowledged and older than `before`; `None` without the group.
+    /// `Retain` on `partition`: the cutoff below which every entry is
+    /// delivered, acknowledged and older than `before`; `None` without the
+    /// group.
     #[must_use]
-    pub fn retention_cutoff(&self, before: Timestamp) -> Option<EntryId> {
-        let group = self.jobs.group.as_ref()?;
-        Some(retention_cutoff(
-            before,
-            group.pel.keys().next().copied(),
-            group.last_delivered,
-        ))
+    pub fn retention_cutoff(&self, partition: Partition, before: Timestamp) -> Option<EntryId> {
+        retention_cutoff_of(self.jobs.get(usize::from(partition))?, before)
     }
+}
 
-    fn retain(&mut self, before: Timestamp) -> u64 {
-        match self.retention_cutoff(before) {
-            Some(cutoff) => self.jobs.xtrim(crate::stream::Trim::MinId(cutoff)),
-            None => 0,
+/// One partition's [`QueueState`], its IDs without partition.
+fn queue_of(jobs: &Stream<JobEntry>, dead_letters: u64, now: Timestamp) -> QueueState {
+    let group = jobs.group().ok().map(|_| {
+        let info = jobs.xinfo_groups().ok().and_then(|g| g.into_iter().next());
+        let summary = jobs.xpending_summary().unwrap_or_default();
+        let oldest = jobs
+            .xpending_range(None, EntryId::ZERO, EntryId::MAX, 1, None, now)
+            .ok()
+            .and_then(|rows| rows.into_iter().next());
+        GroupState {
+            lag: info.and_then(|i| i.lag),
+            pending: summary.count,
+            oldest_pending: oldest.as_ref().map(|r| r.id),
+            oldest_idle_ms: oldest.map(|r| r.idle_ms),
+            consumers: summary.consumers,
         }
+    });
+    QueueState {
+        length: jobs.len(),
+        dead_letters,
+        group,
     }
+}
 
-    /// `Locate`: XRANGE id id, XPENDING id id 1, and the group's last
-    /// delivered ID (XINFO GROUPS). Read-only.
-    #[must_use]
-    pub fn locate(&self, id: EntryId) -> StreamReply {
-        let entry = self.jobs.xrange(id, id, 1).pop().map(|(_, e)| e);
-        let pending = self.jobs.pending(id).is_some();
-        let delivered = self
-            .jobs
-            .group
-            .as_ref()
-            .is_some_and(|g| id <= g.last_delivered);
-        StreamReply::Located {
-            entry,
-            pending,
-            delivered,
-        }
+fn retention_cutoff_of(jobs: &Stream<JobEntry>, before: Timestamp) -> Option<EntryId> {
+    let group = jobs.group.as_ref()?;
+    Some(retention_cutoff(
+        before,
+        group.pel.keys().next().copied(),
+        group.last_delivered,
+    ))
+}
+
+fn retain(jobs: &mut Stream<JobEntry>, before: Timestamp) -> u64 {
+    match retention_cutoff_of(jobs, before) {
+        Some(cutoff) => jobs.xtrim(crate::stream::Trim::MinId(cutoff)),
+        None => 0,
+    }
+}
+
+/// `Locate`: XRANGE id id, XPENDING id id 1, and the group's last
+/// delivered ID (XINFO GROUPS), in one partition. Read-only.
+fn locate(jobs: &Stream<JobEntry>, id: EntryId) -> StreamReply {
+    let entry = jobs.xrange(id, id, 1).pop().map(|(_, e)| e);
+    let pending = jobs.pending(id).is_some();
+    let delivered = jobs.group.as_ref().is_some_and(|g| id <= g.last_delivered);
+    StreamReply::Located {
+        entry,
+        pending,
+        delivered,
     }
 }
 
@@ -327,10 +423,21 @@ impl World {
     /// An empty world; the consumer group exists (as after `pelican migrate`).
     #[must_use]
     pub fn new() -> World {
-        let mut w = World::default();
-        w.redis
-            .execute(&StreamOp::EnsureGroup)
-            .expect("creating a group on an empty Redis succeeds");
+        World::partitioned(1)
+    }
+
+    /// An empty world with `partitions` job streams, each with the group.
+    #[must_use]
+    pub fn partitioned(partitions: Partition) -> World {
+        let mut w = World {
+            redis: Redis::partitioned(partitions),
+            ..World::default()
+        };
+        for partition in 0..partitions.max(1) {
+            w.redis
+                .execute(&StreamOp::EnsureGroup { partition })
+                .expect("creating a group on an empty Redis succeeds");
+        }
         w
     }
 
@@ -569,7 +676,7 @@ impl World {
     /// A long time passes (the model checker's tick): every lease, retry
     /// time, idle time, slot hold and rate-limit state expires at once.
     pub fn age_all(&mut self) {
-        self.redis.jobs.age_all();
+        self.redis.jobs.iter_mut().for_each(Stream::age_all);
         self.db.age_all();
         for until in self.permits.values_mut().flat_map(BTreeMap::values_mut) {
             *until = Timestamp::ZERO;
@@ -635,7 +742,7 @@ impl World {
         };
         if let StreamOp::Ack { ids } = op {
             for id in ids {
-                if self.redis.jobs.pending(*id).is_some() && !self.durable_next_step(*id) {
+                if self.redis.pending(*id).is_some() && !self.durable_next_step(*id) {
                     self.violations.insert(Violation::AckBeforeDurable(*id));
                 }
             }
@@ -644,7 +751,7 @@ impl World {
         match (op, &reply) {
             (StreamOp::Ack { ids }, Ok(StreamReply::Acked(n))) => {
                 debug_assert!(
-                    ids.iter().all(|id| self.redis.jobs.pending(*id).is_none()),
+                    ids.iter().all(|id| self.redis.pending(*id).is_none()),
                     "XACK removes every ID it names from the PEL"
                 );
                 debug_assert!(*n <= ids.len() as u64, "XACK counts only IDs it named");
@@ -652,7 +759,6 @@ impl World {
             (StreamOp::Touch { consumer, id, .. }, Ok(StreamReply::Touched(true))) => {
                 debug_assert!(
                     self.redis
-                        .jobs
                         .pending(*id)
                         .is_some_and(|p| p.consumer == *consumer),
                     "a touched entry is pending for the toucher"
@@ -674,15 +780,12 @@ impl World {
                 debug_assert!(
                     r.claimed.iter().all(|(id, _)| self
                         .redis
-                        .jobs
                         .pending(*id)
                         .is_some_and(|p| p.consumer == *consumer)),
                     "XAUTOCLAIM hands each entry it claims to the claimer"
                 );
                 debug_assert!(
-                    r.deleted
-                        .iter()
-                        .all(|id| self.redis.jobs.pending(*id).is_none()),
+                    r.deleted.iter().all(|id| self.redis.pending(*id).is_none()),
                     "XAUTOCLAIM drops the deleted IDs it reports from the PEL"
                 );
                 if let Some(w) = by.worker {
@@ -831,7 +934,7 @@ impl World {
     /// Redis lost everything (restart without persistence): both streams and
     /// the group are gone.
     pub fn redis_wiped(&mut self) {
-        self.redis = Redis::default();
+        self.redis = Redis::partitioned(partition_at(self.redis.jobs.len()));
     }
 }
 
@@ -855,11 +958,19 @@ mod tests {
         for n in 1..=5 {
             let now = Timestamp(n * 10);
             w.db.clock = now;
-            w.stream(&StreamOp::Publish { entry: job(n), now }, Issuer::default())
-                .expect("XADD");
+            w.stream(
+                &StreamOp::Publish {
+                    partition: 0,
+                    entry: job(n),
+                    now,
+                },
+                Issuer::default(),
+            )
+            .expect("XADD");
         }
         w.db.clock = Timestamp(60);
         let read = StreamOp::Read {
+            partition: 0,
             consumer: "w0".into(),
             count: 3,
             now: Timestamp(60),
@@ -873,12 +984,13 @@ mod tests {
         let retain = |w: &mut World, before| {
             w.redis
                 .execute(&StreamOp::Retain {
+                    partition: 0,
                     before: Timestamp(before),
                 })
                 .expect("Retain")
         };
         assert_eq!(retain(&mut w, 1_000), StreamReply::Trimmed(1));
-        assert_eq!(w.redis.jobs.len(), 4);
+        assert_eq!(w.redis.part(0).len(), 4);
         w.stream(
             &StreamOp::Ack {
                 ids: vec![EntryId::new(20, 0), EntryId::new(30, 0)],
@@ -889,7 +1001,7 @@ mod tests {
         // Time bounds it too: only entries older than 25 ms.
         assert_eq!(retain(&mut w, 25), StreamReply::Trimmed(1));
         assert_eq!(retain(&mut w, 1_000), StreamReply::Trimmed(1));
-        assert_eq!(w.redis.jobs.len(), 2, "undelivered entries stay");
+        assert_eq!(w.redis.part(0).len(), 2, "undelivered entries stay");
         w.redis_wiped();
         assert_eq!(
             retain(&mut w, 1_000),

@@ -105,7 +105,7 @@ impl TraceProbe {
 fn traced(role: &RoleId) -> bool {
     !matches!(
         role,
-        RoleId::Reader(_) | RoleId::Cancel(_) | RoleId::Retention(_)
+        RoleId::Reader(..) | RoleId::Cancel(_) | RoleId::Retention(_)
     )
 }
 

@@ -158,7 +158,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
         loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let w = mem.world();
-            if w.redis.jobs.pel_len() == 0 && w.db.runs.values().all(|r| r.status.is_terminal()) {
+            if w.redis.pel_len() == 0 && w.db.runs.values().all(|r| r.status.is_terminal()) {
                 return;
             }
         }
@@ -199,7 +199,7 @@ async fn shutdown_leaves_a_long_job_pending_for_another_worker() {
         .await;
     assert_eq!(left, 1, "the job outlives the grace period");
     let w = mem.world();
-    assert_eq!(w.redis.jobs.pel_len(), 1, "its entry stays pending");
+    assert_eq!(w.redis.pel_len(), 1, "its entry stays pending");
     assert_eq!(w.db.runs[&RunId(1)].status, RunStatus::Running);
 }
 

@@ -80,7 +80,7 @@ impl Oracle {
     /// A fresh oracle: empty Postgres, Redis with the consumer group.
     #[must_use]
     pub fn new(policy: Policy, faults: FaultMix, record: bool) -> Oracle {
-        let world = World::new();
+        let world = World::partitioned(policy.partitions);
         let fsynced = world.redis.clone();
         Oracle {
             world,
@@ -234,7 +234,7 @@ impl Oracle {
                 },
                 Ok(_),
             ) => self.count("quarantined"),
-            (StreamOp::EnsureGroup, Ok(_)) => self.count("group_ensured"),
+            (StreamOp::EnsureGroup { .. }, Ok(_)) => self.count("group_ensured"),
             (StreamOp::Retain { .. }, Ok(StreamReply::Trimmed(n))) if *n > 0 => {
                 self.count("retention_trims");
             }
@@ -459,15 +459,14 @@ impl Oracle {
     #[must_use]
     pub fn settled(&self) -> bool {
         let w = &self.world;
-        let jobs = &w.redis.jobs;
-        let undelivered = match &jobs.group {
+        let undelivered = w.redis.jobs.iter().any(|jobs| match &jobs.group {
             Some(g) => g
                 .last_delivered
                 .successor()
                 .is_some_and(|next| jobs.entries.range(next..).next().is_some()),
             None => !jobs.entries.is_empty(),
-        };
-        !undelivered && jobs.pel_len() == 0 && w.accepted.iter().all(|r| w.finished(*r))
+        });
+        !undelivered && w.redis.pel_len() == 0 && w.accepted.iter().all(|r| w.finished(*r))
     }
 
     /// A reader of `run`'s events now holds `seen`: numbered from 1

@@ -38,8 +38,9 @@ impl Scenario {
     /// The names [`Scenario::named`] knows.
     pub const NAMES: [&'static str; 5] = ["standard", "calm", "crashy", "redis-loss", "busy"];
 
-    /// The standard scenario: 3 workers with 2 slots each, 10 runs, 12 s of
-    /// faults, short leases so that faults and recoveries interleave.
+    /// The standard scenario: 3 workers with 2 slots each, 10 runs over 2
+    /// partitions, 12 s of faults, short leases so that faults and
+    /// recoveries interleave.
     #[must_use]
     pub fn standard() -> Scenario {
         Scenario {
@@ -66,6 +67,7 @@ impl Scenario {
                     value_bytes_max: 1 << 20,
                     keep_finished_ms: 2_000,
                     unknown_retries_max: 1,
+                    partitions: 2,
                     kinds: kinds(),
                     mutant: None,
                 },

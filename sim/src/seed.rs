@@ -697,7 +697,7 @@ fn unsettled(o: &Oracle, bound_ms: u64) -> String {
         "not settled {bound_ms} ms after healing: {} runs not terminal [{}], {} entries pending",
         stuck.len(),
         stuck.join(", "),
-        w.redis.jobs.pel_len()
+        w.redis.pel_len()
     )
 }
 
@@ -805,7 +805,7 @@ async fn nemesis(
                     o.note("nemesis", "restart Redis, keeping its last fsync".into());
                 } else {
                     o.world.redis_wiped();
-                    o.fsynced = Redis::default();
+                    o.fsynced = Redis::partitioned(o.policy.partitions);
                     o.count("redis_wipes");
                     o.note(
                         "nemesis",
@@ -839,22 +839,25 @@ async fn nemesis(
                 });
             }
             6 => {
-                let pending: Vec<EntryId> = o
-                    .world
-                    .redis
-                    .jobs
+                let p = rng.gen_range(0..o.policy.partitions.max(1));
+                let jobs = o.world.redis.part_mut(p);
+                let pending: Vec<EntryId> = jobs
                     .group
                     .as_ref()
                     .map(|g| g.pel.keys().copied().collect())
                     .unwrap_or_default();
                 if rng.gen_bool(0.5) && !pending.is_empty() {
                     let id = pending[rng.gen_range(0..pending.len())];
-                    o.world.redis.jobs.xdel(&[id]);
+                    jobs.xdel(&[id]);
+                    let id = id.in_partition(p);
                     o.note("nemesis", format!("XDEL pending {id}"));
                 } else {
                     let keep = rng.gen_range(0..3);
-                    let n = o.world.redis.jobs.xtrim(Trim::MaxLen(keep));
-                    o.note("nemesis", format!("XTRIM MAXLEN {keep}: {n} removed"));
+                    let n = jobs.xtrim(Trim::MaxLen(keep));
+                    o.note(
+                        "nemesis",
+                        format!("XTRIM MAXLEN {keep} partition {p}: {n} removed"),
+                    );
                 }
                 o.count("trims");
             }
@@ -871,9 +874,13 @@ async fn nemesis(
                 }
                 let (run, dispatch) = runs[rng.gen_range(0..runs.len())];
                 let now = pelican_real::now();
+                // Any partition: a run's entries may sit in another
+                // partition than its own (after `partitions` grew).
+                let partition = rng.gen_range(0..o.policy.partitions.max(1));
                 let _ = o.stream(
                     "nemesis",
                     &StreamOp::Publish {
+                        partition,
                         entry: JobEntry::Job { run, dispatch },
                         now,
                     },
@@ -892,7 +899,15 @@ async fn nemesis(
                     }
                 };
                 let now = pelican_real::now();
-                let _ = o.stream("nemesis", &StreamOp::Publish { entry, now });
+                let partition = rng.gen_range(0..o.policy.partitions.max(1));
+                let _ = o.stream(
+                    "nemesis",
+                    &StreamOp::Publish {
+                        partition,
+                        entry,
+                        now,
+                    },
+                );
                 o.count("malformed");
             }
             _ => {

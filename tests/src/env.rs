@@ -19,6 +19,9 @@ pub struct Env {
     pub database_url: String,
     /// Stream prefix.
     pub stream: String,
+    /// Job stream partitions (`--partitions`): one on a single server, one
+    /// per master on a cluster.
+    pub partitions: u16,
     /// Where process logs go.
     pub logs: PathBuf,
     _db: Option<Database>,
@@ -95,6 +98,11 @@ impl Env {
             } else {
                 Duration::from_secs(60)
             },
+            partitions: if redis.is_cluster() {
+                crate::services::CLUSTER_MASTERS
+            } else {
+                1
+            },
             redis,
             database_url,
             stream: "pelican".into(),
@@ -123,16 +131,11 @@ impl Env {
     pub fn io(&self, attempts_max: u32) -> Io<RedisStream, PgDb, NoProbe> {
         let redis = RedisAddr::new(&self.redis.url(), self.redis.is_cluster());
         let db = self.database_url.clone();
-        let stream = self.stream.clone();
+        let names = self.names();
         let (stream, db) = rt().block_on(async move {
-            let s = RedisStream::connect(
-                &redis,
-                StreamNames::new(&stream, "pelican"),
-                100,
-                Duration::from_secs(2),
-            )
-            .await
-            .expect("the test's Redis answers");
+            let s = RedisStream::connect(&redis, names, 100, Duration::from_secs(2))
+                .await
+                .expect("the test's Redis answers");
             let d = PgDb::connect(&db, 2, Duration::from_secs(5))
                 .await
                 .expect("the test's Postgres answers");
@@ -142,6 +145,7 @@ impl Env {
             policy: Policy {
                 attempts_max,
                 kinds: self.kinds.clone(),
+                partitions: self.partitions,
                 mutant: self
                     .mutant
                     .as_deref()
@@ -157,6 +161,13 @@ impl Env {
             entropy: std::sync::Arc::new(Fixed),
             config,
         }
+    }
+
+    /// The stream names its processes use.
+    #[must_use]
+    pub fn names(&self) -> StreamNames {
+        StreamNames::partitioned(&self.stream, "pelican", self.partitions)
+            .expect("the test's prefix has no braces")
     }
 
     /// Submits `kind`/`input` with `attempts_max` attempts (as `POST /runs`).

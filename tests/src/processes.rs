@@ -128,6 +128,7 @@ impl Env {
             .env("PELICAN_REDIS_CLUSTER", self.redis.is_cluster().to_string())
             .env("DATABASE_URL", &self.database_url)
             .env("PELICAN_STREAM", &self.stream)
+            .env("PELICAN_PARTITIONS", self.partitions.to_string())
             .env("PELICAN_CALL_TIMEOUT_MS", "1000")
             .env_remove("FAILPOINTS");
         match &self.mutant {

@@ -24,10 +24,11 @@ pub use events::{
 };
 
 use crate::{Cluster, Database, Env};
-use pelican_model::ids::RunId;
+use pelican_model::ids::{EntryId, RunId};
 use pelican_model::protocol::{DbOp, DbReply, KindPolicy};
 use pelican_model::status::{ErrorClass, RunStatus};
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 fn sleep_ms(ms: u64) {
@@ -466,7 +467,7 @@ pub fn provider_limits_hold_across_two_workers(mutant: Option<&str>) {
         busiest_second(&p) <= 5,
         "more than 4 (+1) starts in a second: {p:?}"
     );
-    let workers: std::collections::BTreeSet<&str> = db
+    let workers: BTreeSet<&str> = db
         .attempts
         .iter()
         .filter(|((run, _), _)| limited.contains(run))
@@ -592,7 +593,7 @@ pub fn submit_from_file_stores_every_line(mutant: Option<&str>) {
         .query(&mut env.redis.conn())
         .expect("XLEN");
     assert_eq!(len, LINES + 1, "one entry per run");
-    let inputs: std::collections::BTreeSet<&str> =
+    let inputs: BTreeSet<&str> =
         db.runs.values().map(|r| r.input.as_str()).collect();
     assert!(inputs.contains(r#"{"i":0}"#) && inputs.contains(r#"{"i":49999}"#));
 }
@@ -843,7 +844,7 @@ pub fn contained_workers_get_unique_names(mutant: Option<&str>) {
     let _b = env.contained_worker(&["--in-flight-max", "2"]);
     env.settle();
     let db = env.check(&[]);
-    let names: std::collections::BTreeSet<String> = runs
+    let names: BTreeSet<String> = runs
         .iter()
         .flat_map(|r| db.read_attempts(*r))
         .map(|(_, a)| a.worker)
@@ -1187,7 +1188,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         .expect("the catalog answers")
         .into_iter()
         .map(|(name,)| name)
-        .collect::<std::collections::BTreeSet<_>>()
+        .collect::<BTreeSet<_>>()
     });
     drop(pg);
     assert_eq!(
@@ -1438,7 +1439,7 @@ pub fn retention_trims_acknowledged_entries(mutant: Option<&str>) {
 /// already acknowledged and unknown IDs each answer as a lone `XACK` would,
 /// in order; with the stream gone, each answers 0 on its own.
 pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
-    use pelican_model::ids::{Dispatch, EntryId, WorkerId};
+    use pelican_model::ids::{Dispatch, WorkerId};
     use pelican_model::protocol::{JobEntry, StreamOp, StreamReply};
     use pelican_model::world::Issuer;
     use pelican_real::StreamClient;
@@ -1453,7 +1454,7 @@ pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
     };
     crate::rt().block_on(async {
         let call = |op| io.stream.call(op, by);
-        call(StreamOp::EnsureGroup)
+        call(StreamOp::EnsureGroup { partition: 0 })
             .await
             .expect("Redis answers")
             .expect("group");
@@ -1463,12 +1464,17 @@ pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
                 dispatch: Dispatch(1),
             };
             let now = pelican_real::now();
-            call(StreamOp::Publish { entry, now })
-                .await
-                .expect("Redis answers")
-                .expect("published");
+            call(StreamOp::Publish {
+                partition: 0,
+                entry,
+                now,
+            })
+            .await
+            .expect("Redis answers")
+            .expect("published");
         }
         let read = StreamOp::Read {
+            partition: 0,
             consumer: WorkerId(1).consumer(),
             count: 3,
             now: pelican_real::now(),
@@ -1515,12 +1521,12 @@ pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
     });
 }
 
-/// Redis Cluster: three masters with a replica each. Workers and
-/// submissions run through redis-rs' cluster client. Mid-drain the workers
-/// are stopped (so no reader takes the next entries from the master) and
-/// the replica of the job stream's master is held back; runs are submitted
-/// (their entries reach the master alone), the master is killed and the
-/// replica takes over: those entries are lost, with whatever deliveries
+/// Redis Cluster: three masters with a replica each, a partition on each.
+/// Workers and submissions run through redis-rs' cluster client. Mid-drain
+/// the workers are stopped (so no reader takes the next entries from the
+/// master) and the replica of partition 0's master is held back; runs are
+/// submitted (the entries of partition 0's reach the master alone), the
+/// master is killed and the replica takes over: those entries are lost, with whatever deliveries
 /// and acknowledgements the master had not replicated (replication is
 /// asynchronous). Postgres holds every run, so the sweeper publishes what
 /// was lost (NoSweep leaves those runs queued) and the reclaimer takes
@@ -1547,18 +1553,23 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
     w1.stop();
     w2.stop();
     env.redis.hold_replica(&key);
-    let unreplicated: Vec<RunId> = (0..5).map(|_| env.submit("noop", "{}", 5)).collect();
+    let submitted: Vec<RunId> = (0..15).map(|_| env.submit("noop", "{}", 5)).collect();
     let outage = env.redis.fail_over(&key);
     w1.cont();
     w2.cont();
-    eprintln!("the job stream's slot had no master for {outage:?}");
-    // The new master never had those entries.
+    eprintln!("partition 0's slot had no master for {outage:?}");
+    // The new master never had partition 0's entries.
     let db = env.db();
-    let entries: Vec<_> = unreplicated
+    let published: Vec<(RunId, EntryId)> = submitted
         .iter()
-        .filter_map(|r| db.runs[r].entry_id)
+        .filter_map(|r| Some((*r, db.runs[r].entry_id?)))
         .collect();
-    assert_eq!(entries.len(), unreplicated.len(), "each run was published");
+    assert_eq!(published.len(), submitted.len(), "each run was published");
+    let (unreplicated, entries): (Vec<RunId>, Vec<EntryId>) = published
+        .into_iter()
+        .filter(|(_, id)| id.partition == 0)
+        .unzip();
+    assert_eq!(entries.len(), 5, "a third of the runs went to partition 0");
     assert_eq!(
         env.present(&entries),
         [],
@@ -1567,7 +1578,7 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
     let after: Vec<RunId> = (0..10).map(|_| env.submit("noop", "{}", 5)).collect();
     env.settle();
     let db = env.check(&[]);
-    for r in before.iter().chain(&unreplicated).chain(&after) {
+    for r in before.iter().chain(&submitted).chain(&after) {
         assert_eq!(db.runs[r].status, RunStatus::Succeeded, "{r}");
     }
     for r in &unreplicated {
@@ -1584,4 +1595,61 @@ pub fn redis_cluster_master_failover(mutant: Option<&str>) {
         })
         .collect();
     eprintln!("runs in flight at the failover that were recovered: {again:?}");
+}
+
+/// Partitions on a Redis Cluster: three partitions, whose keys three
+/// different masters serve. A worker takes a long job from every
+/// partition and is killed (kill -9) while they run; another worker's
+/// reclaimer must take over the deliveries of every partition (with
+/// ReclaimOnePartition, those past partition 0 stay pending and their runs
+/// running: the sweeper leaves a pending entry to the reclaimer).
+pub fn partitions_spread_over_cluster_masters(mutant: Option<&str>) {
+    let mut env = Env::on_cluster(mutant);
+    let names = env.names();
+    let masters: BTreeSet<u16> = names
+        .partitions
+        .iter()
+        .map(|key| env.redis.master_of(key).expect("a master serves each key"))
+        .collect();
+    assert_eq!(
+        masters.len(),
+        names.partitions.len(),
+        "each partition on a master of its own: {:?}",
+        names.partitions
+    );
+    let runs: Vec<RunId> = (0..9)
+        .map(|_| env.submit("sleep", r#"{"ms":3000}"#, 5))
+        .collect();
+    let db = env.db();
+    let spread: BTreeSet<u16> = runs
+        .iter()
+        .filter_map(|r| db.runs[r].entry_id)
+        .map(|id| id.partition)
+        .collect();
+    assert_eq!(
+        spread.len(),
+        names.partitions.len(),
+        "runs in every partition"
+    );
+    let mut w1 = env.worker(1, None, &["--in-flight-max", "9"]);
+    wait_for("the first worker runs every job", || {
+        let db = env.db();
+        runs.iter().all(|r| db.runs[r].status == RunStatus::Running)
+    });
+    w1.kill9();
+    let _w2 = env.worker(2, None, &["--in-flight-max", "9"]);
+    env.settle();
+    let db = env.check(&[]);
+    let mut taken_over = BTreeSet::new();
+    for r in &runs {
+        let row = &db.runs[r];
+        assert_eq!(row.status, RunStatus::Succeeded, "{r}");
+        assert_eq!(row.dispatch.0, 1, "{r} was reclaimed, not published again");
+        assert!(row.attempts >= 2, "{r} ran again after the kill");
+        taken_over.extend(row.entry_id.map(|id| id.partition));
+    }
+    assert_eq!(
+        taken_over, spread,
+        "deliveries taken over in every partition"
+    );
 }

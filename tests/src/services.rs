@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The masters of a test's Redis Cluster (each with a replica).
+pub const CLUSTER_MASTERS: u16 = 3;
+
 /// A throwaway Redis: one server with AOF (`appendfsync everysec`) on its
 /// own port and directory, or a Redis Cluster of such servers (three
 /// masters, each with a replica), as `redis-cli --cluster create` makes it.
@@ -206,7 +209,9 @@ impl Redis {
     /// When a server does not start or the cluster does not form.
     #[must_use]
     pub fn cluster() -> Redis {
-        let nodes: Vec<Node> = (0..6).map(|_| Node::start(true)).collect();
+        let nodes: Vec<Node> = (0..2 * CLUSTER_MASTERS)
+            .map(|_| Node::start(true))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -327,7 +332,9 @@ impl Redis {
     }
 
     /// The port of the master that serves `key`'s slot.
-    fn master_of(&self, key: &str) -> Option<u16> {
+    /// The port of the master that serves `key`'s slot now.
+    #[must_use]
+    pub fn master_of(&self, key: &str) -> Option<u16> {
         let (slot, nodes) = self.slot_and_nodes(key)?;
         master_serving(&nodes, slot).map(|(port, _)| port)
     }

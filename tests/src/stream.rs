@@ -12,22 +12,28 @@ impl Env {
         format!("{}:jobs", self.stream)
     }
 
-    /// Pending deliveries (0 when the group is gone).
+    /// Pending deliveries in every partition (0 where the group is gone).
     #[must_use]
     pub fn pel_len(&self) -> u64 {
         let mut c = self.redis.conn();
-        let v: redis::Value = redis::cmd("XPENDING")
-            .arg(self.jobs_key())
-            .arg("pelican")
-            .query(&mut c)
-            .unwrap_or(redis::Value::Nil);
-        match v {
-            redis::Value::Array(parts) => match parts.first() {
-                Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-                _ => 0,
-            },
-            _ => 0,
-        }
+        self.names()
+            .partitions
+            .iter()
+            .map(|key| {
+                let v: redis::Value = redis::cmd("XPENDING")
+                    .arg(key)
+                    .arg("pelican")
+                    .query(&mut c)
+                    .unwrap_or(redis::Value::Nil);
+                match v {
+                    redis::Value::Array(parts) => match parts.first() {
+                        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                        _ => 0,
+                    },
+                    _ => 0,
+                }
+            })
+            .sum()
     }
 
     /// Whether the group has delivered every entry and none is pending.
@@ -39,50 +45,15 @@ impl Env {
         !self.undelivered() && self.pel_len() == 0
     }
 
-    /// Whether the stream holds entries the group has not delivered yet.
+    /// Whether a partition's stream holds entries the group has not
+    /// delivered yet.
     #[must_use]
     pub fn undelivered(&self) -> bool {
         let mut c = self.redis.conn();
-        let newest: redis::Value = redis::cmd("XREVRANGE")
-            .arg(self.jobs_key())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query(&mut c)
-            .unwrap_or(redis::Value::Nil);
-        let id_text = |v: &redis::Value| match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse::<EntryId>().ok(),
-            _ => None,
-        };
-        let newest = match &newest {
-            redis::Value::Array(es) => es.first().and_then(|e| match e {
-                redis::Value::Array(p) => p.first().and_then(id_text),
-                _ => None,
-            }),
-            _ => None,
-        };
-        let Some(newest) = newest else { return false };
-        let groups: redis::Value = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(self.jobs_key())
-            .query(&mut c)
-            .unwrap_or(redis::Value::Nil);
-        let last = match &groups {
-            redis::Value::Array(gs) => gs.iter().find_map(|g| match g {
-                redis::Value::Array(kv) => kv
-                    .chunks(2)
-                    .find(|p| matches!(&p[0], redis::Value::BulkString(k) if k == b"last-delivered-id"))
-                    .and_then(|p| id_text(&p[1])),
-                redis::Value::Map(kv) => kv
-                    .iter()
-                    .find(|(k, _)| matches!(k, redis::Value::BulkString(k) if k == b"last-delivered-id"))
-                    .and_then(|(_, v)| id_text(v)),
-                _ => None,
-            }),
-            _ => None,
-        };
-        last.is_none_or(|last| newest > last)
+        self.names()
+            .partitions
+            .iter()
+            .any(|key| undelivered_in(&mut c, key))
     }
 
     /// The job entries quarantined on the dead-letter stream.
@@ -142,13 +113,18 @@ impl Env {
     #[must_use]
     pub fn present(&self, ids: &[EntryId]) -> Vec<EntryId> {
         let mut c = self.redis.conn();
+        let names = self.names();
         ids.iter()
             .copied()
             .filter(|id| {
+                let Some(key) = names.key(id.partition) else {
+                    return false;
+                };
+                let at = id.local().to_string();
                 let v: redis::Value = redis::cmd("XRANGE")
-                    .arg(self.jobs_key())
-                    .arg(id.to_string())
-                    .arg(id.to_string())
+                    .arg(key)
+                    .arg(&at)
+                    .arg(&at)
                     .query(&mut c)
                     .unwrap_or(redis::Value::Nil);
                 matches!(v, redis::Value::Array(ref es) if !es.is_empty())
@@ -266,4 +242,50 @@ impl Env {
         let id: String = cmd.query(&mut c).expect("XADD to the test's Redis");
         id.parse().expect("Redis answers an entry ID")
     }
+}
+
+/// Whether `key`'s stream holds entries the group has not delivered yet.
+fn undelivered_in(c: &mut dyn redis::ConnectionLike, key: &str) -> bool {
+    let newest: redis::Value = redis::cmd("XREVRANGE")
+        .arg(key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query(c)
+        .unwrap_or(redis::Value::Nil);
+    let id_text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse::<EntryId>().ok(),
+        _ => None,
+    };
+    let newest = match &newest {
+        redis::Value::Array(es) => es.first().and_then(|e| match e {
+            redis::Value::Array(p) => p.first().and_then(id_text),
+            _ => None,
+        }),
+        _ => None,
+    };
+    let Some(newest) = newest else { return false };
+    let groups: redis::Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query(c)
+        .unwrap_or(redis::Value::Nil);
+    let last = match &groups {
+        redis::Value::Array(gs) => gs.iter().find_map(|g| match g {
+            redis::Value::Array(kv) => kv
+                .chunks(2)
+                .find(|p| matches!(&p[0], redis::Value::BulkString(k) if k == b"last-delivered-id"))
+                .and_then(|p| id_text(&p[1])),
+            redis::Value::Map(kv) => kv
+                .iter()
+                .find(
+                    |(k, _)| matches!(k, redis::Value::BulkString(k) if k == b"last-delivered-id"),
+                )
+                .and_then(|(_, v)| id_text(v)),
+            _ => None,
+        }),
+        _ => None,
+    };
+    last.is_none_or(|last| newest > last)
 }

@@ -57,4 +57,5 @@ live! {
     worker_probes_follow_its_connections,
     the_deploy_kit_names_only_exported_metrics,
     redis_cluster_master_failover,
+    partitions_spread_over_cluster_masters,
 }

@@ -74,6 +74,7 @@ mutants! {
     ignore_budget: "IgnoreBudget" => budgets_and_timeouts_bound_runs,
     overbooked: "Overbooked" => a_dead_workers_permit_frees_after_its_hold,
     zombie_progress: "ZombieProgress" => a_late_attempts_progress_is_refused,
+    reclaim_one_partition: "ReclaimOnePartition" => partitions_spread_over_cluster_masters,
 }
 
 /// The mutants' statements answer as their model twins: first on every

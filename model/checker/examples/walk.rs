@@ -28,7 +28,14 @@ fn main() {
             path.push(a);
             s.step(&cfg, a);
         }
-        let seq = s.world.redis.jobs.last_id.seq;
+        let seq = s
+            .world
+            .redis
+            .jobs
+            .iter()
+            .map(|j| j.last_id.seq)
+            .max()
+            .unwrap_or(0);
         let d = s
             .world
             .db

@@ -109,6 +109,7 @@ impl Config {
             value_bytes_max: 1 << 20,
             keep_finished_ms: 0,
             unknown_retries_max: 1,
+            partitions: 1,
             kinds: std::collections::BTreeMap::new(),
             mutant: None,
         }
@@ -293,6 +294,29 @@ impl Config {
         c
     }
 
+    /// Two runs on two workers over two partitions (one run in each), with
+    /// a crash, a lost reply, a trim, a lost newest write or a duplicate
+    /// publication, one per path: workers read each partition, the
+    /// reclaimer's scan moves from one partition to the next, and every
+    /// entry is acknowledged, trimmed and located in its own stream.
+    #[must_use]
+    pub fn partitions() -> Config {
+        let mut c = Self::small();
+        c.name = "partitions".into();
+        c.runs = 2;
+        c.policy.partitions = 2;
+        c.faults = Budget {
+            crashes: 1,
+            lost: 1,
+            trims: 1,
+            redis_losses: 1,
+            duplicates: 1,
+            total: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// The provider every job of a configuration with limits calls: one
     /// slot, held until a tick, and one call a tick (burst 1).
     #[must_use]
@@ -326,6 +350,21 @@ impl Config {
         c
     }
 
+    /// The names [`Config::named`] knows.
+    pub const NAMES: [&'static str; 11] = [
+        "small",
+        "standard",
+        "standard_steps",
+        "large",
+        "poison",
+        "retention",
+        "steps",
+        "unknown",
+        "budget",
+        "limits",
+        "partitions",
+    ];
+
     /// A configuration by name.
     pub fn named(name: &str) -> Result<Config, String> {
         let mut c = match name {
@@ -339,8 +378,10 @@ impl Config {
             "unknown" => Ok(Self::unknown()),
             "budget" => Ok(Self::budget()),
             "limits" => Ok(Self::limits()),
+            "partitions" => Ok(Self::partitions()),
             other => Err(format!(
-                "unknown configuration {other:?}; known: small, standard, standard_steps, large, poison, retention, steps, unknown, budget, limits"
+                "unknown configuration {other:?}; known: {}",
+                Self::NAMES.join(", ")
             )),
         }?;
         if let Ok(total) = std::env::var("PELICAN_CHECK_FAULTS_TOTAL") {
@@ -392,7 +433,8 @@ impl Config {
     /// RetainLive retention that runs, StepRerun and ZombieProgress jobs
     /// with steps (whose record reports progress first),
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
-    /// kind with a budget, Overbooked jobs under a provider's limits.
+    /// kind with a budget, Overbooked jobs under a provider's limits,
+    /// ReclaimOnePartition two partitions.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -420,6 +462,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {
             self.policy.keep_finished_ms = 1;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::ReclaimOnePartition) && self.policy.partitions < 2 {
+            self.policy.partitions = 2;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::IgnoreBudget) && self.policy.kinds.is_empty() {

@@ -246,6 +246,22 @@ impl Model for PelicanModel {
                 |_, s: &State| s.seen.slot_waited,
             ));
         }
+        if self.cfg.policy.partitions > 1 {
+            properties.push(Property::sometimes(
+                "reclaim takes over an attempt past partition 0",
+                |_, s: &State| {
+                    let attempts = &s.world.db.attempts;
+                    attempts.iter().zip(attempts.iter().skip(1)).any(
+                        |(((run, n), earlier), ((next_run, m), later))| {
+                            run == next_run
+                                && n.0 + 1 == m.0
+                                && earlier.dispatch == later.dispatch
+                                && later.entry_id.partition > 0
+                        },
+                    )
+                },
+            ));
+        }
         if self.cfg.policy.keep_finished_ms > 0 {
             properties.push(Property::sometimes(
                 "entry of a deleted run acknowledged",

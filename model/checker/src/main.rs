@@ -14,8 +14,12 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "pelican-check")]
 struct Args {
-    /// small, standard, standard_steps, large, poison, retention, steps, unknown, budget or limits.
-    #[arg(long, default_value = "standard")]
+    /// The configuration to check.
+    #[arg(
+        long,
+        default_value = "standard",
+        value_parser = clap::builder::PossibleValuesParser::new(Config::NAMES)
+    )]
     config: String,
     /// A mutant to inject (needs the `mutants` feature), or `all`.
     #[arg(long)]

@@ -275,6 +275,17 @@ fn limits_hold_and_calls_wait_for_slots() {
     holds_and_reaches(&Config::limits(), "a call waits for a held slot");
 }
 
+/// Two partitions, a run in each: workers read both, the reclaimer's scan
+/// moves on to partition 1 and takes over a dead worker's delivery there.
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn partitions_hold_and_reclaim_in_every_partition() {
+    holds_and_reaches(
+        &Config::partitions(),
+        "reclaim takes over an attempt past partition 0",
+    );
+}
+
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
@@ -327,5 +338,6 @@ mod mutants {
         mutant_ignore_budget: IgnoreBudget on standard;
         mutant_overbooked: Overbooked on standard;
         mutant_zombie_progress: ZombieProgress on standard;
+        mutant_reclaim_one_partition: ReclaimOnePartition on standard;
     }
 }

@@ -8,8 +8,11 @@ use std::fmt::Write as _;
 
 fn id(e: EntryId) -> String {
     // Every entry is added at the same abstract instant: the sequence tells
-    // them apart.
-    format!("#{}", e.seq)
+    // them apart (after the partition, outside partition 0).
+    match e.partition {
+        0 => format!("#{}", e.seq),
+        p => format!("#{p}:{}", e.seq),
+    }
 }
 
 /// One command, briefly.
@@ -27,8 +30,10 @@ pub fn command(c: &Command) -> String {
                 ..
             } => "XADD <malformed>".into(),
             StreamOp::PublishDead { .. } => "XADD to the dead-letter stream".into(),
-            StreamOp::EnsureGroup => "XGROUP CREATE (MKSTREAM)".into(),
-            StreamOp::Read { .. } => "XREADGROUP >".into(),
+            StreamOp::EnsureGroup { partition } => {
+                format!("XGROUP CREATE (MKSTREAM) in partition {partition}")
+            }
+            StreamOp::Read { partition, .. } => format!("XREADGROUP > in partition {partition}"),
             StreamOp::Ack { ids } => format!(
                 "XACK {}",
                 ids.iter().map(|i| id(*i)).collect::<Vec<_>>().join(" ")
@@ -63,7 +68,7 @@ pub fn describe(s: &State, action: Action) -> String {
             fate(f)
         ),
         Action::Cancel(n) => format!("api: POST /runs/{}/cancel", run(n)),
-        Action::Fetch(w, f) => format!("w{w}: XREADGROUP >{}", fate(f)),
+        Action::Fetch(w, p, f) => format!("w{w}: XREADGROUP > in partition {p}{}", fate(f)),
         Action::Reclaim(w, f) => format!("w{w}: reclaim round{}", fate(f)),
         Action::Step(w, src, f) => {
             let c = s.workers[usize::from(w)]
@@ -93,8 +98,10 @@ pub fn describe(s: &State, action: Action) -> String {
             "⏱ a long time passes (leases, retries, idle times expire; live workers heartbeat, in order {k})"
         ),
         Action::RedisWipe => "⚡ Redis restarts empty".into(),
-        Action::RedisLoseNewest => "⚡ Redis restarts, newest write lost".into(),
-        Action::Trim => "⚡ XTRIM below the oldest pending ID".into(),
+        Action::RedisLoseNewest(p) => {
+            format!("⚡ Redis restarts, newest write to partition {p} lost")
+        }
+        Action::Trim(p) => format!("⚡ XTRIM partition {p} below its oldest pending ID"),
     }
 }
 
@@ -112,30 +119,36 @@ pub fn summary(s: &State) -> String {
     if s.world.db.runs.is_empty() {
         out.push_str("no runs; ");
     }
-    let jobs = &s.world.redis.jobs;
-    let entries: Vec<String> = jobs
-        .entries
-        .iter()
-        .map(|(i, e)| match e {
-            JobEntry::Job { run, dispatch } => format!("{} {run}/d{}", id(*i), dispatch.0),
-            JobEntry::Malformed { .. } => format!("{} <malformed>", id(*i)),
-        })
-        .collect();
-    let pel: Vec<String> = jobs.group.as_ref().map_or_else(
-        || vec!["(no group)".into()],
-        |g| {
-            g.pel
-                .iter()
-                .map(|(i, p)| format!("{}→{} x{}", id(*i), p.consumer, p.delivery_count))
-                .collect()
-        },
-    );
-    let _ = write!(
-        out,
-        "\n        stream [{}]  PEL [{}]",
-        entries.join(", "),
-        pel.join(", ")
-    );
+    for (p, jobs) in s.world.redis.jobs.iter().enumerate() {
+        let p = pelican_model::ids::partition_at(p);
+        let entries: Vec<String> = jobs
+            .entries
+            .iter()
+            .map(|(i, e)| (i.in_partition(p), e))
+            .map(|(i, e)| match e {
+                JobEntry::Job { run, dispatch } => format!("{} {run}/d{}", id(i), dispatch.0),
+                JobEntry::Malformed { .. } => format!("{} <malformed>", id(i)),
+            })
+            .collect();
+        let pel: Vec<String> = jobs.group.as_ref().map_or_else(
+            || vec!["(no group)".into()],
+            |g| {
+                g.pel
+                    .iter()
+                    .map(|(i, d)| {
+                        let i = i.in_partition(p);
+                        format!("{}→{} x{}", id(i), d.consumer, d.delivery_count)
+                    })
+                    .collect()
+            },
+        );
+        let _ = write!(
+            out,
+            "\n        stream [{}]  PEL [{}]",
+            entries.join(", "),
+            pel.join(", ")
+        );
+    }
     out
 }
 

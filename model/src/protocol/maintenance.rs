@@ -163,7 +163,11 @@ impl Maintenance {
             };
             self.send(
                 Phase::Publishing(c),
-                Command::Stream(StreamOp::Publish { entry, now }),
+                Command::Stream(StreamOp::Publish {
+                    partition: self.policy.partition_of(c.run_id),
+                    entry,
+                    now,
+                }),
             );
         } else if let Some(id) = c.entry_id {
             self.send(Phase::Locating(c), Command::Stream(StreamOp::Locate { id }));

@@ -40,7 +40,7 @@
 //! command the role is waiting for.
 
 pub use crate::db::{DbOp, DbReply};
-use crate::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
+use crate::ids::{Dispatch, EntryId, Fence, Partition, RunId, WorkerId};
 use crate::status::{ErrorClass, JobOutcome};
 use crate::stream::{AutoClaim, StreamError};
 use crate::time::Timestamp;
@@ -104,6 +104,11 @@ pub struct Policy {
     /// [`ErrorClass::Unknown`]: crate::status::ErrorClass::Unknown
     #[serde(default = "unknown_retries_max")]
     pub unknown_retries_max: u32,
+    /// How many job stream partitions runs are spread over (at least 1):
+    /// a run is published to [`Policy::partition_of`] it, and workers read,
+    /// reclaim and trim every partition.
+    #[serde(default = "partitions")]
+    pub partitions: Partition,
     /// Per-kind policies, given when handlers are registered: what they
     /// set replaces the fields above for runs of that kind.
     #[serde(default)]
@@ -143,6 +148,10 @@ pub struct TimeLimit {
     pub class: ErrorClass,
 }
 
+fn partitions() -> Partition {
+    1
+}
+
 fn value_bytes_max() -> usize {
     4 << 20
 }
@@ -170,6 +179,7 @@ impl Default for Policy {
             value_bytes_max: value_bytes_max(),
             keep_finished_ms: keep_finished_ms(),
             unknown_retries_max: unknown_retries_max(),
+            partitions: partitions(),
             kinds: BTreeMap::new(),
             mutant: None,
         }
@@ -197,6 +207,19 @@ impl Policy {
                 self.value_bytes_max
             ),
         }
+    }
+
+    /// The partition `run` is published to, whenever it is: runs spread
+    /// evenly, and a run keeps its partition while `partitions` stays.
+    #[must_use]
+    pub fn partition_of(&self, run: RunId) -> Partition {
+        let n = u64::from(self.partitions.max(1));
+        Partition::try_from(run.0 % n).expect("below the partition count")
+    }
+
+    /// The partitions, in order.
+    pub fn all_partitions(&self) -> impl Iterator<Item = Partition> + use<> {
+        0..self.partitions.max(1)
     }
 
     /// The policy of `kind` (empty when it has none).
@@ -282,24 +305,40 @@ pub enum DeadEntry {
 
 /// A stream command, executed by [`crate::world::Redis::execute`] in the model
 /// and by the binding's twin on Redis.
+///
+/// `jobs` is the job stream of one partition: the one named, or the one of
+/// the IDs given (an [`EntryId`] carries its partition). Every command but
+/// `Queue` and `PublishDead` touches one partition's key only, as a Redis
+/// Cluster requires.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub enum StreamOp {
     /// XADD jobs * run_id .. dispatch ..
-    Publish { entry: JobEntry, now: Timestamp },
+    Publish {
+        #[serde(default)]
+        partition: Partition,
+        entry: JobEntry,
+        now: Timestamp,
+    },
     /// XADD jobs:dead * ...
     PublishDead { entry: DeadEntry, now: Timestamp },
     /// XGROUP CREATE jobs group 0 MKSTREAM (BUSYGROUP counts as success).
-    EnsureGroup,
+    EnsureGroup {
+        #[serde(default)]
+        partition: Partition,
+    },
     /// XREADGROUP GROUP group consumer COUNT n STREAMS jobs >
     Read {
+        #[serde(default)]
+        partition: Partition,
         consumer: String,
         count: usize,
         now: Timestamp,
     },
-    /// XACK jobs group id...
+    /// XACK jobs group id... (the IDs of one partition)
     Ack { ids: Vec<EntryId> },
-    /// XAUTOCLAIM jobs group consumer min_idle start COUNT n
+    /// XAUTOCLAIM jobs group consumer min_idle start COUNT n, in `start`'s
+    /// partition.
     AutoClaim {
         consumer: String,
         min_idle_ms: u64,
@@ -321,10 +360,15 @@ pub enum StreamOp {
     /// `before` (as an ID), the oldest pending ID and the first undelivered
     /// ID: only delivered, acknowledged entries older than `before` go.
     /// Nothing is trimmed without the group.
-    Retain { before: Timestamp },
+    Retain {
+        #[serde(default)]
+        partition: Partition,
+        before: Timestamp,
+    },
     /// XLEN jobs + XLEN jobs:dead + XINFO GROUPS + XPENDING jobs group
-    /// (summary) + XPENDING jobs group - + 1: the queue's health, as
-    /// `GET /queue`, the metrics and `pelican status` report it. Read-only.
+    /// (summary) + XPENDING jobs group - + 1, for every partition: the
+    /// queue's health, as `GET /queue`, the metrics and `pelican status`
+    /// report it ([`QueueState::merge`]). Read-only.
     Queue { now: Timestamp },
 }
 
@@ -342,7 +386,7 @@ impl StreamOp {
             | StreamOp::AutoClaim { now, .. }
             | StreamOp::Touch { now, .. }
             | StreamOp::Queue { now } => Some(*now),
-            StreamOp::EnsureGroup
+            StreamOp::EnsureGroup { .. }
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
             | StreamOp::Retain { .. } => None,
@@ -358,10 +402,29 @@ impl StreamOp {
             | StreamOp::AutoClaim { now, .. }
             | StreamOp::Touch { now, .. }
             | StreamOp::Queue { now } => Some(now),
-            StreamOp::EnsureGroup
+            StreamOp::EnsureGroup { .. }
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
             | StreamOp::Retain { .. } => None,
+        }
+    }
+}
+
+impl StreamOp {
+    /// The partition whose job stream this command touches; `None` for
+    /// `Queue` (all of them) and `PublishDead` (the dead-letter stream).
+    #[must_use]
+    pub fn partition(&self) -> Option<Partition> {
+        match self {
+            StreamOp::Publish { partition, .. }
+            | StreamOp::EnsureGroup { partition }
+            | StreamOp::Read { partition, .. }
+            | StreamOp::Retain { partition, .. } => Some(*partition),
+            StreamOp::Ack { ids } => Some(ids.first().map_or(0, |id| id.partition)),
+            StreamOp::AutoClaim { start: id, .. }
+            | StreamOp::Touch { id, .. }
+            | StreamOp::Locate { id } => Some(id.partition),
+            StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => None,
         }
     }
 }
@@ -386,6 +449,33 @@ pub enum StreamReply {
     Queue(QueueState),
 }
 
+impl StreamReply {
+    /// The reply of a command on `partition`'s stream, whose IDs Redis
+    /// gave without a partition: each ID put in `partition`.
+    #[must_use]
+    pub fn in_partition(self, partition: Partition) -> StreamReply {
+        let at = |id: EntryId| id.in_partition(partition);
+        match self {
+            StreamReply::Added(id) => StreamReply::Added(at(id)),
+            StreamReply::Entries(entries) => {
+                StreamReply::Entries(entries.into_iter().map(|(id, e)| (at(id), e)).collect())
+            }
+            StreamReply::AutoClaimed(r) => StreamReply::AutoClaimed(AutoClaim {
+                next: at(r.next),
+                claimed: r.claimed.into_iter().map(|(id, e)| (at(id), e)).collect(),
+                deleted: r.deleted.into_iter().map(at).collect(),
+            }),
+            StreamReply::Queue(mut q) => {
+                if let Some(g) = &mut q.group {
+                    g.oldest_pending = g.oldest_pending.map(at);
+                }
+                StreamReply::Queue(q)
+            }
+            other => other,
+        }
+    }
+}
+
 /// The answer to [`StreamOp::Queue`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct QueueState {
@@ -395,6 +485,43 @@ pub struct QueueState {
     pub dead_letters: u64,
     /// The consumer group's side; `None` before the group exists.
     pub group: Option<GroupState>,
+}
+
+impl QueueState {
+    /// The queue over every partition, from each partition's own reading
+    /// (IDs in their partitions, `dead_letters` the same in each): lengths,
+    /// lag and pending add up, the oldest pending delivery is the one idle
+    /// longest, consumers add up by name. `group` is `None` when no
+    /// partition has the group; `lag` when one that has it cannot tell.
+    #[must_use]
+    pub fn merge(parts: impl IntoIterator<Item = QueueState>) -> QueueState {
+        let mut out = QueueState::default();
+        let mut consumers: BTreeMap<String, u64> = BTreeMap::new();
+        for part in parts {
+            out.length += part.length;
+            out.dead_letters = part.dead_letters;
+            let Some(g) = part.group else { continue };
+            let merged = out.group.get_or_insert_with(|| GroupState {
+                lag: Some(0),
+                ..GroupState::default()
+            });
+            merged.lag = merged.lag.zip(g.lag).map(|(a, b)| a + b);
+            merged.pending += g.pending;
+            if g.oldest_pending.is_some()
+                && (merged.oldest_pending.is_none() || g.oldest_idle_ms > merged.oldest_idle_ms)
+            {
+                merged.oldest_pending = g.oldest_pending;
+                merged.oldest_idle_ms = g.oldest_idle_ms;
+            }
+            for (name, n) in g.consumers {
+                *consumers.entry(name).or_insert(0) += n;
+            }
+        }
+        if let Some(g) = &mut out.group {
+            g.consumers = consumers.into_iter().collect();
+        }
+        out
+    }
 }
 
 /// The consumer group's part of a [`QueueState`].

@@ -110,6 +110,9 @@ mutants! {
     /// A progress event is written while the run is running, whether or
     /// not the attempt writing it still holds the run.
     ZombieProgress,
+    /// The reclaimer scans the first partition only: deliveries that a dead
+    /// worker held in the others stay pending.
+    ReclaimOnePartition,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -30,7 +30,8 @@ enum Phase {
     EnsuringGroup,
 }
 
-/// The reclaim loop of one worker.
+/// The reclaim loop of one worker. Its cursor is in one partition at a
+/// time: a scan that wraps around moves it to the next partition's start.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Reclaimer {
     policy: Policy,
@@ -43,7 +44,7 @@ pub struct Reclaimer {
 }
 
 impl Reclaimer {
-    /// A reclaimer for `worker`, idle, cursor at `0-0`.
+    /// A reclaimer for `worker`, idle, cursor at partition 0's `0-0`.
     #[must_use]
     pub fn new(policy: &Policy, worker: WorkerId) -> Reclaimer {
         Reclaimer {
@@ -70,6 +71,24 @@ impl Reclaimer {
     #[must_use]
     pub fn is_idle(&self) -> bool {
         self.phase == Phase::Idle && self.outbox.is_empty()
+    }
+
+    /// Where the next XAUTOCLAIM starts (its partition, and the ID in it).
+    #[must_use]
+    pub fn cursor(&self) -> EntryId {
+        self.cursor
+    }
+
+    /// Where the cursor goes when its partition's scan wraps around: the
+    /// start of the next partition (of the same one, with one partition).
+    #[must_use]
+    pub fn wrap_target(&self) -> EntryId {
+        let next = if crate::injects!(self.policy, ReclaimOnePartition) {
+            0
+        } else {
+            (self.cursor.partition + 1) % self.policy.partitions.max(1)
+        };
+        EntryId::ZERO.in_partition(next)
     }
 
     /// Deleted IDs not yet recovered (held until `RequeueEntry` answers).
@@ -125,7 +144,11 @@ impl Reclaimer {
     pub fn handle(&mut self, _now: Timestamp, input: Input) {
         match (self.phase, input) {
             (Phase::Claiming, Input::Stream(Ok(StreamReply::AutoClaimed(reply)))) => {
-                self.cursor = reply.next;
+                self.cursor = if reply.next.local() == EntryId::ZERO {
+                    self.wrap_target()
+                } else {
+                    reply.next
+                };
                 for id in reply.deleted {
                     self.events.push_back(ReclaimerEvent::Trimmed(id));
                     if !crate::injects!(self.policy, IgnoreTrimmed) {
@@ -142,10 +165,11 @@ impl Reclaimer {
             (Phase::Claiming, Input::Stream(Err(StreamError::NoGroup))) => {
                 // Redis lost the group (restart without persistence, or a
                 // wipe): recreate it; the sweeper republishes from Postgres.
-                self.cursor = EntryId::ZERO;
+                let partition = self.cursor.partition;
+                self.cursor = EntryId::ZERO.in_partition(partition);
                 self.phase = Phase::EnsuringGroup;
                 self.outbox
-                    .push_back(Command::Stream(StreamOp::EnsureGroup));
+                    .push_back(Command::Stream(StreamOp::EnsureGroup { partition }));
             }
             (Phase::Recovering(entry), Input::Db(DbReply::Rows(_))) => {
                 let done = self.deleted.pop_front();

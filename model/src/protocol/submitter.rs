@@ -3,7 +3,7 @@
 //! reply is lost, the run is still accepted: the outbox publishes it.
 
 use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
-use crate::ids::{Dispatch, RunId};
+use crate::ids::{Dispatch, Partition, RunId};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -43,6 +43,7 @@ enum Phase {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Submitter {
     run: RunId,
+    partition: Partition,
     phase: Phase,
     outbox: VecDeque<Command>,
 }
@@ -84,6 +85,7 @@ impl Submitter {
         };
         Submitter {
             run,
+            partition: policy.partition_of(run),
             phase: Phase::Inserting,
             outbox: VecDeque::from([Command::Db(op)]),
         }
@@ -135,8 +137,11 @@ impl Submitter {
                     run,
                     dispatch: Dispatch(1),
                 };
-                self.outbox
-                    .push_back(Command::Stream(StreamOp::Publish { entry, now }));
+                self.outbox.push_back(Command::Stream(StreamOp::Publish {
+                    partition: self.partition,
+                    entry,
+                    now,
+                }));
                 Phase::Publishing
             }
             (Phase::Inserting, Input::Db(DbReply::Refused)) => Phase::Done(SubmitterEnd::Refused),

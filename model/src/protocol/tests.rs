@@ -51,6 +51,7 @@ fn exec(world: &mut World, c: &Command, by: Issuer) -> Input {
 /// Reads one entry as worker `w`.
 fn read(world: &mut World, w: u32) -> (EntryId, JobEntry) {
     let op = StreamOp::Read {
+        partition: 0,
         consumer: WorkerId(w).consumer(),
         count: 1,
         now: T0,
@@ -107,7 +108,7 @@ fn success_is_written_then_acked() {
         (r.status, r.result.as_deref()),
         (RunStatus::Succeeded, Some("42"))
     );
-    assert_eq!(world.redis.jobs.pel_len(), 0);
+    assert_eq!(world.redis.pel_len(), 0);
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 
@@ -206,7 +207,14 @@ fn the_last_attempt_dead_letters_and_notifies() {
         dispatch: Dispatch(1),
     };
     world
-        .stream(&StreamOp::Publish { entry, now: T0 }, Issuer::default())
+        .stream(
+            &StreamOp::Publish {
+                partition: 0,
+                entry,
+                now: T0,
+            },
+            Issuer::default(),
+        )
         .unwrap();
     let (id, end) = deliver(&mut world, 0, Some(failed(ErrorClass::Panic)));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
@@ -258,7 +266,7 @@ fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
     late.handle(later, Input::Executed(ok()));
     let end = drive(&mut world, &mut late, None);
     assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
-    assert!(world.redis.jobs.pending(id).is_some());
+    assert!(world.redis.pending(id).is_some());
     assert!(world.violations.is_empty(), "{:?}", world.violations);
     assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Running);
 }
@@ -272,6 +280,7 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
     world
         .stream(
             &StreamOp::Publish {
+                partition: 0,
                 entry: bad,
                 now: T0,
             },
@@ -287,6 +296,7 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
     world
         .stream(
             &StreamOp::Publish {
+                partition: 0,
                 entry: ghost,
                 now: T0,
             },
@@ -296,7 +306,7 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
     let (_, end) = deliver(&mut world, 0, None);
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Quarantined));
     assert_eq!(world.redis.dead.len(), 2);
-    assert_eq!(world.redis.jobs.pel_len(), 0);
+    assert_eq!(world.redis.pel_len(), 0);
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 
@@ -311,6 +321,7 @@ fn a_duplicate_publication_is_acked_while_the_original_runs() {
     world
         .stream(
             &StreamOp::Publish {
+                partition: 0,
                 entry: dup,
                 now: T0,
             },
@@ -366,7 +377,7 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
     let input = exec(&mut world, &c, Issuer::default());
     d.handle(T0, input);
     // The worker dies; the stream is trimmed below its pending entry.
-    world.redis.jobs.xtrim(Trim::MaxLen(0));
+    world.redis.part_mut(0).xtrim(Trim::MaxLen(0));
     let later = T0.add_ms(policy().lease_ms + 1);
     world.db.clock = later;
     let mut r = Reclaimer::new(&policy(), WorkerId(1));
@@ -455,7 +466,7 @@ fn a_lost_publish_is_left_to_the_outbox() {
         m.handle(T0, input);
     }
     assert!(world.db.runs[&RunId(1)].published_at.is_some());
-    assert_eq!(world.redis.jobs.len(), 1);
+    assert_eq!(world.redis.part(0).len(), 1);
 }
 
 #[test]
@@ -504,7 +515,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 19);
+    assert_eq!(Mutant::ALL.len(), 20);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 
@@ -529,7 +540,10 @@ fn the_sweeper_walks_past_candidates_that_stay_candidates() {
     for run in 1..=5 {
         submit(&mut world, run);
     }
-    assert!(world.redis.jobs.lose_newest(), "run 5's entry is gone");
+    assert!(
+        world.redis.part_mut(0).lose_newest(),
+        "run 5's entry is gone"
+    );
     world.db.clock = T0.add_ms(p.sweep_grace_ms);
     let mut m = Maintenance::new(&p);
     for _ in 0..3 {
@@ -569,7 +583,14 @@ fn a_delivery_for_a_deleted_run_is_stale() {
             run: RunId(run),
             dispatch: Dispatch(1),
         };
-        let added = world.stream(&StreamOp::Publish { entry, now }, Issuer::default());
+        let added = world.stream(
+            &StreamOp::Publish {
+                partition: 0,
+                entry,
+                now,
+            },
+            Issuer::default(),
+        );
         assert!(added.is_ok());
         let (_, end) = deliver(&mut world, 0, None);
         assert_eq!(end, DeliveryEnd::Acked(why));
@@ -730,7 +751,14 @@ fn a_spent_budget_fails_the_run_without_running_it() {
         dispatch: world.db.runs[&RunId(1)].dispatch,
     };
     world
-        .stream(&StreamOp::Publish { entry, now: T0 }, Issuer::default())
+        .stream(
+            &StreamOp::Publish {
+                partition: 0,
+                entry,
+                now: T0,
+            },
+            Issuer::default(),
+        )
         .unwrap();
     let (_, end) = deliver(&mut world, 1, None);
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
@@ -741,4 +769,86 @@ fn a_spent_budget_fails_the_run_without_running_it() {
         Some(ErrorClass::BudgetExhausted)
     );
     assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+/// Runs spread over the partitions by run ID; a delivery read from
+/// partition 1 is claimed, acknowledged and recorded with its partition;
+/// the reclaimer, after partition 0's scan wraps, takes over a dead
+/// worker's delivery in partition 1; the queue adds the partitions up.
+#[test]
+fn partitions_keep_each_entry_in_its_own_stream() {
+    let policy = Policy {
+        partitions: 2,
+        ..policy()
+    };
+    assert_eq!(
+        (policy.partition_of(RunId(4)), policy.partition_of(RunId(7))),
+        (0, 1)
+    );
+    let mut world = World::partitioned(2);
+    world.db.clock = T0;
+    let mut s = Submitter::new(&policy, RunId(7), "noop", "{}", None);
+    while let Some(c) = s.poll() {
+        let input = exec(&mut world, &c, Issuer::default());
+        s.handle(T0, input);
+    }
+    let id = world.db.runs[&RunId(7)].entry_id.expect("published");
+    assert_eq!(id.partition, 1, "run 7 goes to partition 1");
+    assert_eq!(world.redis.part(0).len(), 0);
+    assert_eq!(world.redis.part(1).len(), 1);
+    assert!(id.to_string().starts_with("1:"), "{id}");
+
+    // Worker 0 reads it from partition 1, claims it, and dies.
+    let read = StreamOp::Read {
+        partition: 1,
+        consumer: WorkerId(0).consumer(),
+        count: 1,
+        now: T0,
+    };
+    let Ok(StreamReply::Entries(got)) = world.stream(&read, Issuer::default()) else {
+        panic!("partition 1 holds the entry");
+    };
+    assert_eq!(got[0].0, id, "the reply's ID carries its partition");
+    let mut d = Delivery::new(T0, &policy, WorkerId(0), id, got[0].1.clone(), 0);
+    let c = d.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    d.handle(T0, input);
+    assert_eq!(
+        world.db.attempts[&(RunId(7), AttemptNo(1))].entry_id,
+        id,
+        "the attempt records the entry's partition"
+    );
+    let queue = world.redis.queue(T0);
+    let group = queue.group.expect("groups");
+    assert_eq!(
+        (queue.length, group.pending, group.oldest_pending),
+        (1, 1, Some(id))
+    );
+
+    // The reclaimer scans partition 0 (nothing), then partition 1.
+    let later = T0.add_ms(policy.reclaim_min_idle_ms + 1);
+    world.age_all();
+    world.db.clock = later;
+    let mut r = Reclaimer::new(&policy, WorkerId(1));
+    let by = Issuer::worker(WorkerId(1));
+    let mut delivered = Vec::new();
+    for _ in 0..2 {
+        r.start(later, 1);
+        while let Some(c) = r.poll() {
+            let input = exec(&mut world, &c, by);
+            r.handle(later, input);
+        }
+        while let Some(e) = r.poll_event() {
+            delivered.push(e);
+        }
+    }
+    assert_eq!(
+        delivered,
+        vec![ReclaimerEvent::Deliver(id, got[0].1.clone())],
+        "the second round claims partition 1's delivery"
+    );
+    assert_eq!(
+        world.redis.pending(id).map(|p| p.consumer.clone()),
+        Some(WorkerId(1).consumer())
+    );
 }

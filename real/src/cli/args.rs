@@ -73,6 +73,19 @@ pub(crate) struct Connection {
     /// Consumer group.
     #[arg(long, env = "PELICAN_GROUP", default_value = "pelican", global = true)]
     pub(crate) group: String,
+    /// Job stream partitions: runs spread over this many stream keys, each
+    /// with its consumer group, whose hash tags put them on different
+    /// slots of a Redis Cluster. Give the API and the workers the same;
+    /// raise it, never lower it (entries of a dropped partition are
+    /// stranded).
+    #[arg(
+        long,
+        env = "PELICAN_PARTITIONS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=1024),
+        global = true
+    )]
+    pub(crate) partitions: u16,
     /// How long any Redis or Postgres call may take before it counts as
     /// unavailable.
     #[arg(
@@ -200,6 +213,7 @@ impl Connection {
         config.policy.attempts_max = attempts_max;
         config.policy.mutant = self.mutant()?;
         config.policy.kinds = self.kinds(handlers);
+        config.policy.partitions = self.partitions;
         config.call_timeout_ms = self.call_timeout_ms;
         Ok(config)
     }

@@ -62,7 +62,7 @@ pub(crate) async fn connect(c: &Connection, read_block_ms: u64) -> Result<Client
     let db = connect_db(c).await?;
     let stream = RedisStream::connect(
         &RedisAddr::new(&c.redis_url, c.redis_cluster),
-        StreamNames::new(&c.stream, &c.group),
+        StreamNames::partitioned(&c.stream, &c.group, c.partitions).map_err(anyhow::Error::msg)?,
         read_block_ms,
         Duration::from_millis(c.call_timeout_ms),
     )
@@ -188,6 +188,7 @@ pub(crate) async fn worker(
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         keep_finished_ms: a.keep_finished_ms,
         unknown_retries_max: a.unknown_retries_max,
+        partitions: c.partitions,
         kinds: c.kinds(handlers),
         mutant: c.mutant()?,
     };
@@ -396,9 +397,11 @@ async fn migrate(c: &Connection) -> Result<()> {
     let clients = connect(c, 0).await?;
     clients.db.migrate().await?;
     let io = io(clients, Config::default(), NoProbe);
-    match io.stream.execute(StreamOp::EnsureGroup).await {
-        Ok(Ok(_)) => {}
-        _ => bail!("creating the consumer group failed"),
+    for partition in 0..c.partitions {
+        match io.stream.execute(StreamOp::EnsureGroup { partition }).await {
+            Ok(Ok(_)) => {}
+            _ => bail!("creating the consumer group of partition {partition} failed"),
+        }
     }
     println!("schema and consumer group ready");
     Ok(())

@@ -1,7 +1,7 @@
 //! The driver: the clients it needs, its configuration, and the loops that
 //! run the protocol's roles (see the crate docs).
 
-use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
+use pelican_model::ids::{EntryId, Fence, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
     Unavailable,
@@ -119,8 +119,8 @@ pub trait Entropy: Send + Sync + 'static {
 /// Which role instance a command or input belongs to (for probes and traces).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum RoleId {
-    /// A worker's reader (XREADGROUP, group creation).
-    Reader(WorkerId),
+    /// A worker's reader of one partition (XREADGROUP, group creation).
+    Reader(WorkerId, Partition),
     /// A worker handling one delivery: its `n`th since the worker started
     /// (the same entry can be delivered to the same worker again while an
     /// earlier delivery of it still runs).

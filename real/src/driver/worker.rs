@@ -3,7 +3,7 @@
 
 use super::{Config, DbClient, Io, Probe, RoleId, StreamClient};
 use crate::jobs::Executor;
-use pelican_model::ids::WorkerId;
+use pelican_model::ids::{Partition, WorkerId};
 use pelican_model::protocol::{
     Command, Input, JobEntry, Maintenance, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp,
     StreamReply,
@@ -68,7 +68,9 @@ where
         tokio::select! {
             biased;
             () = shutdown => {}
-            () = read_loop(&self.io, &self.executor, self.id, &slots, &count) => {}
+            _ = futures_util::future::join_all(config.policy.all_partitions().map(|p| {
+                read_loop(&self.io, &self.executor, self.id, p, &slots, &count)
+            })) => {}
         }
         // Stop taking work. The reclaimer and the maintenance pass stop where
         // they are: every step they take is a conditional statement or a
@@ -111,17 +113,22 @@ fn spawn_delivery<S, D, P, X>(
     });
 }
 
-/// XREADGROUP as many entries as there are free slots, forever.
+/// XREADGROUP as many entries of `partition` as there are free slots,
+/// forever. A worker runs one per partition: on a Redis Cluster, one read
+/// cannot name keys of two slots.
 ///
 /// The reader holds no slot while XREADGROUP blocks: it waits for one slot
 /// to be free, reads up to the number free, and only then takes a slot per
 /// entry it got (waiting, if the reclaimer took some meanwhile). A reader
 /// that held its slots through a blocking read would leave the reclaimer no
-/// room on an idle worker, exactly when reclaiming is its only work.
+/// room on an idle worker, exactly when reclaiming is its only work. Readers
+/// of several partitions may each read into the same free slots; what one
+/// got beyond them waits for slots, pending as a paused worker's would be.
 async fn read_loop<S, D, P, X>(
     io: &Arc<Io<S, D, P>>,
     executor: &Arc<X>,
     worker: WorkerId,
+    partition: Partition,
     slots: &Arc<Semaphore>,
     count: &AtomicU32,
 ) where
@@ -130,7 +137,7 @@ async fn read_loop<S, D, P, X>(
     P: Probe,
     X: Executor,
 {
-    let role = RoleId::Reader(worker);
+    let role = RoleId::Reader(worker, partition);
     let by = Issuer::worker(worker);
     let idle = Duration::from_millis(io.config.idle_poll_ms);
     loop {
@@ -139,6 +146,7 @@ async fn read_loop<S, D, P, X>(
             Err(_) => return,
         };
         let read = Command::Stream(StreamOp::Read {
+            partition,
             consumer: worker.consumer(),
             count: room.min(io.config.read_count_max),
             now: io.now(),
@@ -163,7 +171,11 @@ async fn read_loop<S, D, P, X>(
                 // Redis lost the stream or the group: recreate it; the
                 // sweeper re-publishes from Postgres.
                 let _ = io
-                    .run(&role, Command::Stream(StreamOp::EnsureGroup), by)
+                    .run(
+                        &role,
+                        Command::Stream(StreamOp::EnsureGroup { partition }),
+                        by,
+                    )
                     .await;
             }
             _ => tokio::time::sleep(idle).await,
@@ -251,8 +263,10 @@ async fn maintenance_loop<S, D, P>(
         if io.config.retention_ms > 0 {
             let before = Timestamp(io.now().0.saturating_sub(io.config.retention_ms));
             let by = Issuer::worker(worker);
-            let retain = Command::Stream(StreamOp::Retain { before });
-            let _ = io.run(&RoleId::Retention(worker), retain, by).await;
+            for partition in io.config.policy.all_partitions() {
+                let retain = Command::Stream(StreamOp::Retain { partition, before });
+                let _ = io.run(&RoleId::Retention(worker), retain, by).await;
+            }
         }
     }
 }

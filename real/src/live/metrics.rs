@@ -184,7 +184,7 @@ impl Probe for MetricsProbe {
         if matches!(input, Input::Unavailable) {
             self.unavailable.increment(1);
         }
-        if matches!(role, RoleId::Reader(_)) {
+        if matches!(role, RoleId::Reader(..)) {
             let answered = matches!(input, Input::Stream(_));
             self.readiness.reading.store(answered, Ordering::Relaxed);
         }

@@ -9,7 +9,7 @@
 //! [`Unavailable`]; Redis errors the protocol knows (`NOGROUP`) are answers.
 
 use crate::driver::{StreamClient, StreamResult};
-use pelican_model::ids::{Dispatch, EntryId, RunId};
+use pelican_model::ids::{Dispatch, EntryId, Partition, RunId};
 use pelican_model::protocol::{
     DeadEntry, GroupState, JobEntry, QueueState, StreamOp, StreamReply, Unavailable,
 };
@@ -100,24 +100,87 @@ impl redis::aio::ConnectionLike for RedisConn {
 /// Where the streams live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamNames {
-    /// The job stream (`pelican:jobs`).
+    /// The job stream (`pelican:jobs`), partition 0's.
     pub jobs: String,
+    /// Every partition's job stream, partition `p` at index `p`.
+    pub partitions: Vec<String>,
     /// The dead-letter stream (`pelican:jobs:dead`).
     pub dead: String,
     /// The consumer group (`pelican`).
     pub group: String,
 }
 
+/// Redis Cluster's slots.
+const SLOTS: u32 = 16_384;
+
+/// The slot of `key` on a Redis Cluster: CRC16 (XMODEM) of its hash tag,
+/// or of the whole key without one.
+#[must_use]
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|b| *b == b'{').and_then(|open| {
+        let close = bytes[open + 1..].iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+    });
+    let slot = crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes));
+    u16::try_from(u32::from(slot) % SLOTS).expect("below the slot count")
+}
+
 impl StreamNames {
     /// The names under `prefix`: `<prefix>:jobs`, `<prefix>:jobs:dead`, and
-    /// the group `group`.
+    /// the group `group`; one partition.
     #[must_use]
     pub fn new(prefix: &str, group: &str) -> StreamNames {
+        let jobs = format!("{prefix}:jobs");
         StreamNames {
-            jobs: format!("{prefix}:jobs"),
+            partitions: vec![jobs.clone()],
+            jobs,
             dead: format!("{prefix}:jobs:dead"),
             group: group.to_owned(),
         }
+    }
+
+    /// The names of `partitions` partitions. Partition 0 keeps
+    /// `<prefix>:jobs`; partition `p` is `<prefix>:jobs:<p>:{<tag>}`, whose
+    /// hash tag puts it `p` N-ths of the slots past partition 0's slot. On a
+    /// cluster whose masters hold equal ranges of slots (as `redis-cli
+    /// --cluster create` makes them), N partitions over N masters land one
+    /// on each.
+    ///
+    /// # Errors
+    /// With more than one partition, a prefix with a hash tag (`{`): it
+    /// would put every partition on one slot.
+    pub fn partitioned(prefix: &str, group: &str, partitions: Partition) -> Result<Self, String> {
+        let mut names = StreamNames::new(prefix, group);
+        if partitions <= 1 {
+            return Ok(names);
+        }
+        if prefix.contains(['{', '}']) {
+            return Err(format!(
+                "the stream prefix {prefix:?} has a hash tag, which would put all {partitions} \
+                 partitions on one slot: drop the braces"
+            ));
+        }
+        let first = u32::from(key_slot(&names.jobs));
+        for p in 1..u32::from(partitions) {
+            let target = (first + p * SLOTS / u32::from(partitions)) % SLOTS;
+            let tag = (0_u32..)
+                .map(|k| format!("{k:x}"))
+                .find(|tag| u32::from(key_slot(&format!("{{{tag}}}"))) == target)
+                .expect("every slot has a short tag");
+            names
+                .partitions
+                .push(format!("{prefix}:jobs:{p}:{{{tag}}}"));
+        }
+        Ok(names)
+    }
+
+    /// The job stream of `partition`, if there is such a partition.
+    #[must_use]
+    pub fn key(&self, partition: Partition) -> Option<&str> {
+        self.partitions
+            .get(usize::from(partition))
+            .map(String::as_str)
     }
 }
 
@@ -223,24 +286,36 @@ impl RedisStream {
         self.conn.clone()
     }
 
-    /// `XACK <jobs> <group> <id>...`: the twin of `Stream::xack` (alone, or
-    /// one of a pipeline).
-    fn xadd(&self, entry: &JobEntry) -> Cmd {
+    /// `XADD <jobs> * ...`: the twin of `Stream::xadd` (alone, or one of a
+    /// pipeline).
+    fn xadd(key: &str, entry: &JobEntry) -> Cmd {
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(&self.names.jobs).arg("*");
+        cmd.arg(key).arg("*");
         for (k, v) in encode_job(entry) {
             cmd.arg(k).arg(v);
         }
         cmd
     }
 
-    fn xack(&self, ids: &[EntryId]) -> Cmd {
+    /// `XACK <jobs> <group> <id>...`: the twin of `Stream::xack` (alone, or
+    /// one of a pipeline).
+    fn xack(&self, key: &str, ids: &[EntryId]) -> Cmd {
         let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.names.jobs).arg(&self.names.group);
+        cmd.arg(key).arg(&self.names.group);
         for id in ids {
-            cmd.arg(id.to_string());
+            cmd.arg(id.local().to_string());
         }
         cmd
+    }
+
+    /// The pipelined form of `op` (an ack or a publication) on `key`, with
+    /// how its answer reads; `None` for any other command.
+    fn pipelined(&self, key: &str, op: &StreamOp) -> Option<(Cmd, Parse)> {
+        match op {
+            StreamOp::Ack { ids } => Some((self.xack(key, ids), (|v| Ok(acked(v))) as Parse)),
+            StreamOp::Publish { entry, .. } => Some((Self::xadd(key, entry), added as Parse)),
+            _ => None,
+        }
     }
 
     async fn query(&self, cmd: &Cmd) -> Result<Result<Value, StreamError>, Unavailable> {
@@ -261,25 +336,35 @@ impl RedisStream {
             .map_err(|_| Unavailable)
     }
 
-    /// Runs one command.
+    /// Runs one command: on its partition's stream, with IDs as Redis
+    /// writes them, and the reply's IDs put back in the partition. A
+    /// partition this deployment does not have answers as a missing key.
     pub async fn execute(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
-        Ok(match op {
-            StreamOp::Publish { entry, .. } => {
-                self.query(&self.xadd(&entry)).await?.and_then(added)
-            }
-            StreamOp::PublishDead { entry, .. } => {
-                let mut cmd = redis::cmd("XADD");
-                cmd.arg(&n.dead).arg("*");
-                for (k, v) in encode_dead(&entry) {
-                    cmd.arg(k).arg(v);
+        let Some(p) = op.partition() else {
+            return match op {
+                StreamOp::PublishDead { entry, .. } => {
+                    let mut cmd = redis::cmd("XADD");
+                    cmd.arg(&n.dead).arg("*");
+                    for (k, v) in encode_dead(&entry) {
+                        cmd.arg(k).arg(v);
+                    }
+                    Ok(self.query(&cmd).await?.and_then(added))
                 }
-                self.query(&cmd).await?.and_then(added)
+                _ => self.queue().await,
+            };
+        };
+        let Some(key) = n.key(p) else {
+            return Ok(Err(StreamError::NoGroup));
+        };
+        let reply = match op {
+            StreamOp::Publish { entry, .. } => {
+                self.query(&Self::xadd(key, &entry)).await?.and_then(added)
             }
-            StreamOp::EnsureGroup => {
+            StreamOp::EnsureGroup { .. } => {
                 let mut cmd = redis::cmd("XGROUP");
                 cmd.arg("CREATE")
-                    .arg(&n.jobs)
+                    .arg(key)
                     .arg(&n.group)
                     .arg("0")
                     .arg("MKSTREAM");
@@ -300,12 +385,12 @@ impl RedisStream {
                     .arg("BLOCK")
                     .arg(self.block_ms)
                     .arg("STREAMS")
-                    .arg(&n.jobs)
+                    .arg(key)
                     .arg(">");
                 let mut reader = self.reader.clone();
                 answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply)
             }
-            StreamOp::Ack { ids } => self.query(&self.xack(&ids)).await?.map(acked),
+            StreamOp::Ack { ids } => self.query(&self.xack(key, &ids)).await?.map(acked),
             StreamOp::AutoClaim {
                 consumer,
                 min_idle_ms,
@@ -314,52 +399,87 @@ impl RedisStream {
                 ..
             } => {
                 let mut cmd = redis::cmd("XAUTOCLAIM");
-                cmd.arg(&n.jobs)
+                cmd.arg(key)
                     .arg(&n.group)
                     .arg(&consumer)
                     .arg(min_idle_ms)
-                    .arg(start.to_string())
+                    .arg(start.local().to_string())
                     .arg("COUNT")
                     .arg(count);
                 self.query(&cmd).await?.map(autoclaim_reply)
             }
             StreamOp::Touch { consumer, id, .. } => {
                 let mut cmd = redis::cmd("XCLAIM");
-                cmd.arg(&n.jobs)
+                cmd.arg(key)
                     .arg(&n.group)
                     .arg(&consumer)
                     .arg(0)
-                    .arg(id.to_string())
+                    .arg(id.local().to_string())
                     .arg("JUSTID");
                 self.query(&cmd)
                     .await?
                     .map(|v| StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty())))
             }
-            StreamOp::Locate { id } => return self.locate(id).await,
-            StreamOp::Retain { before } => return self.retain(before).await,
-            StreamOp::Queue { .. } => return self.queue().await,
-        })
+            StreamOp::Locate { id } => self.locate(key, id.local()).await?,
+            StreamOp::Retain { before, .. } => self.retain(key, before).await?,
+            StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => {
+                unreachable!("no partition")
+            }
+        };
+        Ok(reply.map(|r| r.in_partition(p)))
     }
 
-    /// `Queue`: XLEN of both streams, XINFO GROUPS, and XPENDING's summary
-    /// and oldest row, as one pipeline (one round trip; on a cluster, where
-    /// a pipeline stays within one slot, the dead stream's XLEN is a second
-    /// one). The reads need no transaction: each figure is a reading, as a
-    /// scrape's are.
+    /// `Queue`: every partition's reading ([`Self::queue_of`]), merged as
+    /// the model merges them.
     async fn queue(&self) -> Result<StreamResult, Unavailable> {
+        let dead_apart = matches!(self.conn, RedisConn::Cluster(_));
+        let dead_letters = if dead_apart {
+            let mut dead = redis::cmd("XLEN");
+            dead.arg(&self.names.dead);
+            Some(
+                self.query(&dead)
+                    .await?
+                    .ok()
+                    .as_ref()
+                    .and_then(int)
+                    .unwrap_or(0),
+            )
+        } else {
+            None
+        };
+        let mut parts = Vec::with_capacity(self.names.partitions.len());
+        for (p, key) in self.names.partitions.iter().enumerate() {
+            let p = Partition::try_from(p).expect("partitions fit their type");
+            let part = self.queue_of(key, dead_letters).await?;
+            parts.push(match StreamReply::Queue(part).in_partition(p) {
+                StreamReply::Queue(q) => q,
+                _ => unreachable!("a queue stays a queue"),
+            });
+        }
+        Ok(Ok(StreamReply::Queue(QueueState::merge(parts))))
+    }
+
+    /// One partition's queue: XLEN of its stream (and of the dead stream,
+    /// unless `dead_letters` is read already), XINFO GROUPS, and XPENDING's
+    /// summary and oldest row, as one pipeline (one round trip; on a
+    /// cluster, where a pipeline stays within one slot, the dead stream's
+    /// XLEN is read apart). The reads need no transaction: each figure is a
+    /// reading, as a scrape's are.
+    async fn queue_of(
+        &self,
+        key: &str,
+        dead_letters: Option<u64>,
+    ) -> Result<QueueState, Unavailable> {
         let n = &self.names;
         let mut pipe = redis::pipe();
-        pipe.cmd("XLEN").arg(&n.jobs);
-        let dead_apart = matches!(self.conn, RedisConn::Cluster(_));
-        let mut dead = redis::cmd("XLEN");
-        dead.arg(&n.dead);
-        if !dead_apart {
-            pipe.add_command(dead.clone());
+        pipe.cmd("XLEN").arg(key);
+        if dead_letters.is_none() {
+            pipe.cmd("XLEN").arg(&n.dead);
         }
-        pipe.cmd("XINFO").arg("GROUPS").arg(&n.jobs);
-        pipe.cmd("XPENDING").arg(&n.jobs).arg(&n.group);
+        pipe.cmd("XINFO").arg("GROUPS").arg(key);
+        pipe.cmd("XPENDING").arg(key).arg(&n.group);
         pipe.cmd("XPENDING")
-            .arg(&n.jobs)
+            .arg(key)
             .arg(&n.group)
             .arg("-")
             .arg("+")
@@ -367,12 +487,10 @@ impl RedisStream {
         let mut replies = self.pipeline(&mut pipe).await?.into_iter().map(answer);
         let mut next = || replies.next().unwrap_or(Err(Unavailable));
         let length = next()?.ok().as_ref().and_then(int).unwrap_or(0);
-        let dead_letters = if dead_apart {
-            self.query(&dead).await?
-        } else {
-            next()?
+        let dead_letters = match dead_letters {
+            Some(n) => n,
+            None => next()?.ok().as_ref().and_then(int).unwrap_or(0),
         };
-        let dead_letters = dead_letters.ok().as_ref().and_then(int).unwrap_or(0);
         let info = match next()? {
             Ok(Value::Array(groups)) => groups
                 .iter()
@@ -383,11 +501,11 @@ impl RedisStream {
         let summary = next()?;
         let oldest = next()?;
         let Some(info) = info else {
-            return Ok(Ok(StreamReply::Queue(QueueState {
+            return Ok(QueueState {
                 length,
                 dead_letters,
                 group: None,
-            })));
+            });
         };
         let consumers = match &summary {
             Ok(Value::Array(parts)) => match parts.get(3) {
@@ -420,7 +538,7 @@ impl RedisStream {
             },
             _ => None,
         };
-        Ok(Ok(StreamReply::Queue(QueueState {
+        Ok(QueueState {
             length,
             dead_letters,
             group: Some(GroupState {
@@ -430,14 +548,17 @@ impl RedisStream {
                 oldest_idle_ms: oldest.and_then(|o| o.1),
                 consumers,
             }),
-        })))
+        })
     }
 
-    /// Our group's row of XINFO GROUPS, as (field, value) texts; `None`
-    /// without the key or the group.
-    pub(crate) async fn group_info(&self) -> Result<Option<Vec<(String, String)>>, Unavailable> {
+    /// Our group's row of XINFO GROUPS on `key`, as (field, value) texts;
+    /// `None` without the key or the group.
+    pub(crate) async fn group_info(
+        &self,
+        key: &str,
+    ) -> Result<Option<Vec<(String, String)>>, Unavailable> {
         let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&self.names.jobs);
+        info.arg("GROUPS").arg(key);
         Ok(match self.query(&info).await? {
             Ok(Value::Array(groups)) => groups
                 .iter()
@@ -447,10 +568,11 @@ impl RedisStream {
         })
     }
 
-    /// The group's last delivered ID (XINFO GROUPS), if the group exists.
-    async fn last_delivered(&self) -> Result<Option<EntryId>, Unavailable> {
+    /// The group's last delivered ID on `key` (XINFO GROUPS), if the group
+    /// exists.
+    async fn last_delivered(&self, key: &str) -> Result<Option<EntryId>, Unavailable> {
         Ok(self
-            .group_info()
+            .group_info(key)
             .await?
             .and_then(|f| field(&f, "last-delivered-id"))
             .and_then(|s| s.parse::<EntryId>().ok()))
@@ -463,11 +585,12 @@ impl RedisStream {
     /// transaction.
     async fn retain(
         &self,
+        key: &str,
         before: pelican_model::time::Timestamp,
     ) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
         let mut summary = redis::cmd("XPENDING");
-        summary.arg(&n.jobs).arg(&n.group);
+        summary.arg(key).arg(&n.group);
         let oldest = match self.query(&summary).await? {
             Ok(Value::Array(parts)) => parts
                 .get(1)
@@ -480,12 +603,12 @@ impl RedisStream {
             }
             Err(e) => return Ok(Err(e)),
         };
-        let Some(last) = self.last_delivered().await? else {
+        let Some(last) = self.last_delivered(key).await? else {
             return Ok(Ok(StreamReply::Trimmed(0)));
         };
         let cutoff = pelican_model::world::retention_cutoff(before, oldest, last);
         let mut trim = redis::cmd("XTRIM");
-        trim.arg(&n.jobs).arg("MINID").arg(cutoff.to_string());
+        trim.arg(key).arg("MINID").arg(cutoff.to_string());
         Ok(self
             .query(&trim)
             .await?
@@ -493,24 +616,22 @@ impl RedisStream {
     }
 
     /// `Locate`: XRANGE id id, XPENDING id id 1, XINFO GROUPS (read-only).
-    async fn locate(&self, id: EntryId) -> Result<StreamResult, Unavailable> {
+    async fn locate(&self, key: &str, id: EntryId) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
-        let key = id.to_string();
+        let at = id.to_string();
         let mut range = redis::cmd("XRANGE");
-        range.arg(&n.jobs).arg(&key).arg(&key).arg("COUNT").arg(1);
+        range.arg(key).arg(&at).arg(&at).arg("COUNT").arg(1);
         let entry = match self.query(&range).await? {
             Ok(Value::Array(items)) => items.first().map(|e| decode_entry(e).1),
             _ => None,
         };
         let mut pending = redis::cmd("XPENDING");
-        pending
-            .arg(&n.jobs)
-            .arg(&n.group)
-            .arg(&key)
-            .arg(&key)
-            .arg(1);
+        pending.arg(key).arg(&n.group).arg(&at).arg(&at).arg(1);
         let pending = matches!(self.query(&pending).await?, Ok(Value::Array(a)) if !a.is_empty());
-        let delivered = self.last_delivered().await?.is_some_and(|last| id <= last);
+        let delivered = self
+            .last_delivered(key)
+            .await?
+            .is_some_and(|last| id <= last);
         Ok(Ok(StreamReply::Located {
             entry,
             pending,
@@ -524,38 +645,60 @@ impl StreamClient for RedisStream {
         self.execute(op).await
     }
 
-    /// Acknowledgements go out as one pipeline (one round trip; each `XACK`
-    /// its own command with its own answer); any other mix one by one.
+    /// Acknowledgements and publications go out as pipelines (one round
+    /// trip; each `XACK` or `XADD` its own command with its own answer):
+    /// one for the lot on a single server, one per partition on a cluster,
+    /// where a pipeline stays within one slot. Any other mix goes one by
+    /// one.
     async fn call_batch(
         &self,
         ops: Vec<(StreamOp, Issuer)>,
     ) -> Result<Vec<StreamResult>, Unavailable> {
-        // Acks and publications pipeline: each is its own command, and its
-        // answer is read as a lone one's.
-        type Read = fn(Value) -> Result<StreamReply, StreamError>;
-        let pipelined: Option<Vec<(Cmd, Read)>> = ops
+        let pipelined: Option<Vec<(Partition, Cmd, Parse)>> = ops
             .iter()
-            .map(|(op, _)| match op {
-                StreamOp::Ack { ids } => Some((self.xack(ids), (|v| Ok(acked(v))) as Read)),
-                StreamOp::Publish { entry, .. } => Some((self.xadd(entry), added as Read)),
-                _ => None,
+            .map(|(op, _)| {
+                let p = op.partition()?;
+                let (cmd, parse) = self.pipelined(self.names.key(p)?, op)?;
+                Some((p, cmd, parse))
             })
             .collect();
         let Some(pipelined) = pipelined else {
             return crate::driver::one_by_one(ops, |op, _| self.execute(op)).await;
         };
-        let mut pipe = redis::pipe();
-        for (cmd, _) in &pipelined {
-            pipe.add_command(cmd.clone());
+        let apart = matches!(self.conn, RedisConn::Cluster(_));
+        let mut groups: Vec<(Partition, Vec<usize>)> = Vec::new();
+        for (i, (p, ..)) in pipelined.iter().enumerate() {
+            let p = if apart { *p } else { 0 };
+            match groups.iter_mut().find(|(q, _)| *q == p) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((p, vec![i])),
+            }
         }
-        self.pipeline(&mut pipe)
-            .await?
-            .into_iter()
-            .zip(pipelined)
-            .map(|(r, (_, read))| Ok(answer(r)?.and_then(read)))
-            .collect()
+        let sent = futures_util::future::join_all(groups.iter().map(|(_, members)| {
+            let mut pipe = redis::pipe();
+            for &i in members {
+                pipe.add_command(pipelined[i].1.clone());
+            }
+            async move { self.pipeline(&mut pipe).await }
+        }))
+        .await;
+        let mut out: Vec<Option<StreamResult>> = vec![None; pipelined.len()];
+        for ((_, members), replies) in groups.iter().zip(sent) {
+            let replies = replies?;
+            if replies.len() != members.len() {
+                return Err(Unavailable);
+            }
+            for (&i, r) in members.iter().zip(replies) {
+                let (p, _, parse) = &pipelined[i];
+                out[i] = Some(answer(r)?.and_then(parse).map(|r| r.in_partition(*p)));
+            }
+        }
+        out.into_iter().map(|r| r.ok_or(Unavailable)).collect()
     }
 }
+
+/// How a pipelined command's answer reads.
+type Parse = fn(Value) -> Result<StreamReply, StreamError>;
 
 /// Sorts a command's result: an answer, a protocol error, or no answer.
 fn answer(r: redis::RedisResult<Value>) -> Result<Result<Value, StreamError>, Unavailable> {

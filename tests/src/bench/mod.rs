@@ -48,7 +48,7 @@
 use crate::{Cluster, Database, Env, Proc, Redis, round, submit_new};
 use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
-use pelican_real::live::{PgDb, RedisAddr, RedisStream, StreamNames};
+use pelican_real::live::{PgDb, RedisAddr, RedisStream};
 use pelican_real::{Config, Io, NoProbe};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -316,7 +316,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn clients(env: &Env, pool: u32) -> Clients {
     let stream = RedisStream::connect(
         &RedisAddr::new(&env.redis.url(), env.redis.is_cluster()),
-        StreamNames::new(&env.stream, "pelican"),
+        env.names(),
         100,
         Duration::from_secs(5),
     )
@@ -330,7 +330,13 @@ async fn clients(env: &Env, pool: u32) -> Clients {
         db,
         probe: NoProbe,
         entropy: Arc::new(crate::Fixed),
-        config: Config::default(),
+        config: Config {
+            policy: pelican_model::protocol::Policy {
+                partitions: env.partitions,
+                ..pelican_model::protocol::Policy::default()
+            },
+            ..Config::default()
+        },
     }
 }
 

@@ -4,13 +4,16 @@
 //! an entry deleted (trimmed, as far as the group can tell) and Redis
 //! wiped.
 //!
+//! Two partitions: the commands that name one run on either, and IDs keep
+//! theirs (an XACK names the IDs of its first ID's partition).
+//!
 //! IDs: a publish runs on Redis first, and the model adds its entry at the
 //! millisecond Redis chose, so both sides hold the same IDs. Idle times:
 //! the model reads the wall clock Redis also runs on, and every idle
 //! threshold is 0 or far above what a sequence can create.
 
 use super::{Outcome, runner};
-use pelican_model::ids::{Dispatch, EntryId, RunId};
+use pelican_model::ids::{Dispatch, EntryId, Partition, RunId};
 use pelican_model::protocol::{DeadEntry, JobEntry, StreamOp, StreamReply};
 use pelican_model::status::ErrorClass;
 use pelican_model::time::Timestamp;
@@ -31,6 +34,7 @@ const THRESHOLD_MS: u64 = 500_000;
 #[allow(missing_docs)]
 pub enum Step {
     Publish {
+        partition: Partition,
         run: u64,
         dispatch: u32,
         malformed: bool,
@@ -38,8 +42,11 @@ pub enum Step {
     PublishDead {
         run: u64,
     },
-    EnsureGroup,
+    EnsureGroup {
+        partition: Partition,
+    },
     Read {
+        partition: Partition,
         consumer: u8,
         count: usize,
     },
@@ -47,6 +54,7 @@ pub enum Step {
         entries: Vec<usize>,
     },
     AutoClaim {
+        partition: Partition,
         consumer: u8,
         long_idle: bool,
         start: usize,
@@ -60,6 +68,7 @@ pub enum Step {
         entry: usize,
     },
     Retain {
+        partition: Partition,
         entry: usize,
         after: bool,
     },
@@ -72,34 +81,45 @@ pub enum Step {
     Wipe,
 }
 
+/// The partitions a sequence runs on.
+const PARTITIONS: Partition = 2;
+
 fn step() -> impl Strategy<Value = Step> {
     let entry = || 0usize..8;
     let consumer = || 0u8..3;
+    let partition = || 0..PARTITIONS;
     prop_oneof![
-        4 => (1u64..=3, 1u32..=2, prop::bool::weighted(0.1))
-            .prop_map(|(run, dispatch, malformed)| Step::Publish { run, dispatch, malformed }),
+        4 => (partition(), 1u64..=3, 1u32..=2, prop::bool::weighted(0.1)).prop_map(
+            |(partition, run, dispatch, malformed)| Step::Publish { partition, run, dispatch, malformed }
+        ),
         1 => (1u64..=3).prop_map(|run| Step::PublishDead { run }),
-        1 => Just(Step::EnsureGroup),
-        3 => (consumer(), 1usize..4).prop_map(|(consumer, count)| Step::Read { consumer, count }),
+        1 => partition().prop_map(|partition| Step::EnsureGroup { partition }),
+        3 => (partition(), consumer(), 1usize..4)
+            .prop_map(|(partition, consumer, count)| Step::Read { partition, consumer, count }),
         2 => prop::collection::vec(entry(), 1..3).prop_map(|entries| Step::Ack { entries }),
-        2 => (consumer(), any::<bool>(), entry(), 1usize..4).prop_map(
-            |(consumer, long_idle, start, count)| Step::AutoClaim { consumer, long_idle, start, count }
+        2 => (partition(), consumer(), any::<bool>(), entry(), 1usize..4).prop_map(
+            |(partition, consumer, long_idle, start, count)| Step::AutoClaim {
+                partition, consumer, long_idle, start, count
+            }
         ),
         1 => (consumer(), entry()).prop_map(|(consumer, entry)| Step::Touch { consumer, entry }),
         1 => entry().prop_map(|entry| Step::Locate { entry }),
-        1 => (entry(), any::<bool>()).prop_map(|(entry, after)| Step::Retain { entry, after }),
+        1 => (partition(), entry(), any::<bool>())
+            .prop_map(|(partition, entry, after)| Step::Retain { partition, entry, after }),
         1 => Just(Step::Queue),
         1 => entry().prop_map(|entry| Step::Delete { entry }),
         1 => Just(Step::Wipe),
     ]
 }
 
-/// A random stream sequence (it starts by creating the group most of the
+/// A random stream sequence (it starts by creating the groups most of the
 /// time, as a worker does).
 pub fn stream_sequence() -> impl Strategy<Value = Vec<Step>> {
     (any::<bool>(), prop::collection::vec(step(), 1..25)).prop_map(|(create, mut steps)| {
         if create {
-            steps.insert(0, Step::EnsureGroup);
+            for partition in (0..PARTITIONS).rev() {
+                steps.insert(0, Step::EnsureGroup { partition });
+            }
         }
         steps
     })
@@ -150,10 +170,12 @@ impl Sides<'_> {
         let consumer = |c: &u8| format!("c{c}");
         Some(match step {
             Step::Publish {
+                partition,
                 run,
                 dispatch,
                 malformed,
             } => StreamOp::Publish {
+                partition: *partition,
                 entry: if *malformed {
                     // What the binding decodes a `malformed` field to.
                     JobEntry::Malformed {
@@ -175,16 +197,31 @@ impl Sides<'_> {
                 },
                 now,
             },
-            Step::EnsureGroup => StreamOp::EnsureGroup,
-            Step::Read { consumer: c, count } => StreamOp::Read {
+            Step::EnsureGroup { partition } => StreamOp::EnsureGroup {
+                partition: *partition,
+            },
+            Step::Read {
+                partition,
+                consumer: c,
+                count,
+            } => StreamOp::Read {
+                partition: *partition,
                 consumer: consumer(c),
                 count: *count,
                 now,
             },
-            Step::Ack { entries } => StreamOp::Ack {
-                ids: entries.iter().map(|e| self.id(*e)).collect(),
-            },
+            Step::Ack { entries } => {
+                let ids: Vec<EntryId> = entries.iter().map(|e| self.id(*e)).collect();
+                let partition = ids[0].partition;
+                StreamOp::Ack {
+                    ids: ids
+                        .into_iter()
+                        .filter(|id| id.partition == partition)
+                        .collect(),
+                }
+            }
             Step::AutoClaim {
+                partition,
                 consumer: c,
                 long_idle,
                 start,
@@ -196,7 +233,8 @@ impl Sides<'_> {
                     EntryId::ZERO
                 } else {
                     self.id(*start)
-                },
+                }
+                .in_partition(*partition),
                 count: *count,
                 now,
             },
@@ -208,7 +246,12 @@ impl Sides<'_> {
             Step::Locate { entry } => StreamOp::Locate {
                 id: self.id(*entry),
             },
-            Step::Retain { entry, after } => StreamOp::Retain {
+            Step::Retain {
+                partition,
+                entry,
+                after,
+            } => StreamOp::Retain {
+                partition: *partition,
                 before: Timestamp(self.id(*entry).ms + u64::from(*after)),
             },
             Step::Queue => StreamOp::Queue { now },
@@ -228,9 +271,15 @@ impl Sides<'_> {
             .map_err(|e| format!("{op:?}: Redis did not answer: {e}"))?;
         // The model adds a published entry at the millisecond Redis chose.
         let op = match (&op, &got) {
-            (StreamOp::Publish { entry, .. }, Ok(StreamReply::Added(id))) => {
+            (
+                StreamOp::Publish {
+                    partition, entry, ..
+                },
+                Ok(StreamReply::Added(id)),
+            ) => {
                 self.ids.push(*id);
                 StreamOp::Publish {
+                    partition: *partition,
                     entry: entry.clone(),
                     now: Timestamp(id.ms),
                 }
@@ -256,17 +305,21 @@ impl Sides<'_> {
         match step {
             Step::Delete { entry } => {
                 let id = self.id(*entry);
-                self.model.jobs.xdel(&[id]);
+                self.model.part_mut(id.partition).xdel(&[id.local()]);
                 redis::cmd("XDEL")
-                    .arg(&names.jobs)
-                    .arg(id.to_string())
+                    .arg(
+                        names
+                            .key(id.partition)
+                            .expect("a partition of the sequence"),
+                    )
+                    .arg(id.local().to_string())
                     .query::<u64>(self.raw)
                     .map_err(|e| format!("XDEL: {e}"))?;
             }
             Step::Wipe => {
-                self.model = Redis::default();
+                self.model = Redis::partitioned(PARTITIONS);
                 redis::cmd("DEL")
-                    .arg(&names.jobs)
+                    .arg(&names.partitions)
                     .arg(&names.dead)
                     .query::<u64>(self.raw)
                     .map_err(|e| format!("DEL: {e}"))?;
@@ -308,14 +361,14 @@ pub async fn stream_case(
 ) -> Result<(), String> {
     let names = live.names().clone();
     redis::cmd("DEL")
-        .arg(&names.jobs)
+        .arg(&names.partitions)
         .arg(&names.dead)
         .query::<u64>(raw)
         .map_err(|e| format!("reset: {e}"))?;
     let mut sides = Sides {
         live,
         raw,
-        model: Redis::default(),
+        model: Redis::partitioned(PARTITIONS),
         ids: Vec::new(),
     };
     for (i, step) in steps.iter().enumerate() {
@@ -336,7 +389,7 @@ pub fn run_stream(url: &str, cases: u32, seed: u64) -> Outcome {
     let live = crate::rt()
         .block_on(RedisStream::connect(
             &RedisAddr::Server(url.to_owned()),
-            StreamNames::new(&prefix, "g"),
+            StreamNames::partitioned(&prefix, "g", PARTITIONS).expect("a prefix without braces"),
             1,
             Duration::from_secs(5),
         ))
@@ -353,7 +406,7 @@ pub fn run_stream(url: &str, cases: u32, seed: u64) -> Outcome {
     });
     let names = live.names();
     let _: Result<u64, _> = redis::cmd("DEL")
-        .arg(&names.jobs)
+        .arg(&names.partitions)
         .arg(&names.dead)
         .query(&mut *raw.borrow_mut());
     Outcome::of(cases, "commands", result)

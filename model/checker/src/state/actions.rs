@@ -5,7 +5,7 @@ use super::{ApiRun, Fate, Source, State, run_id};
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::db::Candidate;
-use pelican_model::ids::{EntryId, RunId};
+use pelican_model::ids::{EntryId, Partition, RunId, partition_at};
 use pelican_model::protocol::{Command, MaintenanceTask, still_deliverable};
 use pelican_model::status::RunStatus;
 use serde::Serialize;
@@ -18,9 +18,9 @@ pub enum Action {
     Submit(u8, Fate),
     /// `POST /runs/{n}/cancel`.
     Cancel(u8),
-    /// Worker `w` reads new entries (XREADGROUP COUNT 1), sent and executed
-    /// in one step.
-    Fetch(u8, Fate),
+    /// Worker `w` reads new entries of a partition (XREADGROUP COUNT 1),
+    /// sent and executed in one step.
+    Fetch(u8, Partition, Fate),
     /// Worker `w` starts a reclaim round; its first command is executed in
     /// the same step.
     Reclaim(u8, Fate),
@@ -49,10 +49,10 @@ pub enum Action {
     Tick(u8),
     /// Fault: Redis restarts without persistence.
     RedisWipe,
-    /// Fault: Redis restarts having lost its newest write.
-    RedisLoseNewest,
-    /// Fault: the stream is trimmed below its oldest pending ID.
-    Trim,
+    /// Fault: Redis restarts having lost its newest write (to a partition).
+    RedisLoseNewest(Partition),
+    /// Fault: a partition's stream is trimmed below its oldest pending ID.
+    Trim(Partition),
 }
 
 impl State {
@@ -83,7 +83,9 @@ impl State {
         } else {
             Budget::default()
         };
-        let jobs = &self.world.redis.jobs;
+        let redis = &self.world.redis;
+        let no_group = |p: Partition| redis.part(p).group.is_none();
+        let no_group_anywhere = redis.jobs.iter().any(|j| j.group.is_none());
         for (i, api) in self.api.iter().enumerate() {
             let n = i as u8;
             if *api == ApiRun::NotYet {
@@ -100,8 +102,14 @@ impl State {
                 out.push(Action::Cancel(n));
             }
         }
-        let undelivered = self.undelivered();
-        let reclaimable = self.reclaimable(cfg);
+        let undelivered: Vec<Partition> = (0..redis.jobs.len())
+            .map(partition_at)
+            .filter(|p| self.undelivered(*p))
+            .collect();
+        let reclaimable: Vec<bool> = (0..redis.jobs.len())
+            .map(|p| self.reclaimable(cfg, partition_at(p)))
+            .collect();
+        let reclaimable_anywhere = reclaimable.contains(&true);
         for (i, w) in self.workers.iter().enumerate() {
             let n = i as u8;
             let holds = w.delivery.is_some() || !w.outstanding.is_empty() || !w.reclaimer.is_idle();
@@ -124,10 +132,21 @@ impl State {
             }
             let free = w.delivery.is_none() && w.backlog.is_none() && w.outstanding.is_empty();
             if free && w.reclaimer.is_idle() {
-                if undelivered {
-                    out.extend(reply.iter().map(|f| Action::Fetch(n, *f)));
+                for p in &undelivered {
+                    out.extend(reply.iter().map(|f| Action::Fetch(n, *p, *f)));
                 }
-                if reclaimable || jobs.group.is_none() || w.reclaimer.unrecovered().next().is_some()
+                // A round changes the state: it recovers a deleted ID, claims
+                // in (or recreates the group of) its cursor's partition, or
+                // its scan wraps and moves the cursor on to a partition
+                // where there is something to do.
+                let r = &w.reclaimer;
+                let p = r.cursor().partition;
+                let moves_on =
+                    (reclaimable_anywhere || no_group_anywhere) && r.wrap_target() != r.cursor();
+                if reclaimable[usize::from(p)]
+                    || no_group(p)
+                    || moves_on
+                    || r.unrecovered().next().is_some()
                 {
                     out.extend(reply.iter().map(|f| Action::Reclaim(n, *f)));
                 }
@@ -167,22 +186,24 @@ impl State {
         if waiting && self.ageable() {
             out.extend((0..self.tick_orders()).map(|k| Action::Tick(k as u8)));
         }
-        if b.redis_wipes > 0 && jobs.exists {
+        if b.redis_wipes > 0 && redis.jobs.iter().any(|j| j.exists) {
             out.push(Action::RedisWipe);
         }
-        if b.redis_losses > 0 && jobs.entries.keys().next_back() == Some(&jobs.last_id) {
-            out.push(Action::RedisLoseNewest);
-        }
-        if b.trims > 0 && jobs.pel_len() > 0 {
-            out.push(Action::Trim);
+        for (p, jobs) in redis.jobs.iter().enumerate() {
+            if b.redis_losses > 0 && jobs.entries.keys().next_back() == Some(&jobs.last_id) {
+                out.push(Action::RedisLoseNewest(partition_at(p)));
+            }
+            if b.trims > 0 && jobs.pel_len() > 0 {
+                out.push(Action::Trim(partition_at(p)));
+            }
         }
     }
 
-    /// Whether a read may get something: the stream has an entry past the
-    /// group's last delivered ID, or there is no group (the read fails and
-    /// the worker recreates it).
-    fn undelivered(&self) -> bool {
-        let jobs = &self.world.redis.jobs;
+    /// Whether a read of partition `p` may get something: its stream has
+    /// an entry past the group's last delivered ID, or there is no group
+    /// (the read fails and the worker recreates it).
+    fn undelivered(&self, p: Partition) -> bool {
+        let jobs = self.world.redis.part(p);
         match &jobs.group {
             None => true,
             Some(g) => jobs
@@ -192,10 +213,11 @@ impl State {
         }
     }
 
-    /// Whether a reclaim round may claim something: a pending entry is gone
-    /// from the stream, or has been idle for the reclaim threshold.
-    fn reclaimable(&self, cfg: &Config) -> bool {
-        let jobs = &self.world.redis.jobs;
+    /// Whether a reclaim round in partition `p` may claim something: a
+    /// pending entry is gone from its stream, or has been idle for the
+    /// reclaim threshold.
+    fn reclaimable(&self, cfg: &Config, p: Partition) -> bool {
+        let jobs = self.world.redis.part(p);
         match &jobs.group {
             None => false,
             Some(g) => g.pel.iter().any(|(id, p)| {
@@ -270,19 +292,16 @@ impl State {
         self.world.db.runs.values().any(|r| {
             !r.status.is_terminal()
                 && (fresh(&r.lease_until) || fresh(&r.retry_at) || fresh(&r.published_at))
+        }) || self.world.redis.jobs.iter().any(|jobs| {
+            jobs.group
+                .as_ref()
+                .is_some_and(|g| g.pel.values().any(|p| p.delivery_time.as_ms() > 0))
         }) || self
             .world
-            .redis
-            .jobs
-            .group
-            .as_ref()
-            .is_some_and(|g| g.pel.values().any(|p| p.delivery_time.as_ms() > 0))
-            || self
-                .world
-                .db
-                .slots
-                .values()
-                .any(|(_, until)| until.as_ms() > 0)
+            .db
+            .slots
+            .values()
+            .any(|(_, until)| until.as_ms() > 0)
             || self.world.db.rates.values().any(|tat| tat.as_ms() > 0)
     }
 }

@@ -5,7 +5,7 @@ use super::symmetry::permutations;
 use super::{Action, ApiRun, Fate, Job, Proc, Source, State, WorkerProc, run_id};
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
-use pelican_model::ids::{EntryId, WorkerId};
+use pelican_model::ids::{EntryId, Partition, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ProviderLimit,
     ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, progress, progressed,
@@ -30,6 +30,14 @@ fn publish_fate(c: &Command, fate: &mut Fate) -> Fate {
     }
 }
 
+/// The partition a stream command touches (0 for any other).
+fn c_partition(c: &Command) -> Partition {
+    match c {
+        Command::Stream(op) => op.partition().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 impl State {
     /// Applies `action`, then normalizes the state.
     pub fn step(&mut self, cfg: &Config, action: Action) {
@@ -43,9 +51,11 @@ impl State {
     /// PEL delivery counts (1 = delivered once, 2 = redelivered) and the
     /// effect ledger's request counts (1 = applied once, 2 = repeated).
     fn normalize(&mut self) {
-        if let Some(g) = self.world.redis.jobs.group.as_mut() {
-            for p in g.pel.values_mut() {
-                p.delivery_count = p.delivery_count.min(2);
+        for jobs in &mut self.world.redis.jobs {
+            if let Some(g) = jobs.group.as_mut() {
+                for p in g.pel.values_mut() {
+                    p.delivery_count = p.delivery_count.min(2);
+                }
             }
         }
         for n in self.world.db.effects.values_mut() {
@@ -60,7 +70,7 @@ impl State {
         match action {
             Action::Submit(n, fate) => self.submit(cfg, n, fate),
             Action::Cancel(n) => self.cancel(n),
-            Action::Fetch(w, fate) => self.fetch(cfg, w, fate),
+            Action::Fetch(w, p, fate) => self.fetch(cfg, w, p, fate),
             Action::Reclaim(w, fate) => self.reclaim(cfg, w, fate),
             Action::Step(w, src, fate) => self.worker_step(cfg, w, src, fate),
             Action::Effect(w) => self.effect(cfg, w),
@@ -103,21 +113,24 @@ impl State {
                 self.budget.redis_wipes -= 1;
                 self.budget.total -= 1;
                 self.seen.redis_wiped = true;
-                let last = self.world.redis.jobs.last_id;
+                let last: Vec<EntryId> = self.world.redis.jobs.iter().map(|j| j.last_id).collect();
                 self.world.redis_wiped();
-                self.world.redis.jobs.last_id = last;
+                for (jobs, last) in self.world.redis.jobs.iter_mut().zip(last) {
+                    jobs.last_id = last;
+                }
             }
-            Action::RedisLoseNewest => {
+            Action::RedisLoseNewest(p) => {
                 self.budget.redis_losses -= 1;
                 self.budget.total -= 1;
-                let last = self.world.redis.jobs.last_id;
-                self.world.redis.jobs.lose_newest();
-                self.world.redis.jobs.last_id = last;
+                let jobs = self.world.redis.part_mut(p);
+                let last = jobs.last_id;
+                jobs.lose_newest();
+                jobs.last_id = last;
             }
-            Action::Trim => {
+            Action::Trim(p) => {
                 self.budget.trims -= 1;
                 self.budget.total -= 1;
-                let jobs = &mut self.world.redis.jobs;
+                let jobs = self.world.redis.part_mut(p);
                 let oldest = *jobs
                     .group
                     .as_ref()
@@ -153,10 +166,12 @@ impl State {
         }
     }
 
-    /// Worker `w` reads new entries: XREADGROUP COUNT 1, sent and executed.
-    fn fetch(&mut self, cfg: &Config, w: u8, fate: Fate) {
+    /// Worker `w` reads new entries of partition `partition`: XREADGROUP
+    /// COUNT 1, sent and executed.
+    fn fetch(&mut self, cfg: &Config, w: u8, partition: Partition, fate: Fate) {
         let consumer = WorkerId(u32::from(w)).consumer();
         let op = StreamOp::Read {
+            partition,
             consumer,
             count: 1,
             now: clock(cfg, w),
@@ -422,6 +437,7 @@ impl State {
             worker: Some(WorkerId(u32::from(w))),
             own_fence,
         };
+        let partition = c_partition(&c);
         let input = self.execute(&c, by, fate);
         match src {
             Source::Fetch => match input {
@@ -431,9 +447,10 @@ impl State {
                     }
                 }
                 Input::Stream(Err(StreamError::NoGroup)) => {
-                    self.workers[wi]
-                        .outstanding
-                        .push((Source::Fetch, Command::Stream(StreamOp::EnsureGroup)));
+                    self.workers[wi].outstanding.push((
+                        Source::Fetch,
+                        Command::Stream(StreamOp::EnsureGroup { partition }),
+                    ));
                 }
                 _ => {}
             },

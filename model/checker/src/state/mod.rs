@@ -118,7 +118,8 @@ impl State {
     /// The initial state: empty Redis (with the group), empty Postgres.
     #[must_use]
     pub fn initial(cfg: &Config) -> State {
-        let mut world = World::at(NOW);
+        let mut world = World::partitioned(cfg.policy.partitions);
+        world.db.clock = NOW;
         // The API's ids (`run_id(n)`) were handed out by the sequence.
         world.db.run_ids = u64::from(cfg.runs);
         for _ in 0..cfg.faults.malformed {
@@ -127,7 +128,14 @@ impl State {
             let entry = JobEntry::Malformed {
                 reason: "missing run_id".into(),
             };
-            let _ = world.stream(&StreamOp::Publish { entry, now: NOW }, Issuer::default());
+            let _ = world.stream(
+                &StreamOp::Publish {
+                    partition: 0,
+                    entry,
+                    now: NOW,
+                },
+                Issuer::default(),
+            );
         }
         let mut s = State {
             world,

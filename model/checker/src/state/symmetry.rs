@@ -97,11 +97,13 @@ impl State {
             .into_iter()
             .map(|w| w.expect("a permutation"))
             .collect();
-        if let Some(g) = next.world.redis.jobs.group.as_mut() {
-            for p in g.pel.values_mut() {
-                p.consumer = rename(&p.consumer, perm);
+        for jobs in &mut next.world.redis.jobs {
+            if let Some(g) = jobs.group.as_mut() {
+                for p in g.pel.values_mut() {
+                    p.consumer = rename(&p.consumer, perm);
+                }
+                g.consumers = g.consumers.iter().map(|c| rename(c, perm)).collect();
             }
-            g.consumers = g.consumers.iter().map(|c| rename(c, perm)).collect();
         }
         for a in next.world.db.attempts.values_mut() {
             a.worker = rename(&a.worker, perm);
@@ -183,32 +185,35 @@ impl State {
             violations,
         } = world;
         (spent_claims, permits, tokens).hash(h);
-        let pelican_model::stream::Stream {
-            exists,
-            entries: stream_entries,
-            last_id,
-            entries_added,
-            max_deleted,
-            group,
-        } = &redis.jobs;
-        (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
-        match group {
-            None => 0u8.hash(h),
-            Some(pelican_model::stream::Group {
-                name,
-                last_delivered,
-                entries_read,
-                pel,
-                consumers: _, // labeled
-            }) => {
-                (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
-                for (id, p) in pel {
-                    let pelican_model::stream::Pending {
-                        consumer: _, // labeled
-                        delivery_time,
-                        delivery_count,
-                    } = p;
-                    (id, delivery_time, delivery_count).hash(h);
+        redis.jobs.len().hash(h);
+        for jobs in &redis.jobs {
+            let pelican_model::stream::Stream {
+                exists,
+                entries: stream_entries,
+                last_id,
+                entries_added,
+                max_deleted,
+                group,
+            } = jobs;
+            (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
+            match group {
+                None => 0u8.hash(h),
+                Some(pelican_model::stream::Group {
+                    name,
+                    last_delivered,
+                    entries_read,
+                    pel,
+                    consumers: _, // labeled
+                }) => {
+                    (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
+                    for (id, p) in pel {
+                        let pelican_model::stream::Pending {
+                            consumer: _, // labeled
+                            delivery_time,
+                            delivery_count,
+                        } = p;
+                        (id, delivery_time, delivery_count).hash(h);
+                    }
                 }
             }
         }
@@ -266,7 +271,13 @@ impl State {
     /// Finishes `h` with every field that names a worker, each as if worker
     /// `i` were worker `perm[i]` (`procs`: [`State::process_fingerprints`]).
     fn hash_labeled(&self, perm: &[u32], procs: &[u64], mut h: FpHasher) -> u64 {
-        if let Some(g) = &self.world.redis.jobs.group {
+        for g in self
+            .world
+            .redis
+            .jobs
+            .iter()
+            .filter_map(|j| j.group.as_ref())
+        {
             for p in g.pel.values() {
                 hash_consumer(&p.consumer, perm, &mut h);
             }
