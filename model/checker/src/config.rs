@@ -226,13 +226,15 @@ impl Config {
         c
     }
 
-    /// `standard` with every job's side effect in a durable step: the
-    /// larger configuration `cargo xtask bench` times beside `standard`.
+    /// `standard` with every job's side effect in a durable step, over two
+    /// partitions (a run in each): the larger configuration `cargo xtask
+    /// bench` times beside `standard`.
     #[must_use]
     pub fn standard_steps() -> Config {
         let mut c = Self::standard();
         c.name = "standard_steps".into();
         c.steps = true;
+        c.policy.partitions = 2;
         c
     }
 
