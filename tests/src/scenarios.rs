@@ -593,8 +593,7 @@ pub fn submit_from_file_stores_every_line(mutant: Option<&str>) {
         .query(&mut env.redis.conn())
         .expect("XLEN");
     assert_eq!(len, LINES + 1, "one entry per run");
-    let inputs: BTreeSet<&str> =
-        db.runs.values().map(|r| r.input.as_str()).collect();
+    let inputs: BTreeSet<&str> = db.runs.values().map(|r| r.input.as_str()).collect();
     assert!(inputs.contains(r#"{"i":0}"#) && inputs.contains(r#"{"i":49999}"#));
 }
 

@@ -189,9 +189,10 @@ impl StreamNames {
 pub struct RedisStream {
     /// Every command but the blocking read.
     conn: RedisConn,
-    /// XREADGROUP ... BLOCK, on its own connection so that a blocked read
-    /// never delays a heartbeat queued behind it on a multiplexed one.
-    reader: RedisConn,
+    /// XREADGROUP ... BLOCK, one connection per partition: a blocked read
+    /// holds its connection, so it must never delay a heartbeat, or another
+    /// partition's read, queued behind it on a multiplexed one.
+    readers: Vec<RedisConn>,
     names: StreamNames,
     block_ms: u64,
 }
@@ -206,8 +207,9 @@ pub struct ConnectError {
 }
 
 impl RedisStream {
-    /// Connects to `addr` (two connections, each reconnecting on its own).
-    /// An empty `XREADGROUP` waits up to `block_ms` for entries.
+    /// Connects to `addr` (one connection for commands and one per
+    /// partition for its reads, each reconnecting on its own). An empty
+    /// `XREADGROUP` waits up to `block_ms` for entries.
     ///
     /// # Errors
     /// The address is invalid or Redis cannot be reached.
@@ -222,7 +224,8 @@ impl RedisStream {
             source,
         };
         let read_timeout = response_timeout + Duration::from_millis(block_ms);
-        let (conn, reader) = match addr {
+        let partitions = names.partitions.len();
+        let (conn, readers) = match addr {
             RedisAddr::Server(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(err)?;
                 let config = ConnectionManagerConfig::new()
@@ -234,14 +237,19 @@ impl RedisStream {
                     .await
                     .map_err(err)?;
                 let reader_config = config.set_response_timeout(Some(read_timeout));
-                let reader = ConnectionManager::new_with_config(client, reader_config)
-                    .await
-                    .map_err(err)?;
-                (RedisConn::Server(conn), RedisConn::Server(reader))
+                let mut readers = Vec::with_capacity(partitions);
+                for _ in 0..partitions {
+                    let reader =
+                        ConnectionManager::new_with_config(client.clone(), reader_config.clone())
+                            .await
+                            .map_err(err)?;
+                    readers.push(RedisConn::Server(reader));
+                }
+                (RedisConn::Server(conn), readers)
             }
             RedisAddr::Cluster(seeds) => {
-                // Two clients, so the blocking read has node connections of
-                // its own. Retries follow MOVED and ASK, and ride out a
+                // A client per partition's reads, so that each blocking read
+                // has node connections of its own. Retries follow MOVED and ASK, and ride out a
                 // failover (the replica's promotion takes the node timeout);
                 // each command's wait stays bounded by the response timeout.
                 let cluster = |timeout: Duration| {
@@ -258,17 +266,21 @@ impl RedisStream {
                     .get_async_connection()
                     .await
                     .map_err(err)?;
-                let reader = cluster(read_timeout)
-                    .map_err(err)?
-                    .get_async_connection()
-                    .await
-                    .map_err(err)?;
-                (RedisConn::Cluster(conn), RedisConn::Cluster(reader))
+                let mut readers = Vec::with_capacity(partitions);
+                for _ in 0..partitions {
+                    let reader = cluster(read_timeout)
+                        .map_err(err)?
+                        .get_async_connection()
+                        .await
+                        .map_err(err)?;
+                    readers.push(RedisConn::Cluster(reader));
+                }
+                (RedisConn::Cluster(conn), readers)
             }
         };
         Ok(RedisStream {
             conn,
-            reader,
+            readers,
             names,
             block_ms,
         })
@@ -387,7 +399,7 @@ impl RedisStream {
                     .arg("STREAMS")
                     .arg(key)
                     .arg(">");
-                let mut reader = self.reader.clone();
+                let mut reader = self.readers[usize::from(p)].clone();
                 answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply)
             }
             StreamOp::Ack { ids } => self.query(&self.xack(key, &ids)).await?.map(acked),

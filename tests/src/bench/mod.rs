@@ -38,9 +38,9 @@
 //!   Each is compared with a small-table drain run right before it, its
 //!   pair. Every drain reports its worker's peak resident set (`VmHWM`).
 //! * **Redis Cluster**: the drain again through a throwaway Redis Cluster
-//!   of three masters with a replica each (`--redis-cluster`), paired with
-//!   a drain on one server. The job stream is one key, so one master
-//!   carries it: this prices the cluster client and replication.
+//!   of three masters with a replica each (`--redis-cluster`), over three
+//!   partitions, one on each master (`--partitions 3`), paired with a
+//!   drain on one server (one partition).
 //!
 //! Figures are what this machine did in this run: nothing here asserts a
 //! target; `cargo xtask bench` prints them against the targets.
@@ -817,7 +817,7 @@ fn drain(
         plan.workers,
         match redis {
             Topology::Server => "",
-            Topology::Cluster => "through a Redis Cluster of three masters, ",
+            Topology::Cluster => "through a Redis Cluster of three masters (a partition on each), ",
         },
         if baseline {
             "the baseline"

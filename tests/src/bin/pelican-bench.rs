@@ -276,7 +276,7 @@ fn main() -> ExitCode {
         target(key, num(key).is_some_and(|s| s < 10.0), "< 10");
     }
     eprintln!(
-        "  {:<22} {:>14}   (through 3 masters, one stream on one of them; on one server {})",
+        "  {:<22} {:>14}   (3 partitions over 3 masters; on one server {})",
         "live_jobs_per_s_redis_cluster_3_masters",
         summary["live_jobs_per_s_redis_cluster_3_masters"].to_string(),
         live["live_jobs_per_s_redis_cluster_3_masters_pair"]
