@@ -650,7 +650,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "--ignored",
     ]);
     run(
-        "the standard, retention, steps, unknown, budget and limits configurations, correct build (release)",
+        "the standard, retention, steps, unknown, budget, limits and partitions configurations, correct build (release)",
         release,
     )?;
     let mut mutants = cargo();

@@ -107,6 +107,8 @@ pub struct BenchPlan {
     /// Also drain through a Redis Cluster of three masters (each with a
     /// replica), paired with a single-server drain.
     pub redis_cluster: bool,
+    /// Job stream partitions of the drains on one server.
+    pub partitions: u16,
 }
 
 impl Default for BenchPlan {
@@ -127,6 +129,7 @@ impl Default for BenchPlan {
             finished_rows: 1_000_000,
             queued_rows: 1_000_000,
             redis_cluster: true,
+            partitions: 1,
         }
     }
 }
@@ -765,6 +768,9 @@ fn drain(
     };
     let mut env = Env::with_services(url, Some(db), redis_service, None);
     env.trace = false;
+    if redis == Topology::Server {
+        env.partitions = plan.partitions;
+    }
     let io = Arc::new(rt.block_on(clients(&env, 16)));
     if let Backlog::Finished(rows) = backlog {
         load_finished(rt, &io, rows);

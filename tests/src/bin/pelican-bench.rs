@@ -57,6 +57,10 @@ struct Args {
     /// Skip the drain through a Redis Cluster of three masters.
     #[arg(long)]
     no_redis_cluster: bool,
+    /// Job stream partitions of the drains on one server (the cluster's
+    /// drain has one per master).
+    #[arg(long, default_value_t = BenchPlan::default().partitions, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    partitions: u16,
     /// The model checker's JSON line, to join into the report.
     #[arg(long)]
     model_json: Option<String>,
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
         finished_rows: a.finished_rows,
         queued_rows: a.queued_rows,
         redis_cluster: !a.no_redis_cluster,
+        partitions: a.partitions,
         ..BenchPlan::default()
     };
     let live = run(&plan).json();
