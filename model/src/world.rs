@@ -110,45 +110,43 @@ impl Redis {
     /// stream of its partition, with IDs as Redis knows them (without
     /// partition), and the reply's IDs put back in the partition.
     pub fn execute(&mut self, op: &StreamOp) -> Result<StreamReply, StreamError> {
-        let Some(p) = op.partition() else {
-            return match op {
-                StreamOp::PublishDead { entry, now } => self
-                    .dead
-                    .xadd(AddId::Auto, entry.clone(), *now)
-                    .map(StreamReply::Added),
-                StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
-                _ => unreachable!("only these two have no partition"),
-            };
-        };
-        let Some(jobs) = self.jobs.get_mut(usize::from(p)) else {
-            // A partition this Redis does not have: an empty key.
-            return Err(StreamError::NoGroup);
-        };
-        let reply = match op {
-            StreamOp::Publish { entry, now, .. } => jobs
+        match op {
+            StreamOp::PublishDead { entry, now } => self
+                .dead
                 .xadd(AddId::Auto, entry.clone(), *now)
                 .map(StreamReply::Added),
-            StreamOp::EnsureGroup { .. } => {
+            StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
+            StreamOp::Publish {
+                partition,
+                entry,
+                now,
+            } => self.on(*partition, |jobs| {
+                jobs.xadd(AddId::Auto, entry.clone(), *now)
+                    .map(StreamReply::Added)
+            }),
+            StreamOp::EnsureGroup { partition } => self.on(*partition, |jobs| {
                 match jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
                     Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
                     Err(e) => Err(e),
                 }
-            }
+            }),
             StreamOp::Read {
+                partition,
                 consumer,
                 count,
                 now,
-                ..
-            } => jobs
-                .xreadgroup(consumer, *count, *now)
-                .map(StreamReply::Entries),
+            } => self.on(*partition, |jobs| {
+                jobs.xreadgroup(consumer, *count, *now)
+                    .map(StreamReply::Entries)
+            }),
             StreamOp::Ack { ids } => {
-                let local: Vec<EntryId> = ids.iter().map(|id| id.local()).collect();
+                let p = ids.first().map_or(0, |id| id.partition);
                 debug_assert!(
                     ids.iter().all(|id| id.partition == p),
                     "one XACK acknowledges IDs of one partition"
                 );
-                jobs.xack(&local).map(StreamReply::Acked)
+                let local: Vec<EntryId> = ids.iter().map(|id| id.local()).collect();
+                self.on(p, |jobs| jobs.xack(&local).map(StreamReply::Acked))
             }
             StreamOp::AutoClaim {
                 consumer,
@@ -156,19 +154,33 @@ impl Redis {
                 start,
                 count,
                 now,
-            } => jobs
-                .xautoclaim(consumer, *min_idle_ms, start.local(), *count, false, *now)
-                .map(StreamReply::AutoClaimed),
-            StreamOp::Touch { consumer, id, now } => jobs
-                .xclaim(consumer, 0, &[id.local()], None, true, *now)
-                .map(|got| StreamReply::Touched(!got.is_empty())),
-            StreamOp::Locate { id } => Ok(locate(jobs, id.local())),
-            StreamOp::Retain { before, .. } => Ok(StreamReply::Trimmed(retain(jobs, *before))),
-            StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => {
-                unreachable!("no partition")
-            }
-        };
-        reply.map(|r| r.in_partition(p))
+            } => self.on(start.partition, |jobs| {
+                jobs.xautoclaim(consumer, *min_idle_ms, start.local(), *count, false, *now)
+                    .map(StreamReply::AutoClaimed)
+            }),
+            StreamOp::Touch { consumer, id, now } => self.on(id.partition, |jobs| {
+                jobs.xclaim(consumer, 0, &[id.local()], None, true, *now)
+                    .map(|got| StreamReply::Touched(!got.is_empty()))
+            }),
+            StreamOp::Locate { id } => self.on(id.partition, |jobs| Ok(locate(jobs, id.local()))),
+            StreamOp::Retain { partition, before } => self.on(*partition, |jobs| {
+                Ok(StreamReply::Trimmed(retain(jobs, *before)))
+            }),
+        }
+    }
+
+    /// Runs `command` on `partition`'s stream and puts the reply's IDs in
+    /// `partition`. A partition this Redis does not have is an empty key.
+    fn on(
+        &mut self,
+        partition: Partition,
+        command: impl FnOnce(&mut Stream<JobEntry>) -> Result<StreamReply, StreamError>,
+    ) -> Result<StreamReply, StreamError> {
+        let jobs = self
+            .jobs
+            .get_mut(usize::from(partition))
+            .ok_or(StreamError::NoGroup)?;
+        command(jobs).map(|r| r.in_partition(partition))
     }
 
     /// `Queue`: the streams' lengths and the group's lag and PEL, over
@@ -176,13 +188,12 @@ impl Redis {
     #[must_use]
     pub fn queue(&self, now: Timestamp) -> QueueState {
         let dead_letters = self.dead.len();
-        QueueState::merge(self.jobs.iter().enumerate().map(|(p, jobs)| {
-            let part = queue_of(jobs, dead_letters, now);
-            match StreamReply::Queue(part).in_partition(partition_at(p)) {
-                StreamReply::Queue(q) => q,
-                _ => unreachable!("a queue stays a queue"),
-            }
-        }))
+        QueueState::merge(
+            self.jobs
+                .iter()
+                .enumerate()
+                .map(|(p, jobs)| queue_of(jobs, dead_letters, now).in_partition(partition_at(p))),
+        )
     }
 
     /// `Retain` on `partition`: the cutoff below which every entry is

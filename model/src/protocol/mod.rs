@@ -465,12 +465,7 @@ impl StreamReply {
                 claimed: r.claimed.into_iter().map(|(id, e)| (at(id), e)).collect(),
                 deleted: r.deleted.into_iter().map(at).collect(),
             }),
-            StreamReply::Queue(mut q) => {
-                if let Some(g) = &mut q.group {
-                    g.oldest_pending = g.oldest_pending.map(at);
-                }
-                StreamReply::Queue(q)
-            }
+            StreamReply::Queue(q) => StreamReply::Queue(q.in_partition(partition)),
             other => other,
         }
     }
@@ -488,6 +483,16 @@ pub struct QueueState {
 }
 
 impl QueueState {
+    /// The state of `partition`'s stream, read from Redis without a
+    /// partition: its oldest pending ID put in `partition`.
+    #[must_use]
+    pub fn in_partition(mut self, partition: Partition) -> QueueState {
+        if let Some(g) = &mut self.group {
+            g.oldest_pending = g.oldest_pending.map(|id| id.in_partition(partition));
+        }
+        self
+    }
+
     /// The queue over every partition, from each partition's own reading
     /// (IDs in their partitions, `dead_letters` the same in each): lengths,
     /// lag and pending add up, the oldest pending delivery is the one idle

@@ -48,6 +48,17 @@ fn exec(world: &mut World, c: &Command, by: Issuer) -> Input {
     }
 }
 
+/// Publishes `entry` straight to partition 0, as a duplicate or foreign
+/// publisher would.
+fn publish(world: &mut World, entry: JobEntry, now: Timestamp) {
+    let op = StreamOp::Publish {
+        partition: 0,
+        entry,
+        now,
+    };
+    world.stream(&op, Issuer::default()).expect("published");
+}
+
 /// Reads one entry as worker `w`.
 fn read(world: &mut World, w: u32) -> (EntryId, JobEntry) {
     let op = StreamOp::Read {
@@ -206,16 +217,7 @@ fn the_last_attempt_dead_letters_and_notifies() {
         run: RunId(1),
         dispatch: Dispatch(1),
     };
-    world
-        .stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry,
-                now: T0,
-            },
-            Issuer::default(),
-        )
-        .unwrap();
+    publish(&mut world, entry, T0);
     let (id, end) = deliver(&mut world, 0, Some(failed(ErrorClass::Panic)));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
     assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Dead);
@@ -277,32 +279,14 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
     let bad = JobEntry::Malformed {
         reason: "missing run_id".into(),
     };
-    world
-        .stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry: bad,
-                now: T0,
-            },
-            Issuer::default(),
-        )
-        .unwrap();
+    publish(&mut world, bad, T0);
     let (_, end) = deliver(&mut world, 0, None);
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Quarantined));
     let ghost = JobEntry::Job {
         run: RunId(99),
         dispatch: Dispatch(1),
     };
-    world
-        .stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry: ghost,
-                now: T0,
-            },
-            Issuer::default(),
-        )
-        .unwrap();
+    publish(&mut world, ghost, T0);
     let (_, end) = deliver(&mut world, 0, None);
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Quarantined));
     assert_eq!(world.redis.dead.len(), 2);
@@ -318,16 +302,7 @@ fn a_duplicate_publication_is_acked_while_the_original_runs() {
         run: RunId(1),
         dispatch: Dispatch(1),
     };
-    world
-        .stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry: dup,
-                now: T0,
-            },
-            Issuer::default(),
-        )
-        .unwrap();
+    publish(&mut world, dup, T0);
     let (first, job) = read(&mut world, 0);
     let mut d = Delivery::new(T0, &policy(), WorkerId(0), first, job, 0);
     let c = d.poll().unwrap();
@@ -583,15 +558,7 @@ fn a_delivery_for_a_deleted_run_is_stale() {
             run: RunId(run),
             dispatch: Dispatch(1),
         };
-        let added = world.stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry,
-                now,
-            },
-            Issuer::default(),
-        );
-        assert!(added.is_ok());
+        publish(&mut world, entry, now);
         let (_, end) = deliver(&mut world, 0, None);
         assert_eq!(end, DeliveryEnd::Acked(why));
     }
@@ -750,16 +717,7 @@ fn a_spent_budget_fails_the_run_without_running_it() {
         run: RunId(1),
         dispatch: world.db.runs[&RunId(1)].dispatch,
     };
-    world
-        .stream(
-            &StreamOp::Publish {
-                partition: 0,
-                entry,
-                now: T0,
-            },
-            Issuer::default(),
-        )
-        .unwrap();
+    publish(&mut world, entry, T0);
     let (_, end) = deliver(&mut world, 1, None);
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
     let r = &world.db.runs[&RunId(1)];

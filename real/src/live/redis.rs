@@ -353,56 +353,69 @@ impl RedisStream {
     /// partition this deployment does not have answers as a missing key.
     pub async fn execute(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         let n = &self.names;
-        let Some(p) = op.partition() else {
-            return match op {
-                StreamOp::PublishDead { entry, .. } => {
-                    let mut cmd = redis::cmd("XADD");
-                    cmd.arg(&n.dead).arg("*");
-                    for (k, v) in encode_dead(&entry) {
-                        cmd.arg(k).arg(v);
-                    }
-                    Ok(self.query(&cmd).await?.and_then(added))
+        match op {
+            StreamOp::PublishDead { entry, .. } => {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(&n.dead).arg("*");
+                for (k, v) in encode_dead(&entry) {
+                    cmd.arg(k).arg(v);
                 }
-                _ => self.queue().await,
-            };
-        };
-        let Some(key) = n.key(p) else {
-            return Ok(Err(StreamError::NoGroup));
-        };
-        let reply = match op {
-            StreamOp::Publish { entry, .. } => {
-                self.query(&Self::xadd(key, &entry)).await?.and_then(added)
+                Ok(self.query(&cmd).await?.and_then(added))
             }
-            StreamOp::EnsureGroup { .. } => {
-                let mut cmd = redis::cmd("XGROUP");
-                cmd.arg("CREATE")
-                    .arg(key)
-                    .arg(&n.group)
-                    .arg("0")
-                    .arg("MKSTREAM");
-                match self.query(&cmd).await? {
-                    Ok(_) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
-                    Err(e) => Err(e),
-                }
+            StreamOp::Queue { .. } => self.queue().await,
+            StreamOp::Publish {
+                partition, entry, ..
+            } => {
+                self.on(partition, async |key| {
+                    Ok(self.query(&Self::xadd(key, &entry)).await?.and_then(added))
+                })
+                .await
+            }
+            StreamOp::EnsureGroup { partition } => {
+                self.on(partition, async |key| {
+                    let mut cmd = redis::cmd("XGROUP");
+                    cmd.arg("CREATE")
+                        .arg(key)
+                        .arg(&n.group)
+                        .arg("0")
+                        .arg("MKSTREAM");
+                    Ok(match self.query(&cmd).await? {
+                        Ok(_) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
+                        Err(e) => Err(e),
+                    })
+                })
+                .await
             }
             StreamOp::Read {
-                consumer, count, ..
+                partition,
+                consumer,
+                count,
+                ..
             } => {
-                let mut cmd = redis::cmd("XREADGROUP");
-                cmd.arg("GROUP")
-                    .arg(&n.group)
-                    .arg(&consumer)
-                    .arg("COUNT")
-                    .arg(count)
-                    .arg("BLOCK")
-                    .arg(self.block_ms)
-                    .arg("STREAMS")
-                    .arg(key)
-                    .arg(">");
-                let mut reader = self.readers[usize::from(p)].clone();
-                answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply)
+                self.on(partition, async |key| {
+                    let mut cmd = redis::cmd("XREADGROUP");
+                    cmd.arg("GROUP")
+                        .arg(&n.group)
+                        .arg(&consumer)
+                        .arg("COUNT")
+                        .arg(count)
+                        .arg("BLOCK")
+                        .arg(self.block_ms)
+                        .arg("STREAMS")
+                        .arg(key)
+                        .arg(">");
+                    let mut reader = self.readers[usize::from(partition)].clone();
+                    Ok(answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply))
+                })
+                .await
             }
-            StreamOp::Ack { ids } => self.query(&self.xack(key, &ids)).await?.map(acked),
+            StreamOp::Ack { ids } => {
+                let partition = ids.first().map_or(0, |id| id.partition);
+                self.on(partition, async |key| {
+                    Ok(self.query(&self.xack(key, &ids)).await?.map(acked))
+                })
+                .await
+            }
             StreamOp::AutoClaim {
                 consumer,
                 min_idle_ms,
@@ -410,35 +423,59 @@ impl RedisStream {
                 count,
                 ..
             } => {
-                let mut cmd = redis::cmd("XAUTOCLAIM");
-                cmd.arg(key)
-                    .arg(&n.group)
-                    .arg(&consumer)
-                    .arg(min_idle_ms)
-                    .arg(start.local().to_string())
-                    .arg("COUNT")
-                    .arg(count);
-                self.query(&cmd).await?.map(autoclaim_reply)
+                self.on(start.partition, async |key| {
+                    let mut cmd = redis::cmd("XAUTOCLAIM");
+                    cmd.arg(key)
+                        .arg(&n.group)
+                        .arg(&consumer)
+                        .arg(min_idle_ms)
+                        .arg(start.local().to_string())
+                        .arg("COUNT")
+                        .arg(count);
+                    Ok(self.query(&cmd).await?.map(autoclaim_reply))
+                })
+                .await
             }
             StreamOp::Touch { consumer, id, .. } => {
-                let mut cmd = redis::cmd("XCLAIM");
-                cmd.arg(key)
-                    .arg(&n.group)
-                    .arg(&consumer)
-                    .arg(0)
-                    .arg(id.local().to_string())
-                    .arg("JUSTID");
-                self.query(&cmd)
-                    .await?
-                    .map(|v| StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty())))
+                self.on(id.partition, async |key| {
+                    let mut cmd = redis::cmd("XCLAIM");
+                    cmd.arg(key)
+                        .arg(&n.group)
+                        .arg(&consumer)
+                        .arg(0)
+                        .arg(id.local().to_string())
+                        .arg("JUSTID");
+                    Ok(self.query(&cmd).await?.map(|v| {
+                        StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty()))
+                    }))
+                })
+                .await
             }
-            StreamOp::Locate { id } => self.locate(key, id.local()).await?,
-            StreamOp::Retain { before, .. } => self.retain(key, before).await?,
-            StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => {
-                unreachable!("no partition")
+            StreamOp::Locate { id } => {
+                self.on(id.partition, async |key| self.locate(key, id.local()).await)
+                    .await
             }
+            StreamOp::Retain {
+                partition, before, ..
+            } => {
+                self.on(partition, async |key| self.retain(key, before).await)
+                    .await
+            }
+        }
+    }
+
+    /// Runs `command` on `partition`'s key and puts the reply's IDs in
+    /// `partition`. A partition this deployment does not have is an empty
+    /// key.
+    async fn on(
+        &self,
+        partition: Partition,
+        command: impl AsyncFnOnce(&str) -> Result<StreamResult, Unavailable>,
+    ) -> Result<StreamResult, Unavailable> {
+        let Some(key) = self.names.key(partition) else {
+            return Ok(Err(StreamError::NoGroup));
         };
-        Ok(reply.map(|r| r.in_partition(p)))
+        Ok(command(key).await?.map(|r| r.in_partition(partition)))
     }
 
     /// `Queue`: every partition's reading ([`Self::queue_of`]), merged as
@@ -462,11 +499,7 @@ impl RedisStream {
         let mut parts = Vec::with_capacity(self.names.partitions.len());
         for (p, key) in self.names.partitions.iter().enumerate() {
             let p = Partition::try_from(p).expect("partitions fit their type");
-            let part = self.queue_of(key, dead_letters).await?;
-            parts.push(match StreamReply::Queue(part).in_partition(p) {
-                StreamReply::Queue(q) => q,
-                _ => unreachable!("a queue stays a queue"),
-            });
+            parts.push(self.queue_of(key, dead_letters).await?.in_partition(p));
         }
         Ok(Ok(StreamReply::Queue(QueueState::merge(parts))))
     }
