@@ -10,7 +10,7 @@
 //! B when B waited or found nothing A held back; B then A when B went
 //! through before A's change was visible.
 
-use super::db::{START, migrated, reset, same_rows};
+use super::db::{START, migrated, reset, same_state};
 use super::lock_order::until;
 use pelican_model::db::{Db, DbOp, DbReply};
 use pelican_model::protocol::{Policy, ProviderLimit};
@@ -220,7 +220,7 @@ async fn run(url: &str, db: &PgDb, race: &Race) -> Result<(), String> {
             race.order, want.0, want.1
         ));
     }
-    same_rows(&model, &db.snapshot().await.map_err(pg)?)
+    same_state(&model, db).await
 }
 
 /// B's answer, within [`PATIENCE`].

@@ -18,7 +18,7 @@
 //! the binding order. (On a tiny table Postgres would scan `runs` in heap
 //! order, and no binding could deadlock.)
 
-use super::db::{START, migrated, reset, same_rows};
+use super::db::{START, migrated, reset, same_state};
 use pelican_model::db::{Column, Db, DbOp, DbReply, columns};
 use pelican_model::ids::{Dispatch, EntryId, RunId};
 use pelican_real::live::{PgDb, PgSession};
@@ -209,7 +209,7 @@ async fn race(url: &str, db: &PgDb, binding: Binding) -> Result<(), String> {
             want.0, want.1
         ));
     }
-    same_rows(&model, &db.snapshot().await.map_err(pg)?)
+    same_state(&model, db).await
 }
 
 /// Waits until the sessions blocking `pid` satisfy `ok`.

@@ -21,7 +21,7 @@
 //!   LOCKED`, the re-check of a row an update waited for, snapshots read by
 //!   a statement's other parts) are tested here, not trusted.
 
-use super::db::{DbStep, START, db_case, migrated, reset, same_rows};
+use super::db::{DbStep, START, db_case, migrated, reset, same_state};
 use pelican_model::db::{Access, Db, DbOp, DbReply, Pick, Statement};
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
 use pelican_model::status::{ErrorClass, RunStatus};
@@ -543,8 +543,9 @@ async fn race(
             "{order}: Postgres answered {got_a:?} and {got_b:?}, the model {want_a:?} and {want_b:?}"
         ));
     }
-    let live = db.snapshot().await.map_err(pg)?;
-    same_rows(&model, &live).map_err(|e| format!("{order}: {e}"))?;
+    same_state(&model, db)
+        .await
+        .map_err(|e| format!("{order}: {e}"))?;
     Ok(waited)
 }
 

@@ -73,6 +73,7 @@ pub fn migrator() -> Migrator {
         migration(10, "provider limits", sql::SCHEMA_LIMITS),
         migration(11, "run events", sql::SCHEMA_EVENTS),
         migration(12, "sweeper index", sql::SCHEMA_SWEEP),
+        migration(13, "live counts", sql::SCHEMA_COUNTS),
     ])
 }
 
