@@ -256,17 +256,21 @@ CREATE INDEX IF NOT EXISTS runs_sweep ON runs (published_at, run_id) WHERE finis
 /// [`CountLive`] (`GET /metrics`, `GET /queue`) reads a few rows instead
 /// of every live run (123 ms with a million queued).
 ///
-/// Statement-level triggers on `runs` append one row per status whose
-/// number of live runs (`finished_at IS NULL`) a statement changed to
-/// `run_count_deltas`, computed from the statement's transition tables. No
-/// writer waits for another: they only insert. Every 64th such statement
-/// folds the deltas into `run_counts`, if it gets the fold's advisory lock
-/// without waiting (one folder at a time, holding it to its commit, so no
-/// two folders race on a base row and a folder never blocks a writer). A
-/// reader sums both tables in one snapshot, which sees the runs changes of
-/// exactly the transactions whose deltas it sees: the sum is the count a
-/// scan would give in the same snapshot. The conformance suites compare it
-/// with the model's scan after every sequence and race.
+/// Statement-level triggers on `runs` add each statement's change to the
+/// number of live runs (`finished_at IS NULL`) per status, computed from
+/// its transition tables, into `run_count_deltas` rows of the statement's
+/// own server process (`pg_backend_pid()`). A process runs one transaction
+/// at a time, so no writer waits on another's counter row, and each row is
+/// updated in place (HOT), so the table stays a few pages however many
+/// statements run. Every 64th changing statement, if it takes the fold's
+/// advisory lock without waiting (one folder at a time, holding it to its
+/// commit), moves its own rows and those of processes that have exited
+/// into `run_counts`, skipping rows another transaction holds: the table
+/// stays as large as the live processes. A reader sums both tables in one
+/// snapshot, which sees the `runs` changes of exactly the transactions
+/// whose counts it sees: the sum is the count a scan would give in the same
+/// snapshot. The conformance suites compare it with the model's scan after
+/// every sequence and race.
 ///
 /// The migration locks `runs` against writers while it counts the live
 /// runs once and installs the triggers. TRUNCATE empties both tables.
@@ -279,9 +283,11 @@ CREATE TABLE IF NOT EXISTS run_counts (
     n      bigint NOT NULL
 );
 CREATE TABLE IF NOT EXISTS run_count_deltas (
-    status text   NOT NULL,
-    n      bigint NOT NULL
-);
+    backend integer NOT NULL,
+    status  text    NOT NULL,
+    n       bigint  NOT NULL,
+    PRIMARY KEY (backend, status)
+) WITH (fillfactor = 20);
 CREATE SEQUENCE IF NOT EXISTS run_count_statements CACHE 64;
 INSERT INTO run_counts (status, n)
 SELECT status, count(*) FROM runs WHERE finished_at IS NULL GROUP BY status;
@@ -290,25 +296,43 @@ DECLARE
     changed bigint;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO run_count_deltas (status, n)
-        SELECT status, count(*) FROM counted_new WHERE finished_at IS NULL GROUP BY status;
+        INSERT INTO run_count_deltas AS d (backend, status, n)
+        SELECT pg_backend_pid(), status, count(*)
+        FROM counted_new WHERE finished_at IS NULL GROUP BY status
+        ON CONFLICT (backend, status) DO UPDATE SET n = d.n + excluded.n;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO run_count_deltas (status, n)
-        SELECT status, -count(*) FROM counted_old WHERE finished_at IS NULL GROUP BY status;
+        INSERT INTO run_count_deltas AS d (backend, status, n)
+        SELECT pg_backend_pid(), status, -count(*)
+        FROM counted_old WHERE finished_at IS NULL GROUP BY status
+        ON CONFLICT (backend, status) DO UPDATE SET n = d.n + excluded.n;
     ELSE
-        INSERT INTO run_count_deltas (status, n)
-        SELECT status, sum(d) FROM (
+        INSERT INTO run_count_deltas AS d (backend, status, n)
+        SELECT pg_backend_pid(), status, sum(c.d) FROM (
             SELECT status, 1 AS d FROM counted_new WHERE finished_at IS NULL
             UNION ALL
             SELECT status, -1 FROM counted_old WHERE finished_at IS NULL
-        ) c GROUP BY status HAVING sum(d) <> 0;
+        ) c GROUP BY status HAVING sum(c.d) <> 0
+        ON CONFLICT (backend, status) DO UPDATE SET n = d.n + excluded.n;
     END IF;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 AND nextval('run_count_statements') % 64 = 0
        AND pg_try_advisory_xact_lock(8107251139265355333) THEN
-        WITH folded AS (DELETE FROM run_count_deltas RETURNING status, n)
+        PERFORM pg_stat_clear_snapshot();
+        WITH gone AS (
+            SELECT backend, status, n, backend = pg_backend_pid() AS mine
+            FROM run_count_deltas
+            WHERE (backend = pg_backend_pid() AND n <> 0)
+               OR backend NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+            FOR UPDATE SKIP LOCKED
+        ), zeroed AS (
+            UPDATE run_count_deltas d SET n = 0 FROM gone
+            WHERE gone.mine AND d.backend = gone.backend AND d.status = gone.status
+        ), dropped AS (
+            DELETE FROM run_count_deltas d USING gone
+            WHERE NOT gone.mine AND d.backend = gone.backend AND d.status = gone.status
+        )
         INSERT INTO run_counts (status, n)
-        SELECT status, sum(n) FROM folded GROUP BY status ORDER BY status
+        SELECT status, sum(n) FROM gone GROUP BY status ORDER BY status
         ON CONFLICT (status) DO UPDATE SET n = run_counts.n + excluded.n;
     END IF;
     RETURN NULL;

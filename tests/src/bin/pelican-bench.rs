@@ -144,6 +144,7 @@ fn main() -> ExitCode {
         "maintenance_pass_ms_1m_queued": live["maintenance_pass_ms_1m_queued"],
         "metrics_ms_1m_queued": live["metrics_ms_1m_queued"],
         "worker_peak_rss_mib": live["worker_peak_rss_mib"],
+        "worker_peak_rss_mib_1m_finished": live["worker_peak_rss_mib_1m_finished"],
         "worker_peak_rss_mib_1m_queued": live["worker_peak_rss_mib_1m_queued"],
         "live_jobs_per_s_redis_cluster_3_masters": live["live_jobs_per_s_redis_cluster_3_masters"],
     });
