@@ -140,7 +140,7 @@ impl Redis {
                     .map(StreamReply::Entries)
             }),
             StreamOp::Ack { ids } => {
-                let p = ids.first().map_or(0, |id| id.partition);
+                let p = StreamOp::ack_partition(ids);
                 debug_assert!(
                     ids.iter().all(|id| id.partition == p),
                     "one XACK acknowledges IDs of one partition"

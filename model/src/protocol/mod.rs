@@ -420,12 +420,19 @@ impl StreamOp {
             | StreamOp::EnsureGroup { partition }
             | StreamOp::Read { partition, .. }
             | StreamOp::Retain { partition, .. } => Some(*partition),
-            StreamOp::Ack { ids } => Some(ids.first().map_or(0, |id| id.partition)),
+            StreamOp::Ack { ids } => Some(Self::ack_partition(ids)),
             StreamOp::AutoClaim { start: id, .. }
             | StreamOp::Touch { id, .. }
             | StreamOp::Locate { id } => Some(id.partition),
             StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => None,
         }
+    }
+
+    /// The partition an `Ack` of `ids` goes to: its first ID's (one XACK
+    /// acknowledges IDs of one partition).
+    #[must_use]
+    pub fn ack_partition(ids: &[EntryId]) -> Partition {
+        ids.first().map_or(0, |id| id.partition)
     }
 }
 

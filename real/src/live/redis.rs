@@ -410,7 +410,7 @@ impl RedisStream {
                 .await
             }
             StreamOp::Ack { ids } => {
-                let partition = ids.first().map_or(0, |id| id.partition);
+                let partition = StreamOp::ack_partition(&ids);
                 self.on(partition, async |key| {
                     Ok(self.query(&self.xack(key, &ids)).await?.map(acked))
                 })
