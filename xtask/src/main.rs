@@ -413,6 +413,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             ("--kills", "5"),
             ("--latency-seconds", "5"),
             ("--queued-rows", "200000"),
+            ("--scale-rounds", "1"),
         ] {
             if !rest
                 .iter()

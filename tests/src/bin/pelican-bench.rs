@@ -47,6 +47,11 @@ struct Args {
     /// guarantees; their medians are compared.
     #[arg(long, default_value_t = BenchPlan::default().cost_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
     cost_rounds: u32,
+    /// Pairs (small table, at scale) behind each drain at scale: 1M
+    /// finished runs and the 1M backlog; the median of their slowdowns is
+    /// reported.
+    #[arg(long, default_value_t = BenchPlan::default().scale_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
+    scale_rounds: u32,
     /// Finished runs loaded for the scale figures and the drain beside
     /// them (0: skip both).
     #[arg(long, default_value_t = BenchPlan::default().finished_rows)]
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
         compare_unbatched: !a.no_unbatched,
         baseline: !a.no_baseline,
         cost_rounds: a.cost_rounds,
+        scale_rounds: a.scale_rounds,
         finished_rows: a.finished_rows,
         queued_rows: a.queued_rows,
         redis_cluster: !a.no_redis_cluster,
