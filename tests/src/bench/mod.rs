@@ -24,14 +24,15 @@
 //!   attempts and leases. Heartbeats cost a no-op drain nothing either way:
 //!   no job outlives the first heartbeat tick.
 //!
-//! * **Scale**: `finished_rows` finished runs (with an attempt each) are
-//!   loaded into a fresh database beside 1,000 live ones; then a worker's
+//! * **Scale**: a fresh database is given `finished_rows` finished runs
+//!   (submitted in bulk and drained by `pelican worker`s, as users' runs
+//!   finish) and 1,000 live ones; then a worker's
 //!   maintenance pass (retries, outbox, sweep, retention, as `pelican
 //!   worker` runs them) and a `GET /metrics` of `pelican api` are timed,
 //!   20 of each, medians reported. Neither may scan finished runs.
 //! * **Cost as work grows**: the drain again, twice: `drain_jobs` runs
-//!   beside `finished_rows` finished ones (which retention, as shipped,
-//!   keeps: they finished a minute ago), and a backlog of
+//!   beside `finished_rows` finished ones, given as above (retention, as
+//!   shipped, keeps them for a week), and a backlog of
 //!   `queued_rows` runs (submitted with `pelican submit --from-file`, the
 //!   bulk path) drained whole; before the latter drain starts, the
 //!   maintenance pass and `GET /metrics` are timed with the backlog queued.
@@ -608,7 +609,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         figures.recovery_max_ms = quantile(&mut samples, 1.0);
     }
     if plan.finished_rows > 0 {
-        let (pass, metrics, count_all) = scale(&rt, &cluster, plan.finished_rows);
+        let (pass, metrics, count_all) = scale(&rt, &cluster, plan, plan.finished_rows);
         figures.finished_rows = u64::from(plan.finished_rows);
         figures.maintenance_pass_ms = Some(pass);
         figures.metrics_ms = Some(metrics);
@@ -621,13 +622,18 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
 /// The scale figures (see the module's notes): the median maintenance
 /// pass, `GET /metrics` and full count by status, in ms, with `rows`
 /// finished runs.
-fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f64, f64) {
+fn scale(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &BenchPlan,
+    rows: u32,
+) -> (f64, f64, f64) {
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
     let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
     let io = Arc::new(rt.block_on(clients(&env, 4)));
-    load_finished(rt, &io, rows);
+    finish_runs(rt, &mut env, &io, plan, rows);
     rt.block_on(submit_many(&io, 1_000, 16, "noop", "{}"));
     let pass = time_maintenance(rt, &io, 20);
     let metrics = time_metrics(&mut env, 20);
@@ -647,24 +653,56 @@ fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, rows: u32) -> (f64, f6
     (pass, metrics, count_all)
 }
 
-/// Loads `rows` runs that finished a minute ago (an attempt each) into an
-/// empty database, as run ids `1..=rows`; later submissions take the ids
-/// after them.
-fn load_finished(rt: &tokio::runtime::Runtime, io: &Clients, rows: u32) {
-    eprintln!("bench: loading {rows} finished runs");
+/// Gives an empty database `rows` finished runs written the way Pelican
+/// writes them: submitted with `pelican submit --from-file`, drained whole
+/// by `pelican worker`s, then vacuumed. Later submissions take the ids after
+/// them.
+///
+/// The rows' pages are then as the hot path leaves them. A run inserted in
+/// its finished form instead (one `INSERT ... SELECT`) fills each page to
+/// the fill factor with rows wider than a new run's, and leaves room for
+/// one new run on nearly every page: the drain's runs then land one to a
+/// page over the whole table, and its claims and outcomes dirty tens of
+/// thousands of pages where they would dirty a few thousand.
+fn finish_runs(
+    rt: &tokio::runtime::Runtime,
+    env: &mut Env,
+    io: &Clients,
+    plan: &BenchPlan,
+    rows: u32,
+) {
+    eprintln!("bench: giving the database {rows} finished runs");
     let t = Instant::now();
-    let load = format!(
-        "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-           published_at, finished_at, entry_id, result) \
-         SELECT g, 'noop', '{{}}', 'succeeded', 1, 1, 1, 3, pelican_now_ms() - 60000, \
-           pelican_now_ms() - 60000, g || '-0', 'null' FROM generate_series(1, {rows}) g; \
-         INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, outcome) \
-         SELECT g, 1, 1, 'w1', g || '-0', 1, 'succeeded' FROM generate_series(1, {rows}) g; \
-         SELECT setval('run_ids', {rows}); ANALYZE runs; ANALYZE attempts"
+    bulk_submit(env, rows);
+    let workers = start_workers(env, plan);
+    wait_drained(rt, env, io, Instant::now());
+    drop(workers);
+    rt.block_on(pelican_real::live::pg::raw_execute(
+        &io.db,
+        "VACUUM (ANALYZE) runs, attempts",
+    ))
+    .expect("vacuuming the finished runs");
+    eprintln!(
+        "bench: {rows} runs submitted, drained and vacuumed in {:.1} s",
+        t.elapsed().as_secs_f64()
     );
-    rt.block_on(pelican_real::live::pg::raw_execute(&io.db, &load))
-        .expect("loading finished runs");
-    eprintln!("bench: loaded in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// Waits until every run has its outcome and the PEL is empty (at most 15
+/// minutes from `start`).
+fn wait_drained(rt: &tokio::runtime::Runtime, env: &Env, io: &Clients, start: Instant) {
+    loop {
+        // Redis first (cheap); count the runs (a table scan) only once the
+        // stream is drained.
+        if env.stream_drained() && rt.block_on(open_runs(&io.db)) == 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(900),
+            "the drain did not finish in 15 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The median of `n` maintenance passes (retries, outbox, sweep, retention,
@@ -758,8 +796,7 @@ fn bulk_submit(env: &Env, n: u32) -> f64 {
 enum Backlog {
     /// `drain_jobs` runs submitted one per call into empty tables.
     Fresh,
-    /// The same, beside this many finished runs (kept by retention as
-    /// shipped: they finished a minute ago).
+    /// The same, beside this many finished runs (see [`finish_runs`]).
     Finished(u32),
     /// This many runs submitted in bulk and drained whole; the maintenance
     /// pass and `GET /metrics` are timed with them queued.
@@ -828,7 +865,7 @@ fn drain(
     }
     let io = Arc::new(rt.block_on(clients(&env, 16)));
     if let Backlog::Finished(rows) = backlog {
-        load_finished(rt, &io, rows);
+        finish_runs(rt, &mut env, &io, plan, rows);
     }
     let (jobs, submit) = match backlog {
         Backlog::Fresh | Backlog::Finished(_) => {
@@ -910,21 +947,7 @@ fn drain(
         .filter(|_| !baseline)
         .map(|w| start_worker(&mut env, &worker_plan, w))
         .collect();
-    loop {
-        // Redis first (cheap); count the runs (a table scan) only once the
-        // stream is drained.
-        if env.stream_drained() {
-            let open = rt.block_on(open_runs(&io.db));
-            if open == 0 {
-                break;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(900),
-            "the drain did not finish in 15 minutes"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_drained(rt, &env, &io, t);
     let drain_s = t.elapsed().as_secs_f64();
     let peak_rss_kib = workers.iter().filter_map(Proc::peak_rss_kib).max();
     eprintln!(
