@@ -52,8 +52,8 @@ struct Args {
     /// reported.
     #[arg(long, default_value_t = BenchPlan::default().scale_rounds, value_parser = clap::value_parser!(u32).range(1..=20))]
     scale_rounds: u32,
-    /// Finished runs loaded for the scale figures and the drain beside
-    /// them (0: skip both).
+    /// Finished runs (submitted and drained by Pelican first) for the
+    /// scale figures and the drain beside them (0: skip both).
     #[arg(long, default_value_t = BenchPlan::default().finished_rows)]
     finished_rows: u32,
     /// Queued runs of the backlog drain (0: skip it).
