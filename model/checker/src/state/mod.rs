@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 /// Its [`Hash`] is its fingerprint ([`State::fp`]), which stateright's
 /// visited set keys on: with [`Config::symmetry`], one fingerprint for all
 /// the states that differ only in which worker is which.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct State {
     /// Redis, Postgres, effects, history.
     pub world: World,
@@ -51,6 +51,23 @@ pub struct State {
     /// [`State::fingerprint`]), computed once per transition.
     #[serde(skip)]
     pub fp: u64,
+}
+
+/// A clone leaves [`State::derived`] to be computed again: the checker
+/// clones a state to step it, and the step changes what it derives from
+/// (copying the parent's enabled actions would only be thrown away).
+impl Clone for State {
+    fn clone(&self) -> State {
+        State {
+            world: self.world.clone(),
+            workers: self.workers.clone(),
+            api: self.api.clone(),
+            budget: self.budget,
+            seen: self.seen,
+            derived: OnceLock::new(),
+            fp: self.fp,
+        }
+    }
 }
 
 impl Hash for State {
