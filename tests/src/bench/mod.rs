@@ -609,7 +609,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         figures.recovery_max_ms = quantile(&mut samples, 1.0);
     }
     if plan.finished_rows > 0 {
-        let (pass, metrics, count_all) = scale(&rt, &cluster, plan, plan.finished_rows);
+        let (pass, metrics, count_all) = scale(&rt, &cluster, plan);
         figures.finished_rows = u64::from(plan.finished_rows);
         figures.maintenance_pass_ms = Some(pass);
         figures.metrics_ms = Some(metrics);
@@ -620,14 +620,10 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
 }
 
 /// The scale figures (see the module's notes): the median maintenance
-/// pass, `GET /metrics` and full count by status, in ms, with `rows`
-/// finished runs.
-fn scale(
-    rt: &tokio::runtime::Runtime,
-    cluster: &Cluster,
-    plan: &BenchPlan,
-    rows: u32,
-) -> (f64, f64, f64) {
+/// pass, `GET /metrics` and full count by status, in ms, with the plan's
+/// `finished_rows` finished runs.
+fn scale(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &BenchPlan) -> (f64, f64, f64) {
+    let rows = plan.finished_rows;
     let db = Database::create_on(&cluster.admin_url());
     let url = db.url().to_owned();
     let mut env = Env::with_database(url, Some(db), None);
