@@ -41,8 +41,9 @@ commands:
   bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
             the benchmarks: the standard and standard_steps model checks,
             simulated seeds/s, and live drain, latency and recovery
-            (pelican-bench), the drain with the least protocol that still
-            drains (the cost of the guarantees:
+            (pelican-bench), the drains of the least protocols that still
+            drain, unfenced and fenced, and of the shipped statements in
+            their loop (the cost of the guarantees and where it lies:
             tests/src/bench/baseline.rs), the drain beside 1,000,000
             finished runs and of a 1,000,000-run backlog, with each
             worker's peak RSS, and the drain through a Redis Cluster of

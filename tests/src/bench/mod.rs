@@ -21,8 +21,10 @@
 //!   drains the queue ([`baseline`]): read the run, run the job, write the
 //!   outcome unfenced, acknowledge; no fenced claim, attempt record, lease
 //!   or heartbeat. The shipped protocol's drain against it prices fencing,
-//!   attempts and leases. Heartbeats cost a no-op drain nothing either way:
-//!   no job outlives the first heartbeat tick.
+//!   attempts and leases. Between the two, the fenced floor: the baseline
+//!   with a durable claim under a new fence and a fenced outcome, the least
+//!   any protocol that keeps S3 writes. Heartbeats cost a no-op drain
+//!   nothing either way: no job outlives the first heartbeat tick.
 //!
 //! * **Scale**: a fresh database is given `finished_rows` finished runs
 //!   (submitted in bulk and drained by `pelican worker`s, as users' runs
@@ -47,6 +49,7 @@
 //! target; `cargo xtask bench` prints them against the targets.
 
 use crate::{Cluster, Database, Env, Proc, Redis, round, submit_new};
+use baseline::Protocol;
 use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
 use pelican_real::live::{PgDb, RedisAddr, RedisStream};
@@ -96,9 +99,10 @@ pub struct BenchPlan {
     pub compare_unbatched: bool,
     /// Also drain with the [`baseline`], to price the guarantees.
     pub baseline: bool,
-    /// Pairs of drains (shipped, then baseline) behind the cost of the
-    /// guarantees; the first pair's shipped drain is the headline drain.
-    /// Their medians are compared.
+    /// Rounds of drains behind the cost of the guarantees: shipped; then
+    /// in the baseline's loop, its statements, the fenced floor and the
+    /// unfenced baseline. The first round's shipped drain is the headline
+    /// drain. Their medians are compared.
     pub cost_rounds: u32,
     /// Pairs (small table, at scale) behind each drain at scale; the
     /// median of their slowdowns is reported.
@@ -160,8 +164,13 @@ pub struct LiveFigures {
     /// The shipped protocol's drains of the cost comparison, jobs/s (the
     /// first is the headline drain).
     pub shipped_drains: Vec<f64>,
-    /// The [`baseline`]'s drains, jobs/s.
+    /// The unfenced [`baseline`]'s drains, jobs/s.
     pub unguarded_drains: Vec<f64>,
+    /// The fenced floor's drains ([`baseline::Protocol::Fenced`]), jobs/s.
+    pub fenced_floor_drains: Vec<f64>,
+    /// The shipped statements' drains in the baseline's loop
+    /// ([`baseline::Protocol::ShippedStatements`]), jobs/s.
+    pub statements_drains: Vec<f64>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
     /// Submit to durable outcome, at `latency_rate`.
@@ -264,13 +273,42 @@ impl LiveFigures {
         Some(100.0 * (1.0 - shipped / baseline))
     }
 
+    /// The fenced floor's median drain, jobs/s.
+    #[must_use]
+    pub fn fenced_floor_jobs_per_s(&self) -> Option<f64> {
+        median(&self.fenced_floor_drains)
+    }
+
+    /// What fencing alone costs: how much lower the fenced floor's median
+    /// drain is than the unfenced baseline's, in percent of the latter.
+    /// No protocol that keeps S3 can cost less on this machine.
+    #[must_use]
+    pub fn fencing_floor_cost_pct(&self) -> Option<f64> {
+        let (floor, baseline) = (
+            self.fenced_floor_jobs_per_s()?,
+            self.unguarded_jobs_per_s()?,
+        );
+        Some(100.0 * (1.0 - floor / baseline))
+    }
+
+    /// What the shipped protocol costs beyond the fenced floor, in percent
+    /// of the floor's median drain.
+    #[must_use]
+    pub fn beyond_floor_cost_pct(&self) -> Option<f64> {
+        let (shipped, floor) = (
+            median(&self.shipped_drains)?,
+            self.fenced_floor_jobs_per_s()?,
+        );
+        Some(100.0 * (1.0 - shipped / floor))
+    }
+
     /// As JSON.
     #[must_use]
     pub fn json(&self) -> Value {
         let mib = |kib: Option<u64>| kib.map(|k| round(k as f64 / 1024.0, 1));
         let (finished, queued) = (self.beside_finished.as_ref(), self.backlog.as_ref());
         let cluster = self.redis_cluster.as_ref();
-        json!({
+        let mut out = json!({
             "drain_jobs": self.drain_jobs,
             "submit_seconds": round(self.submit_seconds, 2),
             "submit_per_s": round(self.submit_per_s, 0),
@@ -310,7 +348,21 @@ impl LiveFigures {
             "live_jobs_per_s_redis_cluster_3_masters": cluster.and_then(ScaleDrain::jobs_per_s).map(|x| round(x, 0)),
             "live_jobs_per_s_redis_cluster_3_masters_pair": cluster.and_then(ScaleDrain::pair_jobs_per_s).map(|x| round(x, 0)),
             "slowdown_pct_redis_cluster_3_masters": cluster.and_then(ScaleDrain::slowdown_pct).map(|x| round(x, 1)),
-        })
+        });
+        // The fenced floor's keys (one `json!` of every key would pass the
+        // macro's recursion limit).
+        let floor = json!({
+            "live_jobs_per_s_fenced_floor": self.fenced_floor_jobs_per_s().map(|x| round(x, 0)),
+            "cost_drains_fenced_floor": self.fenced_floor_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
+            "fencing_floor_cost_pct": self.fencing_floor_cost_pct().map(|x| round(x, 1)),
+            "beyond_floor_cost_pct": self.beyond_floor_cost_pct().map(|x| round(x, 1)),
+            "live_jobs_per_s_shipped_statements": median(&self.statements_drains).map(|x| round(x, 0)),
+            "cost_drains_shipped_statements": self.statements_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
+        });
+        if let (Value::Object(out), Value::Object(floor)) = (&mut out, floor) {
+            out.extend(floor);
+        }
+        out
     }
 }
 
@@ -459,15 +511,16 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     let cluster = Cluster::start();
     let mut figures = LiveFigures::default();
 
-    // Drain, batched as shipped; then the baseline protocol, in pairs with
-    // the shipped one; then each claim and completion on its own.
+    // Drain, batched as shipped; then the fenced floor and the unfenced
+    // baseline, in rounds with the shipped protocol; then each claim and
+    // completion on its own.
     let jobs = f64::from(plan.drain_jobs);
     let one = Topology::Server;
     let drain_as = |batch_max, baseline, backlog, redis| {
         drain(&rt, &cluster, plan, batch_max, baseline, backlog, redis)
     };
     // The shipped protocol on a small table and one server, as shipped.
-    let small = || drain_as(plan.batch_max, false, Backlog::Fresh, one);
+    let small = || drain_as(plan.batch_max, None, Backlog::Fresh, one);
     let headline = small();
     figures.drain_jobs = u64::from(plan.drain_jobs);
     figures.submit_seconds = headline.submit_s;
@@ -483,19 +536,36 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
                 _ => small().jobs_per_s(),
             };
             figures.shipped_drains.push(shipped);
-            let unguarded = drain_as(plan.batch_max, true, Backlog::Fresh, one);
+            let floor = drain_as(plan.batch_max, Some(Protocol::Fenced), Backlog::Fresh, one);
+            figures.fenced_floor_drains.push(floor.jobs_per_s());
+            let statements = drain_as(
+                plan.batch_max,
+                Some(Protocol::ShippedStatements),
+                Backlog::Fresh,
+                one,
+            );
+            figures.statements_drains.push(statements.jobs_per_s());
+            let unguarded = drain_as(
+                plan.batch_max,
+                Some(Protocol::Unfenced),
+                Backlog::Fresh,
+                one,
+            );
             figures.unguarded_drains.push(unguarded.jobs_per_s());
         }
         eprintln!(
-            "bench: the guarantees cost {:.1}% of the baseline's drain (shipped {:.0?}, baseline {:.0?} jobs/s)",
+            "bench: the guarantees cost {:.1}% of the baseline's drain, fencing alone {:.1}% (shipped {:.0?}, its statements in the baseline's loop {:.0?}, fenced floor {:.0?}, baseline {:.0?} jobs/s)",
             figures.guarantees_cost_pct().unwrap_or(f64::NAN),
+            figures.fencing_floor_cost_pct().unwrap_or(f64::NAN),
             figures.shipped_drains,
+            figures.statements_drains,
+            figures.fenced_floor_drains,
             figures.unguarded_drains,
         );
     }
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
-        let unbatched = drain_as(1, false, Backlog::Fresh, one);
+        let unbatched = drain_as(1, None, Backlog::Fresh, one);
         figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
     }
     // Cost as work grows: each drain at scale with its pair, `rounds`
@@ -506,9 +576,9 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         for round in 0..rounds.max(1) {
             let (pair, d) = if round % 2 == 0 {
                 let pair = small();
-                (pair, drain_as(plan.batch_max, false, backlog, redis))
+                (pair, drain_as(plan.batch_max, None, backlog, redis))
             } else {
-                let d = drain_as(plan.batch_max, false, backlog, redis);
+                let d = drain_as(plan.batch_max, None, backlog, redis);
                 (small(), d)
             };
             figures.pairs.push((pair.jobs_per_s(), d.jobs_per_s()));
@@ -671,7 +741,7 @@ fn finish_runs(
     let t = Instant::now();
     bulk_submit(env, rows);
     let workers = start_workers(env, plan);
-    wait_drained(rt, env, io, Instant::now());
+    let _ = wait_drained(rt, env, io, Instant::now());
     drop(workers);
     rt.block_on(pelican_real::live::pg::raw_execute(
         &io.db,
@@ -686,12 +756,24 @@ fn finish_runs(
 
 /// Waits until every run has its outcome and the PEL is empty (at most 15
 /// minutes from `start`).
-fn wait_drained(rt: &tokio::runtime::Runtime, env: &Env, io: &Clients, start: Instant) {
+/// Waits until every run has its outcome and the PEL is empty; returns
+/// how long after `start` the first delivery was seen pending (the
+/// drainers' start-up, as far as a 10 ms poll tells it).
+fn wait_drained(
+    rt: &tokio::runtime::Runtime,
+    env: &Env,
+    io: &Clients,
+    start: Instant,
+) -> Option<Duration> {
+    let mut first_delivery = None;
     loop {
+        if first_delivery.is_none() && env.pel_len() > 0 {
+            first_delivery = Some(start.elapsed());
+        }
         // Redis first (cheap); count the runs (a table scan) only once the
         // stream is drained.
         if env.stream_drained() && rt.block_on(open_runs(&io.db)) == 0 {
-            return;
+            return first_delivery;
         }
         assert!(
             start.elapsed() < Duration::from_secs(900),
@@ -833,19 +915,19 @@ enum Topology {
 
 /// Submits the runs `backlog` says, then starts the workers (with
 /// `--batch-max batch_max`) and waits until every run has its outcome and
-/// the PEL is empty. `baseline`: the [`baseline`] drains instead of
-/// `pelican worker`s.
+/// the PEL is empty. `baseline`: the [`baseline`] drains with that
+/// protocol instead of `pelican worker`s.
 fn drain(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
     plan: &BenchPlan,
     batch_max: u32,
-    baseline: bool,
+    baseline: Option<Protocol>,
     backlog: Backlog,
     redis: Topology,
 ) -> Drained {
     assert!(
-        !(baseline && redis == Topology::Cluster),
+        !(baseline.is_some() && redis == Topology::Cluster),
         "the baseline drains one server"
     );
     let db = Database::create_on(&cluster.admin_url());
@@ -913,11 +995,7 @@ fn drain(
             Topology::Server => "",
             Topology::Cluster => "through a Redis Cluster of three masters (a partition on each), ",
         },
-        if baseline {
-            "the baseline"
-        } else {
-            "the shipped protocol"
-        },
+        baseline.map_or("the shipped protocol", Protocol::name),
         match backlog {
             Backlog::Fresh => String::new(),
             Backlog::Finished(rows) => format!(", beside {rows} finished runs"),
@@ -925,7 +1003,7 @@ fn drain(
         }
     );
     let t = Instant::now();
-    let _baseline = baseline.then(|| {
+    let _baseline = baseline.map(|protocol| {
         let redis_url = env.redis.url();
         let to = baseline::Target {
             redis_url: &redis_url,
@@ -933,22 +1011,23 @@ fn drain(
             group: "pelican",
             database_url: &env.database_url,
         };
-        baseline::start(rt, &to, plan.in_flight * plan.workers, batch_max)
+        baseline::start(rt, &to, plan.in_flight * plan.workers, batch_max, protocol)
     });
     let worker_plan = BenchPlan {
         batch_max,
         ..plan.clone()
     };
     let workers: Vec<Proc> = (1..=plan.workers)
-        .filter(|_| !baseline)
+        .filter(|_| baseline.is_none())
         .map(|w| start_worker(&mut env, &worker_plan, w))
         .collect();
-    wait_drained(rt, &env, &io, t);
+    let first_delivery = wait_drained(rt, &env, &io, t);
     let drain_s = t.elapsed().as_secs_f64();
     let peak_rss_kib = workers.iter().filter_map(Proc::peak_rss_kib).max();
     eprintln!(
-        "bench: drained in {drain_s:.2} s: {:.0} jobs/s{}",
+        "bench: drained in {drain_s:.2} s: {:.0} jobs/s (first delivery pending after {}){}",
         f64::from(jobs) / drain_s,
+        first_delivery.map_or_else(|| "-".to_owned(), |d| format!("{} ms", d.as_millis())),
         peak_rss_kib.map_or_else(String::new, |k| format!(
             "; worker peak RSS {:.1} MiB",
             k as f64 / 1024.0
@@ -1118,6 +1197,29 @@ mod tests {
         let cost = f.guarantees_cost_pct().expect("both measured");
         assert!((cost - 23.75).abs() < 1e-9, "{cost}");
         assert_eq!(LiveFigures::default().guarantees_cost_pct(), None);
+    }
+
+    #[test]
+    fn the_fenced_floor_splits_the_cost() {
+        let f = LiveFigures {
+            shipped_drains: vec![50_000.0, 70_000.0],
+            fenced_floor_drains: vec![100_000.0, 80_000.0, 90_000.0],
+            unguarded_drains: vec![120_000.0],
+            ..LiveFigures::default()
+        };
+        let close = |x: Option<f64>, want: f64| (x.expect("measured") - want).abs() < 1e-9;
+        assert!(close(f.fencing_floor_cost_pct(), 25.0));
+        assert!(close(f.beyond_floor_cost_pct(), 100.0 / 3.0));
+        assert!(close(f.guarantees_cost_pct(), 50.0));
+        let json = f.json();
+        assert_eq!(json["live_jobs_per_s_fenced_floor"], 90_000.0);
+        assert_eq!(json["fencing_floor_cost_pct"], 25.0);
+        let unfloored = LiveFigures {
+            fenced_floor_drains: Vec::new(),
+            ..f
+        };
+        assert_eq!(unfloored.fencing_floor_cost_pct(), None);
+        assert_eq!(unfloored.beyond_floor_cost_pct(), None);
     }
 
     #[test]
