@@ -19,7 +19,7 @@
 //!   shipped Postgres binding) in this same loop: the shipped protocol's
 //!   writes without its worker. Between it and a `pelican worker` lies
 //!   what the worker's machinery costs (a state machine, a task and timers
-//!   per delivery, heartbeats, maintenance); between it and the fenced
+//!   per delivery, maintenance passes); between it and the fenced
 //!   floor, what the shipped statements write beyond a fence.
 //!
 //! None is Pelican, nor ever shipped; the first two's statements are their

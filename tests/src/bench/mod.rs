@@ -23,8 +23,10 @@
 //!   or heartbeat. The shipped protocol's drain against it prices fencing,
 //!   attempts and leases. Between the two, the fenced floor: the baseline
 //!   with a durable claim under a new fence and a fenced outcome, the least
-//!   any protocol that keeps S3 writes. Heartbeats cost a no-op drain
-//!   nothing either way: no job outlives the first heartbeat tick.
+//!   any protocol that keeps S3 writes; and Pelican's own claim and success
+//!   statements in the baseline's loop, which part the statements' cost
+//!   from the worker's. Heartbeats cost a no-op drain nothing either way:
+//!   no job outlives the first heartbeat tick.
 //!
 //! * **Scale**: a fresh database is given `finished_rows` finished runs
 //!   (submitted in bulk and drained by `pelican worker`s, as users' runs
@@ -97,7 +99,7 @@ pub struct BenchPlan {
     /// Also drain with `--batch-max 1` (every claim and completion on its
     /// own), to show what batching buys.
     pub compare_unbatched: bool,
-    /// Also drain with the [`baseline`], to price the guarantees.
+    /// Also drain with the [`baseline`]s, to price the guarantees.
     pub baseline: bool,
     /// Rounds of drains behind the cost of the guarantees: shipped; then
     /// in the baseline's loop, its statements, the fenced floor and the
@@ -349,8 +351,8 @@ impl LiveFigures {
             "live_jobs_per_s_redis_cluster_3_masters_pair": cluster.and_then(ScaleDrain::pair_jobs_per_s).map(|x| round(x, 0)),
             "slowdown_pct_redis_cluster_3_masters": cluster.and_then(ScaleDrain::slowdown_pct).map(|x| round(x, 1)),
         });
-        // The fenced floor's keys (one `json!` of every key would pass the
-        // macro's recursion limit).
+        // The cost's split over the baselines (one `json!` of every key
+        // would pass the macro's recursion limit).
         let floor = json!({
             "live_jobs_per_s_fenced_floor": self.fenced_floor_jobs_per_s().map(|x| round(x, 0)),
             "cost_drains_fenced_floor": self.fenced_floor_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
@@ -511,9 +513,9 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     let cluster = Cluster::start();
     let mut figures = LiveFigures::default();
 
-    // Drain, batched as shipped; then the fenced floor and the unfenced
-    // baseline, in rounds with the shipped protocol; then each claim and
-    // completion on its own.
+    // Drain, batched as shipped; then the baselines (the fenced floor, the
+    // shipped statements, the unfenced baseline), in rounds with the
+    // shipped protocol; then each claim and completion on its own.
     let jobs = f64::from(plan.drain_jobs);
     let one = Topology::Server;
     let drain_as = |batch_max, baseline, backlog, redis| {
@@ -536,22 +538,14 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
                 _ => small().jobs_per_s(),
             };
             figures.shipped_drains.push(shipped);
-            let floor = drain_as(plan.batch_max, Some(Protocol::Fenced), Backlog::Fresh, one);
-            figures.fenced_floor_drains.push(floor.jobs_per_s());
-            let statements = drain_as(
-                plan.batch_max,
-                Some(Protocol::ShippedStatements),
-                Backlog::Fresh,
-                one,
-            );
-            figures.statements_drains.push(statements.jobs_per_s());
-            let unguarded = drain_as(
-                plan.batch_max,
-                Some(Protocol::Unfenced),
-                Backlog::Fresh,
-                one,
-            );
-            figures.unguarded_drains.push(unguarded.jobs_per_s());
+            for (protocol, drains) in [
+                (Protocol::Fenced, &mut figures.fenced_floor_drains),
+                (Protocol::ShippedStatements, &mut figures.statements_drains),
+                (Protocol::Unfenced, &mut figures.unguarded_drains),
+            ] {
+                let d = drain_as(plan.batch_max, Some(protocol), Backlog::Fresh, one);
+                drains.push(d.jobs_per_s());
+            }
         }
         eprintln!(
             "bench: the guarantees cost {:.1}% of the baseline's drain, fencing alone {:.1}% (shipped {:.0?}, its statements in the baseline's loop {:.0?}, fenced floor {:.0?}, baseline {:.0?} jobs/s)",
@@ -755,10 +749,9 @@ fn finish_runs(
 }
 
 /// Waits until every run has its outcome and the PEL is empty (at most 15
-/// minutes from `start`).
-/// Waits until every run has its outcome and the PEL is empty; returns
-/// how long after `start` the first delivery was seen pending (the
-/// drainers' start-up, as far as a 10 ms poll tells it).
+/// minutes from `start`); returns how long after `start` the first
+/// delivery was seen pending (the drainers' start-up, as far as a 10 ms
+/// poll tells it).
 fn wait_drained(
     rt: &tokio::runtime::Runtime,
     env: &Env,
