@@ -23,11 +23,13 @@
 //!
 //! ## Properties
 //!
-//! One `always` property per [`Guarantee`], named by
-//! [`Guarantee::property_name`] ("S1 nothing lost", ...): it fails in a
+//! Each [`Guarantee`] has a verdict, named by
+//! [`Guarantee::property_name`] ("S1 nothing lost", ...): it is broken in a
 //! state that breaks the guarantee ([`invariants::state`]: S2–S8) or, in a
 //! final state (no action enabled: faults spent, every role idle), that
-//! breaks it at rest ([`invariants::quiescent`]: S1, S5, S9, S10).
+//! breaks it at rest ([`invariants::quiescent`]: S1, S5, S9, S10). The
+//! checker explores with one `always` property for them all
+//! ([`EVERY_GUARANTEE`]); a report gives each guarantee its own verdict.
 //! `sometimes` properties show the interesting paths are reached.
 //!
 //! [`invariants::state`]: pelican_model::invariants::state
@@ -46,6 +48,8 @@ use pelican_model::status::{ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
 use state::{Action, State};
 use stateright::{Model, Property};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The instant every command runs at (see "Time" above). Far larger than
 /// every policy duration, so an aged deadline is always in the past.
@@ -56,28 +60,93 @@ pub const NOW: Timestamp = Timestamp(1_000_000_000);
 pub struct PelicanModel {
     /// What is explored.
     pub cfg: Config,
+    /// Properties as stateright means them ([`PelicanModel::plain`]).
+    pub(crate) plain: bool,
+    witnessed: Witnessed,
 }
 
+/// The name of the one property a check gives stateright, instead of one
+/// per guarantee and one per `sometimes` property: every guarantee holds.
+///
+/// stateright looks up each property's discoveries in a shared map for
+/// every state it explores (a hash and a shared lock each), whether or not
+/// the property has anything left to find, and records the path to every
+/// state where a `sometimes` property holds (most read history flags,
+/// which stay set in every later state). So the model keeps the
+/// `sometimes` properties itself: evaluating this property also notes, in
+/// flags its threads share, which of them the state reaches, skipping those
+/// reached already. One property holds exactly where all the guarantees
+/// do, so a check that passes says the same of each. When it fails, the
+/// report names the guarantees its counterexample breaks, and a complete
+/// check runs again with one property per guarantee
+/// ([`PelicanModel::plain`]) to give each its own verdict. A `sometimes`
+/// property needs no path: the report says whether it was reached.
+pub const EVERY_GUARANTEE: &str = "every guarantee";
+
 impl PelicanModel {
-    /// A model of `cfg`.
+    /// A model of `cfg`, with one `always` property for all guarantees.
     #[must_use]
     pub fn new(cfg: Config) -> Self {
-        PelicanModel { cfg }
+        PelicanModel {
+            cfg,
+            plain: false,
+            witnessed: Witnessed::default(),
+        }
+    }
+
+    /// The same model with every property given to stateright: one
+    /// `always` property per guarantee, named by
+    /// [`Guarantee::property_name`], and one per `sometimes` property (as
+    /// the Explorer shows them).
+    #[must_use]
+    pub fn plain(self) -> Self {
+        PelicanModel {
+            plain: true,
+            ..self
+        }
+    }
+
+    /// Records which `sometimes` properties `s` reaches, of those not yet
+    /// reached (see [`EVERY_GUARANTEE`]).
+    fn witness(&self, s: &State) {
+        for (p, reached) in SOMETIMES.iter().zip(self.witnessed.0.iter()) {
+            if !reached.load(Ordering::Relaxed) && (p.explored)(&self.cfg) && (p.reached)(self, s) {
+                reached.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The `sometimes` properties this configuration explores, and whether
+    /// a check of this model has reached each (never, for a
+    /// [`PelicanModel::plain`] one: stateright has those properties).
+    #[must_use]
+    pub fn reached(&self) -> Vec<(&'static str, bool)> {
+        SOMETIMES
+            .iter()
+            .zip(self.witnessed.0.iter())
+            .filter(|(p, _)| (p.explored)(&self.cfg))
+            .map(|(p, reached)| (p.name, reached.load(Ordering::Relaxed)))
+            .collect()
     }
 
     fn is_final(&self, s: &State) -> bool {
         s.derived(&self.cfg).is_final
     }
 
-    /// Whether `g` holds in `s`: broken neither in this state nor, if it is
-    /// final, at rest (see "Properties" above).
-    fn holds(&self, s: &State, g: Guarantee) -> bool {
+    /// The guarantees `s` breaks, as [`state::guarantee_bit`]s: in this state
+    /// or, if it is final, at rest (see "Properties" above).
+    #[must_use]
+    pub fn broken(&self, s: &State) -> u16 {
         let d = s.derived(&self.cfg);
-        let bit = state::guarantee_bit(g);
-        (d.broken | d.broken_at_rest) & bit == 0
+        d.broken | d.broken_at_rest
     }
 
-    /// The names of the `always` properties, in order: one per guarantee.
+    /// Whether `g` holds in `s`.
+    fn holds(&self, s: &State, g: Guarantee) -> bool {
+        self.broken(s) & state::guarantee_bit(g) == 0
+    }
+
+    /// The names of the guarantees' `always` properties, in order.
     pub const ALWAYS: [&'static str; Guarantee::ALL.len()] = {
         let mut names = [""; Guarantee::ALL.len()];
         let mut i = 0;
@@ -153,122 +222,175 @@ impl Model for PelicanModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
+        if !self.plain {
+            return vec![Property::always(EVERY_GUARANTEE, |m, s| {
+                m.witness(s);
+                m.broken(s) == 0
+            })];
+        }
         let mut properties: Vec<Property<Self>> = Guarantee::ALL
             .into_iter()
             .zip(HOLDS)
             .map(|(g, holds)| Property::always(g.property_name(), holds))
             .collect();
-        properties.extend([
-            Property::sometimes("reclaim takes over a stalled attempt", |_, s: &State| {
-                attempts_pair(s, |prev, next| prev == next)
-            }),
-            Property::sometimes("late write rejected", |_, s: &State| {
-                s.seen.late_write_rejected
-            }),
-            Property::sometimes("retry scheduled and re-published", |_, s: &State| {
-                attempts_pair(s, |prev, next| next > prev)
-            }),
-            Property::sometimes("dead letter", |_, s: &State| {
-                !s.world.db.dead_letters.is_empty()
-            }),
-            Property::sometimes("cancel beats a running attempt", |_, s: &State| {
-                s.seen.cancel_beat_result
-            }),
-            Property::sometimes("trimmed entry recovered", |_, s: &State| {
-                s.seen.trimmed_recovered
-            }),
-            Property::sometimes(
-                "duplicate publication absorbed",
-                |m: &PelicanModel, s: &State| {
-                    m.is_final(s) && {
-                        let mut seen = std::collections::BTreeSet::new();
-                        s.world.entries.values().any(|e| !seen.insert(e.clone()))
-                            && s.world
-                                .db
-                                .runs
-                                .values()
-                                .any(|r| r.status == RunStatus::Succeeded)
-                    }
-                },
-            ),
-            Property::sometimes(
-                "recovery after total Redis loss",
-                |m: &PelicanModel, s: &State| {
-                    s.seen.redis_wiped
-                        && m.is_final(s)
-                        && s.world
-                            .db
-                            .runs
-                            .values()
-                            .any(|r| r.status == RunStatus::Succeeded && r.dispatch.0 > 1)
-                },
-            ),
-            Property::sometimes("malformed entry quarantined", |_, s: &State| {
-                !s.world.quarantined.is_empty()
-            }),
-        ]);
-        if self.cfg.outcomes.contains(&OutcomeKind::Poison) {
-            properties.push(Property::sometimes(
-                "refused result fails its run",
-                |_, s: &State| {
-                    s.world.db.runs.values().any(|r| {
-                        r.status == RunStatus::Failed
-                            && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
-                    })
-                },
-            ));
-        }
-        if self.cfg.outcomes.contains(&OutcomeKind::Unknown) {
-            properties.push(Property::sometimes(
-                "unknown error fails its run at the cap",
-                |_, s: &State| s.seen.unknown_capped,
-            ));
-        }
-        if !self.cfg.policy.kinds.is_empty() {
-            properties.push(Property::sometimes(
-                "spent budget fails its run",
-                |_, s: &State| s.seen.budget_exhausted,
-            ));
-        }
-        if self.cfg.steps {
-            properties.push(Property::sometimes(
-                "recorded step replayed",
-                |_, s: &State| s.seen.step_replayed,
-            ));
-            properties.push(Property::sometimes(
-                "late progress refused",
-                |_, s: &State| s.seen.progress_refused,
-            ));
-        }
-        if self.cfg.limits {
-            properties.push(Property::sometimes(
-                "a call waits for a held slot",
-                |_, s: &State| s.seen.slot_waited,
-            ));
-        }
-        if self.cfg.policy.partitions > 1 {
-            properties.push(Property::sometimes(
-                "reclaim takes over an attempt past partition 0",
-                |_, s: &State| {
-                    let attempts = &s.world.db.attempts;
-                    attempts.iter().zip(attempts.iter().skip(1)).any(
-                        |(((run, n), earlier), ((next_run, m), later))| {
-                            run == next_run
-                                && n.0 + 1 == m.0
-                                && earlier.dispatch == later.dispatch
-                                && later.entry_id.partition > 0
-                        },
-                    )
-                },
-            ));
-        }
-        if self.cfg.policy.keep_finished_ms > 0 {
-            properties.push(Property::sometimes(
-                "entry of a deleted run acknowledged",
-                |_, s: &State| s.seen.retired_delivered,
-            ));
-        }
+        properties.extend(
+            SOMETIMES
+                .iter()
+                .filter(|p| (p.explored)(&self.cfg))
+                .map(|p| Property::sometimes(p.name, p.reached)),
+        );
         properties
+    }
+}
+
+/// A `sometimes` property: a path the exploration must reach.
+struct Sometimes {
+    name: &'static str,
+    /// Whether the configuration can reach it at all.
+    explored: fn(&Config) -> bool,
+    reached: fn(&PelicanModel, &State) -> bool,
+}
+
+const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
+
+/// The `sometimes` properties, each with the configurations that explore it.
+const SOMETIMES: [Sometimes; 17] = [
+    Sometimes {
+        name: "reclaim takes over a stalled attempt",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| attempts_pair(s, |prev, next| prev == next),
+    },
+    Sometimes {
+        name: "late write rejected",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| s.seen.late_write_rejected,
+    },
+    Sometimes {
+        name: "retry scheduled and re-published",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| attempts_pair(s, |prev, next| next > prev),
+    },
+    Sometimes {
+        name: "dead letter",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| !s.world.db.dead_letters.is_empty(),
+    },
+    Sometimes {
+        name: "cancel beats a running attempt",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| s.seen.cancel_beat_result,
+    },
+    Sometimes {
+        name: "trimmed entry recovered",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| s.seen.trimmed_recovered,
+    },
+    Sometimes {
+        name: "duplicate publication absorbed",
+        explored: ALWAYS_EXPLORED,
+        reached: |m, s| {
+            m.is_final(s) && {
+                let mut seen = std::collections::BTreeSet::new();
+                s.world.entries.values().any(|e| !seen.insert(e.clone()))
+                    && s.world
+                        .db
+                        .runs
+                        .values()
+                        .any(|r| r.status == RunStatus::Succeeded)
+            }
+        },
+    },
+    Sometimes {
+        name: "recovery after total Redis loss",
+        explored: ALWAYS_EXPLORED,
+        reached: |m, s| {
+            s.seen.redis_wiped
+                && m.is_final(s)
+                && s.world
+                    .db
+                    .runs
+                    .values()
+                    .any(|r| r.status == RunStatus::Succeeded && r.dispatch.0 > 1)
+        },
+    },
+    Sometimes {
+        name: "malformed entry quarantined",
+        explored: ALWAYS_EXPLORED,
+        reached: |_, s| !s.world.quarantined.is_empty(),
+    },
+    Sometimes {
+        name: "refused result fails its run",
+        explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Poison),
+        reached: |_, s| {
+            s.world.db.runs.values().any(|r| {
+                r.status == RunStatus::Failed
+                    && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
+            })
+        },
+    },
+    Sometimes {
+        name: "unknown error fails its run at the cap",
+        explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Unknown),
+        reached: |_, s| s.seen.unknown_capped,
+    },
+    Sometimes {
+        name: "spent budget fails its run",
+        explored: |cfg| !cfg.policy.kinds.is_empty(),
+        reached: |_, s| s.seen.budget_exhausted,
+    },
+    Sometimes {
+        name: "recorded step replayed",
+        explored: |cfg| cfg.steps,
+        reached: |_, s| s.seen.step_replayed,
+    },
+    Sometimes {
+        name: "late progress refused",
+        explored: |cfg| cfg.steps,
+        reached: |_, s| s.seen.progress_refused,
+    },
+    Sometimes {
+        name: "a call waits for a held slot",
+        explored: |cfg| cfg.limits,
+        reached: |_, s| s.seen.slot_waited,
+    },
+    Sometimes {
+        name: "reclaim takes over an attempt past partition 0",
+        explored: |cfg| cfg.policy.partitions > 1,
+        reached: |_, s| {
+            let attempts = &s.world.db.attempts;
+            attempts.iter().zip(attempts.iter().skip(1)).any(
+                |(((run, n), earlier), ((next_run, m), later))| {
+                    run == next_run
+                        && n.0 + 1 == m.0
+                        && earlier.dispatch == later.dispatch
+                        && later.entry_id.partition > 0
+                },
+            )
+        },
+    },
+    Sometimes {
+        name: "entry of a deleted run acknowledged",
+        explored: |cfg| cfg.policy.keep_finished_ms > 0,
+        reached: |_, s| s.seen.retired_delivered,
+    },
+];
+
+/// Which `sometimes` properties a model has been found to reach, one flag
+/// per entry of [`SOMETIMES`], shared by the checker's threads. A clone
+/// starts with none: each checker is handed its own clone of the model and
+/// must find its own witnesses.
+#[derive(Debug)]
+struct Witnessed(Arc<[AtomicBool; SOMETIMES.len()]>);
+
+impl Default for Witnessed {
+    fn default() -> Self {
+        Witnessed(Arc::new(std::array::from_fn(|_| AtomicBool::new(false))))
+    }
+}
+
+impl Clone for Witnessed {
+    fn clone(&self) -> Self {
+        Witnessed::default()
     }
 }
 

@@ -111,6 +111,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         );
         use stateright::Model;
         let _checker = PelicanModel::new(cfg)
+            .plain()
             .checker()
             .serve(args.address.as_str());
         loop {

@@ -1,8 +1,8 @@
 //! Running the checker and reporting what it found.
 
-use crate::state::{Action, State};
-use crate::{Config, PelicanModel, timeline};
-use pelican_model::invariants;
+use crate::state::{Action, State, guarantee_bit};
+use crate::{Config, EVERY_GUARANTEE, PelicanModel, timeline};
+use pelican_model::invariants::{self, Guarantee};
 use pelican_model::protocol::Mutant;
 use serde::Serialize;
 use stateright::{Checker, HasDiscoveries, Model, Path, Property};
@@ -107,10 +107,24 @@ impl Report {
     }
 }
 
-/// Checks `cfg`.
+/// Checks `cfg`: with one property for every guarantee
+/// ([`crate::EVERY_GUARANTEE`]), which stops at the first counterexample
+/// (stateright stops once each of its properties has a discovery), and, if
+/// it found one and `opts` do not stop there, once more with one property
+/// per guarantee, whose report it returns (every guarantee's own verdict
+/// and counterexample).
 #[must_use]
 pub fn check(cfg: &Config, opts: &Options) -> Report {
-    let model = PelicanModel::new(cfg.clone());
+    let report = check_model(PelicanModel::new(cfg.clone()), opts);
+    if !opts.stop_at_failure && !report.counterexamples.is_empty() {
+        return check_model(PelicanModel::new(cfg.clone()).plain(), opts);
+    }
+    report
+}
+
+/// Checks `model` once, with its own properties.
+pub(crate) fn check_model(model: PelicanModel, opts: &Options) -> Report {
+    let cfg = &model.cfg.clone();
     let mut builder = model.clone().checker().threads(opts.threads.max(1));
     if let Some(t) = opts.timeout {
         builder = builder.timeout(t);
@@ -150,12 +164,30 @@ fn finish(
     let checker = checker.join();
     let seconds = started.elapsed().as_secs_f64();
     let discoveries = checker.discoveries();
+    let reached = checker.model().reached();
     let timed_out = opts.timeout.is_some_and(|t| started.elapsed() >= t);
     let mut verdicts = BTreeMap::new();
     let mut counterexamples = Vec::new();
     let mut failed = false;
     for p in &properties {
         let found = discoveries.get(p.name);
+        if p.name == EVERY_GUARANTEE {
+            let found = found.map(|path| counterexample(model, p.name, path.clone()));
+            let broken = found.as_ref().map_or(0, |(_, broken)| *broken);
+            for g in Guarantee::ALL {
+                let verdict = if broken & guarantee_bit(g) == 0 {
+                    Verdict::Holds
+                } else {
+                    Verdict::Violated
+                };
+                verdicts.insert(g.property_name().to_owned(), verdict);
+            }
+            if let Some((c, _)) = found {
+                failed = true;
+                counterexamples.push(c);
+            }
+            continue;
+        }
         let always = p.expectation.discovery_is_failure();
         let verdict = match (always, found.is_some()) {
             (true, false) => Verdict::Holds,
@@ -165,15 +197,25 @@ fn finish(
         };
         if let (true, Some(path)) = (always, found) {
             failed = true;
-            counterexamples.push(counterexample(model, p.name, path.clone()));
+            counterexamples.push(counterexample(model, p.name, path.clone()).0);
         }
         verdicts.insert(p.name.to_owned(), verdict);
+    }
+    if !model.plain {
+        for (name, reached) in reached {
+            let verdict = if reached {
+                Verdict::Reached
+            } else {
+                Verdict::Unreached
+            };
+            verdicts.insert(name.to_owned(), verdict);
+        }
     }
     let unique = checker.unique_state_count();
     Report {
         config: cfg.name.clone(),
         mutant: cfg.policy.mutant.map(|m| m.name().to_owned()),
-        complete: !(timed_out || (opts.stop_at_failure && failed)),
+        complete: !(timed_out || (failed && (opts.stop_at_failure || !model.plain))),
         unique_states: unique,
         states: checker.state_count(),
         max_depth: checker.max_depth(),
@@ -249,11 +291,14 @@ fn shrink(
     (states, actions)
 }
 
+/// The shrunk counterexample of `property` on `path`, and the guarantees
+/// its last state breaks ([`guarantee_bit`]s). A counterexample of
+/// [`EVERY_GUARANTEE`] is named by the guarantees it breaks.
 fn counterexample(
     model: &PelicanModel,
     property: &str,
     path: Path<State, Action>,
-) -> Counterexample {
+) -> (Counterexample, u16) {
     let prop = model
         .properties()
         .into_iter()
@@ -267,13 +312,25 @@ fn counterexample(
         .map(|b| format!("{}: {}", b.guarantee, b.detail))
         .collect();
     broken.dedup();
-    Counterexample {
-        property: property.to_owned(),
+    let bits = model.broken(last);
+    let property = if property == EVERY_GUARANTEE {
+        Guarantee::ALL
+            .into_iter()
+            .filter(|g| bits & guarantee_bit(*g) != 0)
+            .map(Guarantee::property_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    } else {
+        property.to_owned()
+    };
+    let c = Counterexample {
+        property,
         path_len: actions.len(),
         timeline: timeline::render(&states, &actions),
         broken,
         actions: actions.iter().map(|a| format!("{a:?}")).collect(),
-    }
+    };
+    (c, bits)
 }
 
 /// A mutant's result.
