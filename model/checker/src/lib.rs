@@ -62,6 +62,8 @@ pub struct PelicanModel {
     pub cfg: Config,
     /// Properties as stateright means them ([`PelicanModel::plain`]).
     pub(crate) plain: bool,
+    /// The entries of [`SOMETIMES`] `cfg` explores, bit `i` for entry `i`.
+    explored: u32,
     witnessed: Witnessed,
 }
 
@@ -77,8 +79,9 @@ pub struct PelicanModel {
 /// flags its threads share, which of them the state reaches, skipping those
 /// reached already. One property holds exactly where all the guarantees
 /// do, so a check that passes says the same of each. When it fails, the
-/// report names the guarantees its counterexample breaks, and a complete
-/// check runs again with one property per guarantee
+/// report names the guarantees its counterexample breaks, and a check that
+/// does not stop at its first failure runs again with one property per
+/// guarantee
 /// ([`PelicanModel::plain`]) to give each its own verdict. A `sometimes`
 /// property needs no path: the report says whether it was reached.
 pub const EVERY_GUARANTEE: &str = "every guarantee";
@@ -87,9 +90,15 @@ impl PelicanModel {
     /// A model of `cfg`, with one `always` property for all guarantees.
     #[must_use]
     pub fn new(cfg: Config) -> Self {
+        let explored = SOMETIMES
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| (p.explored)(&cfg))
+            .fold(0, |bits, (i, _)| bits | 1 << i);
         PelicanModel {
             cfg,
             plain: false,
+            explored,
             witnessed: Witnessed::default(),
         }
     }
@@ -109,11 +118,22 @@ impl PelicanModel {
     /// Records which `sometimes` properties `s` reaches, of those not yet
     /// reached (see [`EVERY_GUARANTEE`]).
     fn witness(&self, s: &State) {
-        for (p, reached) in SOMETIMES.iter().zip(self.witnessed.0.iter()) {
-            if !reached.load(Ordering::Relaxed) && (p.explored)(&self.cfg) && (p.reached)(self, s) {
+        for (p, reached) in self.sometimes() {
+            if !reached.load(Ordering::Relaxed) && (p.reached)(self, s) {
                 reached.store(true, Ordering::Relaxed);
             }
         }
+    }
+
+    /// The `sometimes` properties this configuration explores, each with
+    /// its flag in [`Witnessed`].
+    fn sometimes(&self) -> impl Iterator<Item = (&'static Sometimes, &AtomicBool)> {
+        SOMETIMES
+            .iter()
+            .zip(self.witnessed.0.iter())
+            .enumerate()
+            .filter(|(i, _)| self.explored & 1 << i != 0)
+            .map(|(_, entry)| entry)
     }
 
     /// The `sometimes` properties this configuration explores, and whether
@@ -121,10 +141,7 @@ impl PelicanModel {
     /// [`PelicanModel::plain`] one: stateright has those properties).
     #[must_use]
     pub fn reached(&self) -> Vec<(&'static str, bool)> {
-        SOMETIMES
-            .iter()
-            .zip(self.witnessed.0.iter())
-            .filter(|(p, _)| (p.explored)(&self.cfg))
+        self.sometimes()
             .map(|(p, reached)| (p.name, reached.load(Ordering::Relaxed)))
             .collect()
     }
@@ -234,10 +251,8 @@ impl Model for PelicanModel {
             .map(|(g, holds)| Property::always(g.property_name(), holds))
             .collect();
         properties.extend(
-            SOMETIMES
-                .iter()
-                .filter(|p| (p.explored)(&self.cfg))
-                .map(|p| Property::sometimes(p.name, p.reached)),
+            self.sometimes()
+                .map(|(p, _)| Property::sometimes(p.name, p.reached)),
         );
         properties
     }
@@ -253,7 +268,8 @@ struct Sometimes {
 
 const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
 
-/// The `sometimes` properties, each with the configurations that explore it.
+/// The `sometimes` properties, each with the configurations that explore it
+/// (at most 32: [`PelicanModel::explored`] has a bit for each).
 const SOMETIMES: [Sometimes; 17] = [
     Sometimes {
         name: "reclaim takes over a stalled attempt",
@@ -374,6 +390,8 @@ const SOMETIMES: [Sometimes; 17] = [
         reached: |_, s| s.seen.retired_delivered,
     },
 ];
+
+const _: () = assert!(SOMETIMES.len() <= 32, "one bit per entry in a u32");
 
 /// Which `sometimes` properties a model has been found to reach, one flag
 /// per entry of [`SOMETIMES`], shared by the checker's threads. A clone

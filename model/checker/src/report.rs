@@ -164,7 +164,6 @@ fn finish(
     let checker = checker.join();
     let seconds = started.elapsed().as_secs_f64();
     let discoveries = checker.discoveries();
-    let reached = checker.model().reached();
     let timed_out = opts.timeout.is_some_and(|t| started.elapsed() >= t);
     let mut verdicts = BTreeMap::new();
     let mut counterexamples = Vec::new();
@@ -202,7 +201,7 @@ fn finish(
         verdicts.insert(p.name.to_owned(), verdict);
     }
     if !model.plain {
-        for (name, reached) in reached {
+        for (name, reached) in checker.model().reached() {
             let verdict = if reached {
                 Verdict::Reached
             } else {
