@@ -245,7 +245,7 @@ pub fn quiescent(world: &World, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken
     if pel > 0 {
         out.push(broken(Guarantee::S9, format!("{pel} entries left pending")));
     }
-    for (id, e) in &world.entries {
+    for (id, e) in world.entries.iter() {
         if matches!(e, JobEntry::Malformed { .. })
             && world.redis.holds(*id)
             && !world.quarantined.contains(id)

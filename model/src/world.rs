@@ -18,6 +18,7 @@ use crate::invariants::Guarantee;
 use crate::protocol::{
     DbOp, DbReply, DeadEntry, DeliveryEnd, GroupState, JobEntry, QueueState, StreamOp, StreamReply,
 };
+use crate::shared::Shared;
 use crate::status::RunStatus;
 use crate::stream::{AddId, Stream, StreamError};
 use crate::time::Timestamp;
@@ -370,15 +371,15 @@ impl Violation {
 /// Redis + Postgres + the external world + history.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct World {
-    /// Redis.
-    pub redis: Redis,
-    /// Postgres.
-    pub db: Db,
+    /// Redis (shared by a world's clones until one writes to it).
+    pub redis: Shared<Redis>,
+    /// Postgres (shared by a world's clones until one writes to it).
+    pub db: Shared<Db>,
     /// Runs the API answered 202 for.
     pub accepted: BTreeSet<RunId>,
     /// Every job entry ever added, by ID (the payload of a trimmed entry is
-    /// still known here).
-    pub entries: BTreeMap<EntryId, JobEntry>,
+    /// still known here; shared by a world's clones until one writes to it).
+    pub entries: Shared<BTreeMap<EntryId, JobEntry>>,
     /// Job entries quarantined on the dead stream.
     pub quarantined: BTreeSet<EntryId>,
     /// External applications of each logical side effect (run, tool call).
@@ -441,7 +442,7 @@ impl World {
     #[must_use]
     pub fn partitioned(partitions: Partition) -> World {
         let mut w = World {
-            redis: Redis::partitioned(partitions),
+            redis: Redis::partitioned(partitions).into(),
             ..World::default()
         };
         for partition in 0..partitions.max(1) {
@@ -945,7 +946,7 @@ impl World {
     /// Redis lost everything (restart without persistence): both streams and
     /// the group are gone.
     pub fn redis_wiped(&mut self) {
-        self.redis = Redis::partitioned(partition_at(self.redis.jobs.len()));
+        self.redis = Redis::partitioned(partition_at(self.redis.jobs.len())).into();
     }
 }
 

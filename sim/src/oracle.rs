@@ -11,6 +11,7 @@ use pelican_model::protocol::{
     Command, DbOp, DbReply, DeadEntry, DeliveryEnd, Execution, Input, JobEntry, Policy, StreamOp,
     StreamReply,
 };
+use pelican_model::shared::Shared as CopyOnWrite;
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::StreamError;
 use pelican_model::time::Timestamp;
@@ -42,8 +43,9 @@ pub struct Oracle {
     pub faults: FaultMix,
     /// Whether faults are on (false once healing starts).
     pub faulty: bool,
-    /// Redis as of its last fsync (AOF everysec).
-    pub fsynced: Redis,
+    /// Redis as of its last fsync (AOF everysec), shared with the world's
+    /// until either is written.
+    pub fsynced: CopyOnWrite<Redis>,
     /// Side effects each run's job makes when it succeeds.
     pub effects_expected: BTreeMap<RunId, u32>,
     /// The external service users' handlers call.

@@ -805,7 +805,7 @@ async fn nemesis(
                     o.note("nemesis", "restart Redis, keeping its last fsync".into());
                 } else {
                     o.world.redis_wiped();
-                    o.fsynced = Redis::partitioned(o.policy.partitions);
+                    o.fsynced = Redis::partitioned(o.policy.partitions).into();
                     o.count("redis_wipes");
                     o.note(
                         "nemesis",

@@ -45,7 +45,7 @@ impl Env {
     #[must_use]
     pub fn audit(&self, malformed: &[EntryId]) -> Vec<Finding> {
         let world = World {
-            db: self.db(),
+            db: self.db().into(),
             accepted: self.accepted.clone(),
             ..World::default()
         };

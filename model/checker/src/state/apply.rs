@@ -50,16 +50,27 @@ impl State {
     /// differ only in them are one state and the state space is finite:
     /// PEL delivery counts (1 = delivered once, 2 = redelivered) and the
     /// effect ledger's request counts (1 = applied once, 2 = repeated).
+    /// (Redis and Postgres are written only when a counter is clamped: a
+    /// write copies what the state shares with its predecessor.)
     fn normalize(&mut self) {
-        for jobs in &mut self.world.redis.jobs {
-            if let Some(g) = jobs.group.as_mut() {
-                for p in g.pel.values_mut() {
-                    p.delivery_count = p.delivery_count.min(2);
+        let redeliveries = |p: &pelican_model::stream::Pending| p.delivery_count > 2;
+        if self.world.redis.jobs.iter().any(|jobs| {
+            jobs.group
+                .as_ref()
+                .is_some_and(|g| g.pel.values().any(redeliveries))
+        }) {
+            for jobs in &mut self.world.redis.jobs {
+                if let Some(g) = jobs.group.as_mut() {
+                    for p in g.pel.values_mut() {
+                        p.delivery_count = p.delivery_count.min(2);
+                    }
                 }
             }
         }
-        for n in self.world.db.effects.values_mut() {
-            *n = (*n).min(2);
+        if self.world.db.effects.values().any(|n| *n > 2) {
+            for n in self.world.db.effects.values_mut() {
+                *n = (*n).min(2);
+            }
         }
         if self.budget.total == 0 {
             self.budget = Budget::default();

@@ -2,8 +2,9 @@
 //! give every relabeling of a state one value.
 
 use super::{Proc, State, WorkerProc};
+use pelican_model::db::Db;
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::world::World;
+use pelican_model::world::{Redis, World};
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
@@ -159,7 +160,9 @@ impl State {
     }
 
     /// Hashes every field that names no worker. The destructuring lists
-    /// every field, so that a new one cannot be forgotten here.
+    /// every field, so that a new one cannot be forgotten here. Redis,
+    /// Postgres and the entries' history are hashed once per version ([`Shared::memo`](pelican_model::shared::Shared::memo)): most steps
+    /// leave one of them as the state before had it.
     fn hash_unlabeled(&self, h: &mut FpHasher) {
         let State {
             world,
@@ -185,86 +188,10 @@ impl State {
             violations,
         } = world;
         (spent_claims, permits, tokens).hash(h);
-        redis.jobs.len().hash(h);
-        for jobs in &redis.jobs {
-            let pelican_model::stream::Stream {
-                exists,
-                entries: stream_entries,
-                last_id,
-                entries_added,
-                max_deleted,
-                group,
-            } = jobs;
-            (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
-            match group {
-                None => 0u8.hash(h),
-                Some(pelican_model::stream::Group {
-                    name,
-                    last_delivered,
-                    entries_read,
-                    pel,
-                    consumers: _, // labeled
-                }) => {
-                    (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
-                    for (id, p) in pel {
-                        let pelican_model::stream::Pending {
-                            consumer: _, // labeled
-                            delivery_time,
-                            delivery_count,
-                        } = p;
-                        (id, delivery_time, delivery_count).hash(h);
-                    }
-                }
-            }
-        }
-        redis.dead.hash(h);
-        let pelican_model::db::Db {
-            runs,
-            attempts,
-            effects: db_effects,
-            dead_letters,
-            run_ids,
-            keys,
-            clock,
-            workers: registered,
-            steps,
-            slots,
-            rates,
-            events: run_events,
-        } = db;
-        (registered, steps, slots, rates, run_events).hash(h);
-        clock.hash(h);
-        (
-            runs,
-            db_effects,
-            dead_letters,
-            run_ids,
-            keys,
-            attempts.len(),
-        )
-            .hash(h);
-        for (key, a) in attempts {
-            let pelican_model::db::AttemptRow {
-                fence,
-                worker: _, // labeled
-                entry_id,
-                dispatch,
-                outcome,
-                claimed_seq,
-                outcome_seq,
-            } = a;
-            (
-                key,
-                fence,
-                entry_id,
-                dispatch,
-                outcome,
-                claimed_seq,
-                outcome_seq,
-            )
-                .hash(h);
-        }
-        (accepted, entries, quarantined, effects, retired, violations).hash(h);
+        h.write_u64(redis.memo(|r| finish(r, hash_redis_unlabeled)));
+        h.write_u64(db.memo(|db| finish(db, hash_db_unlabeled)));
+        h.write_u64(entries.memo(|e| finish(e, |e, h| e.hash(h))));
+        (accepted, quarantined, effects, retired, violations).hash(h);
         (api, budget, seen).hash(h);
     }
 
@@ -312,6 +239,101 @@ impl State {
             h.write_u64(procs[i]);
         }
         h.finish()
+    }
+}
+
+/// `hash(value)` with a fresh fingerprint hasher.
+fn finish<T>(value: &T, hash: fn(&T, &mut FpHasher)) -> u64 {
+    let mut h = fp_hasher();
+    hash(value, &mut h);
+    h.finish()
+}
+
+/// Hashes Redis but for the consumer names (labeled).
+fn hash_redis_unlabeled(redis: &Redis, h: &mut FpHasher) {
+    let Redis { jobs, dead } = redis;
+    jobs.len().hash(h);
+    for jobs in jobs {
+        let pelican_model::stream::Stream {
+            exists,
+            entries: stream_entries,
+            last_id,
+            entries_added,
+            max_deleted,
+            group,
+        } = jobs;
+        (exists, stream_entries, last_id, entries_added, max_deleted).hash(h);
+        match group {
+            None => 0u8.hash(h),
+            Some(pelican_model::stream::Group {
+                name,
+                last_delivered,
+                entries_read,
+                pel,
+                consumers: _, // labeled
+            }) => {
+                (1u8, name, last_delivered, entries_read, pel.len()).hash(h);
+                for (id, p) in pel {
+                    let pelican_model::stream::Pending {
+                        consumer: _, // labeled
+                        delivery_time,
+                        delivery_count,
+                    } = p;
+                    (id, delivery_time, delivery_count).hash(h);
+                }
+            }
+        }
+    }
+    dead.hash(h);
+}
+
+/// Hashes Postgres but for the attempts' workers (labeled).
+fn hash_db_unlabeled(db: &Db, h: &mut FpHasher) {
+    let Db {
+        runs,
+        attempts,
+        effects: db_effects,
+        dead_letters,
+        run_ids,
+        keys,
+        clock,
+        workers: registered,
+        steps,
+        slots,
+        rates,
+        events: run_events,
+    } = db;
+    (registered, steps, slots, rates, run_events).hash(h);
+    clock.hash(h);
+    (
+        runs,
+        db_effects,
+        dead_letters,
+        run_ids,
+        keys,
+        attempts.len(),
+    )
+        .hash(h);
+    for (key, a) in attempts {
+        let pelican_model::db::AttemptRow {
+            fence,
+            worker: _, // labeled
+            entry_id,
+            dispatch,
+            outcome,
+            claimed_seq,
+            outcome_seq,
+        } = a;
+        (
+            key,
+            fence,
+            entry_id,
+            dispatch,
+            outcome,
+            claimed_seq,
+            outcome_seq,
+        )
+            .hash(h);
     }
 }
 
