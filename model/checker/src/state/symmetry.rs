@@ -190,7 +190,7 @@ impl State {
         (spent_claims, permits, tokens).hash(h);
         h.write_u64(redis.memo(|r| finish(r, hash_redis_unlabeled)));
         h.write_u64(db.memo(|db| finish(db, hash_db_unlabeled)));
-        h.write_u64(entries.memo(|e| finish(e, |e, h| e.hash(h))));
+        h.write_u64(entries.memo(|e| finish(e, Hash::hash)));
         (accepted, quarantined, effects, retired, violations).hash(h);
         (api, budget, seen).hash(h);
     }
