@@ -43,6 +43,7 @@ pub mod state;
 pub mod timeline;
 
 pub use config::{Config, OutcomeKind};
+use pelican_model::db::AttemptRow;
 use pelican_model::invariants::Guarantee;
 use pelican_model::status::{ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
@@ -201,13 +202,13 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<12>,
 ];
 
-/// Whether some run has consecutive attempts whose dispatches satisfy
+/// Whether some run has consecutive attempts that satisfy
 /// `pred(earlier, later)` (they are neighbours in the key order).
-fn attempts_pair(s: &State, pred: impl Fn(u32, u32) -> bool) -> bool {
+fn attempts_pair(s: &State, pred: impl Fn(&AttemptRow, &AttemptRow) -> bool) -> bool {
     let attempts = &s.world.db.attempts;
     attempts.iter().zip(attempts.iter().skip(1)).any(
         |(((run, n), earlier), ((next_run, m), later))| {
-            run == next_run && n.0 + 1 == m.0 && pred(earlier.dispatch.0, later.dispatch.0)
+            run == next_run && n.0 + 1 == m.0 && pred(earlier, later)
         },
     )
 }
@@ -274,7 +275,7 @@ const SOMETIMES: [Sometimes; 17] = [
     Sometimes {
         name: "reclaim takes over a stalled attempt",
         explored: ALWAYS_EXPLORED,
-        reached: |_, s| attempts_pair(s, |prev, next| prev == next),
+        reached: |_, s| attempts_pair(s, |prev, next| prev.dispatch == next.dispatch),
     },
     Sometimes {
         name: "late write rejected",
@@ -284,7 +285,7 @@ const SOMETIMES: [Sometimes; 17] = [
     Sometimes {
         name: "retry scheduled and re-published",
         explored: ALWAYS_EXPLORED,
-        reached: |_, s| attempts_pair(s, |prev, next| next > prev),
+        reached: |_, s| attempts_pair(s, |prev, next| next.dispatch > prev.dispatch),
     },
     Sometimes {
         name: "dead letter",
@@ -373,15 +374,9 @@ const SOMETIMES: [Sometimes; 17] = [
         name: "reclaim takes over an attempt past partition 0",
         explored: |cfg| cfg.policy.partitions > 1,
         reached: |_, s| {
-            let attempts = &s.world.db.attempts;
-            attempts.iter().zip(attempts.iter().skip(1)).any(
-                |(((run, n), earlier), ((next_run, m), later))| {
-                    run == next_run
-                        && n.0 + 1 == m.0
-                        && earlier.dispatch == later.dispatch
-                        && later.entry_id.partition > 0
-                },
-            )
+            attempts_pair(s, |prev, next| {
+                prev.dispatch == next.dispatch && next.entry_id.partition > 0
+            })
         },
     },
     Sometimes {
