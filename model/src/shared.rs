@@ -18,21 +18,19 @@ use std::sync::{Arc, OnceLock};
 /// states) a count instead of a deep copy. Everyone else holds a world
 /// alone, where a write costs one check of the count.
 ///
-/// A shared value also keeps one number derived from it ([`Shared::memo`]),
-/// until the next write: the checker's fingerprint of it, computed once for
-/// every state that shares it.
-#[derive(Default)]
-pub struct Shared<T>(Arc<Inner<T>>);
+/// A shared value also keeps one value `M` derived from it
+/// ([`Shared::memo`]), until the next write: the checker's fingerprint of
+/// it, computed once for every state that shares it.
+pub struct Shared<T, M = u64>(Arc<Inner<T, M>>);
 
-#[derive(Default)]
-struct Inner<T> {
+struct Inner<T, M> {
     value: T,
-    memo: OnceLock<u64>,
+    memo: OnceLock<M>,
 }
 
 /// A copy (made by the first write to a shared value) derives its memo
 /// afresh.
-impl<T: Clone> Clone for Inner<T> {
+impl<T: Clone, M> Clone for Inner<T, M> {
     fn clone(&self) -> Self {
         Inner {
             value: self.value.clone(),
@@ -41,7 +39,7 @@ impl<T: Clone> Clone for Inner<T> {
     }
 }
 
-impl<T> Shared<T> {
+impl<T, M> Shared<T, M> {
     /// Wraps `value`.
     pub fn new(value: T) -> Self {
         Shared(Arc::new(Inner {
@@ -53,7 +51,10 @@ impl<T> Shared<T> {
     /// `derive(value)`, computed once per version of the value: kept until
     /// the next write, and shared by the clones that share the value. Every
     /// caller must pass the same function.
-    pub fn memo(&self, derive: impl FnOnce(&T) -> u64) -> u64 {
+    pub fn memo(&self, derive: impl FnOnce(&T) -> M) -> M
+    where
+        M: Copy,
+    {
         *self.0.memo.get_or_init(|| derive(&self.0.value))
     }
 
@@ -64,26 +65,32 @@ impl<T> Shared<T> {
     }
 }
 
-impl<T> From<T> for Shared<T> {
+impl<T: Default, M> Default for Shared<T, M> {
+    fn default() -> Self {
+        Shared::new(T::default())
+    }
+}
+
+impl<T, M> From<T> for Shared<T, M> {
     fn from(value: T) -> Self {
         Shared::new(value)
     }
 }
 
-impl<T> Clone for Shared<T> {
+impl<T, M> Clone for Shared<T, M> {
     fn clone(&self) -> Self {
         Shared(Arc::clone(&self.0))
     }
 }
 
-impl<T> Deref for Shared<T> {
+impl<T, M> Deref for Shared<T, M> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.0.value
     }
 }
 
-impl<T: Clone> DerefMut for Shared<T> {
+impl<T: Clone, M> DerefMut for Shared<T, M> {
     fn deref_mut(&mut self) -> &mut T {
         let inner = Arc::make_mut(&mut self.0);
         inner.memo.take();
@@ -91,33 +98,33 @@ impl<T: Clone> DerefMut for Shared<T> {
     }
 }
 
-impl<T: PartialEq> PartialEq for Shared<T> {
+impl<T: PartialEq, M> PartialEq for Shared<T, M> {
     fn eq(&self, other: &Self) -> bool {
-        Shared::ptr_eq(self, other) || **self == **other
+        Arc::ptr_eq(&self.0, &other.0) || **self == **other
     }
 }
 
-impl<T: Eq> Eq for Shared<T> {}
+impl<T: Eq, M> Eq for Shared<T, M> {}
 
-impl<T: Hash> Hash for Shared<T> {
+impl<T: Hash, M> Hash for Shared<T, M> {
     fn hash<H: Hasher>(&self, h: &mut H) {
         (**self).hash(h);
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for Shared<T> {
+impl<T: fmt::Debug, M> fmt::Debug for Shared<T, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (**self).fmt(f)
     }
 }
 
-impl<T: Serialize> Serialize for Shared<T> {
+impl<T: Serialize, M> Serialize for Shared<T, M> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         (**self).serialize(s)
     }
 }
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Shared<T> {
+impl<'de, T: Deserialize<'de>, M> Deserialize<'de> for Shared<T, M> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         T::deserialize(d).map(Shared::new)
     }
@@ -129,7 +136,7 @@ mod tests {
 
     #[test]
     fn a_write_copies_a_shared_value_and_leaves_its_clones_alone() {
-        let a = Shared::new(vec![1]);
+        let a: Shared<Vec<i32>> = Shared::new(vec![1]);
         let mut b = a.clone();
         assert!(Shared::ptr_eq(&a, &b));
         b.push(2);
@@ -144,7 +151,7 @@ mod tests {
     #[test]
     fn a_memo_is_shared_by_clones_and_dropped_by_a_write() {
         let sum = |v: &Vec<u64>| v.iter().sum();
-        let mut a = Shared::new(vec![1, 2]);
+        let mut a: Shared<Vec<u64>> = Shared::new(vec![1, 2]);
         assert_eq!(a.memo(sum), 3);
         let b = a.clone();
         assert_eq!(b.memo(|_| unreachable!("kept from a")), 3);

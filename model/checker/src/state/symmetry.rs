@@ -9,25 +9,23 @@ use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
-impl Proc {
-    /// Worker `i`'s process hashed as if it were worker 0 (computed once
-    /// per version of the process, for the place it holds).
-    fn fingerprint(&self, i: usize, n: usize) -> u64 {
-        let compute = || {
-            let mut h = fp_hasher();
-            if i == 0 {
-                self.0.0.hash(&mut h);
-            } else {
-                let mut w = self.0.0.clone();
-                w.relabel(i, &permutations(n)[swap_index(n, i)]);
-                w.hash(&mut h);
-            }
-            h.finish()
-        };
-        match self.0.1.get_or_init(|| (i, compute())) {
-            (at, fp) if *at == i => *fp,
-            _ => compute(),
+/// Worker `i`'s process hashed as if it were worker 0 (computed once per
+/// version of the process, for the place it holds).
+fn process_fingerprint(w: &Proc, i: usize, n: usize) -> u64 {
+    let compute = |w: &WorkerProc| {
+        let mut h = fp_hasher();
+        if i == 0 {
+            w.hash(&mut h);
+        } else {
+            let mut w = w.clone();
+            w.relabel(i, &permutations(n)[swap_index(n, i)]);
+            w.hash(&mut h);
         }
+        h.finish()
+    };
+    match w.memo(|v| (i, compute(v))) {
+        (at, fp) if at == i => fp,
+        _ => compute(w),
     }
 }
 
@@ -155,14 +153,17 @@ impl State {
         self.workers
             .iter()
             .enumerate()
-            .map(|(i, w)| w.fingerprint(i, n))
+            .map(|(i, w)| process_fingerprint(w, i, n))
             .collect()
     }
 
     /// Hashes every field that names no worker. The destructuring lists
     /// every field, so that a new one cannot be forgotten here. Redis,
-    /// Postgres and the entries' history are hashed once per version ([`Shared::memo`](pelican_model::shared::Shared::memo)): most steps
-    /// leave one of them as the state before had it.
+    /// Postgres and the entries' history are hashed once per version
+    /// ([`Shared::memo`]): most steps leave one of them as the state before
+    /// had it.
+    ///
+    /// [`Shared::memo`]: pelican_model::shared::Shared::memo
     fn hash_unlabeled(&self, h: &mut FpHasher) {
         let State {
             world,

@@ -4,9 +4,8 @@
 use crate::config::Config;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::protocol::{Command, Delivery, JobEntry, Reclaimer};
+use pelican_model::shared::Shared;
 use serde::Serialize;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, OnceLock};
 
 /// Which part of a worker issued a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -82,61 +81,11 @@ impl WorkerProc {
 
 /// A worker process in a state: shared with the states before and after it
 /// until one of them changes it (copy on write: most steps change one
-/// worker, or none), with its fingerprint cached (see
-/// [`State::fingerprint`]). Reads and writes go through `Deref`/`DerefMut`.
+/// worker, or none). Its memo is its fingerprint as worker 0 and the place
+/// it was computed for (see [`State::fingerprint`]).
 ///
 /// [`State::fingerprint`]: super::State::fingerprint
-#[derive(Clone)]
-pub struct Proc(pub(super) Arc<(WorkerProc, OnceLock<(usize, u64)>)>);
-
-impl Proc {
-    /// Wraps `w`.
-    #[must_use]
-    pub fn new(w: WorkerProc) -> Proc {
-        Proc(Arc::new((w, OnceLock::new())))
-    }
-}
-
-impl std::ops::Deref for Proc {
-    type Target = WorkerProc;
-    fn deref(&self) -> &WorkerProc {
-        &self.0.0
-    }
-}
-
-impl std::ops::DerefMut for Proc {
-    fn deref_mut(&mut self) -> &mut WorkerProc {
-        let inner = Arc::make_mut(&mut self.0);
-        inner.1 = OnceLock::new();
-        &mut inner.0
-    }
-}
-
-impl PartialEq for Proc {
-    fn eq(&self, other: &Proc) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.0.0 == other.0.0
-    }
-}
-
-impl Eq for Proc {}
-
-impl Hash for Proc {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.0.0.hash(h);
-    }
-}
-
-impl std::fmt::Debug for Proc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.0.fmt(f)
-    }
-}
-
-impl Serialize for Proc {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.0.serialize(s)
-    }
-}
+pub type Proc = Shared<WorkerProc, (usize, u64)>;
 
 /// The API's handling of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
