@@ -136,3 +136,39 @@ fn the_sweeper_walks_in_the_models_order() {
         panic!("model::Db and Postgres differ on the sweeper's walk:\n{e}");
     }
 }
+
+/// `TRUNCATE runs` (an operator's, not Pelican's) empties the live counts
+/// with it: counted afterwards, no run is live.
+#[test]
+fn truncating_runs_empties_the_live_counts() {
+    use pelican_model::ids::RunId;
+    use pelican_model::protocol::DbOp;
+    use pelican_tests::conformance::{DbStep, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let insert = |run| {
+        DbStep::One(DbOp::InsertRun {
+            run: RunId(run),
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+            budget_ms: 0,
+        })
+    };
+    pelican_tests::rt().block_on(async {
+        // Counted twice over: a base folded by the first statements, and
+        // deltas on top of it.
+        let steps: Vec<DbStep> = (1..=4).map(insert).collect();
+        if let Err(e) = db_case(&pg, &steps).await {
+            panic!("inserting runs: {e}");
+        }
+        pelican_real::live::pg::raw_execute(&pg, "TRUNCATE runs CASCADE")
+            .await
+            .expect("runs truncate");
+        // Emptied again by deletes, which count nothing more, and compared
+        // with an empty model.
+        if let Err(e) = db_case(&pg, &[]).await {
+            panic!("after TRUNCATE runs: {e}");
+        }
+    });
+}

@@ -494,7 +494,7 @@ async fn race(
         }
     }
     let at = model_after(path);
-    let two_pid = two.pid().await.map_err(pg)?;
+    let (one_pid, two_pid) = (one.pid().await.map_err(pg)?, two.pid().await.map_err(pg)?);
     one.raw("BEGIN").await.map_err(pg)?;
     let got_a = send(one, a).await.map_err(pg)?;
     let (got_b, waited) = {
@@ -506,7 +506,7 @@ async fn race(
             tokio::select! {
                 got = &mut b_fut => break (got, waited),
                 () = tokio::time::sleep(Duration::from_millis(5)) => {
-                    if !waited && blocked(db, two_pid).await? {
+                    if !waited && blocked(db, two_pid, one_pid).await? {
                         waited = true;
                         one.raw("COMMIT").await.map_err(pg)?;
                     } else if started.elapsed() > Duration::from_secs(5) {
@@ -560,13 +560,14 @@ async fn send(
     }
 }
 
-/// Whether the server process `pid` waits for a lock.
-async fn blocked(db: &PgDb, pid: i32) -> Result<bool, String> {
-    sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-    )
-    .bind(pid)
-    .fetch_one(db.pool())
-    .await
-    .map_err(|e| e.to_string())
+/// Whether the server process `pid` waits for a lock `by` holds (not for
+/// one another process holds a moment, such as autovacuum truncating a
+/// table the deletes of [`reset`] emptied).
+async fn blocked(db: &PgDb, pid: i32, by: i32) -> Result<bool, String> {
+    sqlx::query_scalar::<_, bool>("SELECT $2 = ANY (pg_blocking_pids($1))")
+        .bind(pid)
+        .bind(by)
+        .fetch_one(db.pool())
+        .await
+        .map_err(|e| e.to_string())
 }
