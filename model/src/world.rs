@@ -188,13 +188,17 @@ impl Redis {
     /// every partition. Read-only.
     #[must_use]
     pub fn queue(&self, now: Timestamp) -> QueueState {
+        QueueState::merge(self.queue_parts(now))
+    }
+
+    /// Each partition's own [`QueueState`], its IDs in the partition: what
+    /// [`Redis::queue`] merges.
+    pub fn queue_parts(&self, now: Timestamp) -> impl Iterator<Item = QueueState> + '_ {
         let dead_letters = self.dead.len();
-        QueueState::merge(
-            self.jobs
-                .iter()
-                .enumerate()
-                .map(|(p, jobs)| queue_of(jobs, dead_letters, now).in_partition(partition_at(p))),
-        )
+        self.jobs
+            .iter()
+            .enumerate()
+            .map(move |(p, jobs)| queue_of(jobs, dead_letters, now).in_partition(partition_at(p)))
     }
 
     /// `Retain` on `partition`: the cutoff below which every entry is
