@@ -50,6 +50,26 @@ pub enum Verdict {
     Unreached,
 }
 
+impl Verdict {
+    /// An `always` property's verdict: whether a counterexample was found.
+    fn always(found: bool) -> Verdict {
+        if found {
+            Verdict::Violated
+        } else {
+            Verdict::Holds
+        }
+    }
+
+    /// A `sometimes` property's verdict: whether an example was found.
+    fn sometimes(found: bool) -> Verdict {
+        if found {
+            Verdict::Reached
+        } else {
+            Verdict::Unreached
+        }
+    }
+}
+
 /// A counterexample.
 #[derive(Clone, Debug, Serialize)]
 pub struct Counterexample {
@@ -174,11 +194,7 @@ fn finish(
             let found = found.map(|path| counterexample(model, p.name, path.clone()));
             let broken = found.as_ref().map_or(0, |(_, broken)| *broken);
             for g in Guarantee::ALL {
-                let verdict = if broken & guarantee_bit(g) == 0 {
-                    Verdict::Holds
-                } else {
-                    Verdict::Violated
-                };
+                let verdict = Verdict::always(broken & guarantee_bit(g) != 0);
                 verdicts.insert(g.property_name().to_owned(), verdict);
             }
             if let Some((c, _)) = found {
@@ -188,11 +204,10 @@ fn finish(
             continue;
         }
         let always = p.expectation.discovery_is_failure();
-        let verdict = match (always, found.is_some()) {
-            (true, false) => Verdict::Holds,
-            (true, true) => Verdict::Violated,
-            (false, true) => Verdict::Reached,
-            (false, false) => Verdict::Unreached,
+        let verdict = if always {
+            Verdict::always(found.is_some())
+        } else {
+            Verdict::sometimes(found.is_some())
         };
         if let (true, Some(path)) = (always, found) {
             failed = true;
@@ -202,12 +217,7 @@ fn finish(
     }
     if !model.plain {
         for (name, reached) in checker.model().reached() {
-            let verdict = if reached {
-                Verdict::Reached
-            } else {
-                Verdict::Unreached
-            };
-            verdicts.insert(name.to_owned(), verdict);
+            verdicts.insert(name.to_owned(), Verdict::sometimes(reached));
         }
     }
     let unique = checker.unique_state_count();
