@@ -92,15 +92,6 @@ fn the_sweeper_walks_in_the_models_order() {
     use pelican_tests::conformance::{DbStep, db_case, migrated};
     let db = Database::create();
     let pg = migrated(db.url());
-    let insert = |run| {
-        DbStep::One(DbOp::InsertRun {
-            run: RunId(run),
-            kind: "noop".into(),
-            input: "{}".into(),
-            attempts_max: 3,
-            budget_ms: 0,
-        })
-    };
     let publish = |run, ms| {
         DbStep::One(DbOp::MarkPublished {
             run: RunId(run),
@@ -117,9 +108,9 @@ fn the_sweeper_walks_in_the_models_order() {
         })
     };
     let steps = [
-        insert(1),
-        insert(2),
-        insert(3),
+        insert_run(1),
+        insert_run(2),
+        insert_run(3),
         DbStep::Clock(Timestamp(2_000)),
         publish(3, 2_000),
         DbStep::Clock(Timestamp(3_000)),
@@ -141,24 +132,13 @@ fn the_sweeper_walks_in_the_models_order() {
 /// with it: counted afterwards, no run is live.
 #[test]
 fn truncating_runs_empties_the_live_counts() {
-    use pelican_model::ids::RunId;
-    use pelican_model::protocol::DbOp;
     use pelican_tests::conformance::{DbStep, db_case, migrated};
     let db = Database::create();
     let pg = migrated(db.url());
-    let insert = |run| {
-        DbStep::One(DbOp::InsertRun {
-            run: RunId(run),
-            kind: "noop".into(),
-            input: "{}".into(),
-            attempts_max: 3,
-            budget_ms: 0,
-        })
-    };
     pelican_tests::rt().block_on(async {
         // Counted twice over: a base folded by the first statements, and
         // deltas on top of it.
-        let steps: Vec<DbStep> = (1..=4).map(insert).collect();
+        let steps: Vec<DbStep> = (1..=4).map(insert_run).collect();
         if let Err(e) = db_case(&pg, &steps).await {
             panic!("inserting runs: {e}");
         }
@@ -171,4 +151,17 @@ fn truncating_runs_empties_the_live_counts() {
             panic!("after TRUNCATE runs: {e}");
         }
     });
+}
+
+/// A run of kind `noop` inserted, as the API inserts one.
+fn insert_run(run: u64) -> pelican_tests::conformance::DbStep {
+    use pelican_model::ids::RunId;
+    use pelican_model::protocol::DbOp;
+    pelican_tests::conformance::DbStep::One(DbOp::InsertRun {
+        run: RunId(run),
+        kind: "noop".into(),
+        input: "{}".into(),
+        attempts_max: 3,
+        budget_ms: 0,
+    })
 }

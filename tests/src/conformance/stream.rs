@@ -418,10 +418,9 @@ pub fn run_stream(url: &str, cases: u32, seed: u64) -> Outcome {
             Duration::from_secs(5),
         ))
         .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
-    let raw = redis::Client::open(url)
+    let mut raw = redis::Client::open(url)
         .and_then(|c| c.get_connection())
         .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
-    let mut raw = raw;
     redis::cmd("CONFIG")
         .arg("SET")
         .arg("hz")
