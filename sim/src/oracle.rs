@@ -63,6 +63,8 @@ pub struct Oracle {
     refused: BTreeSet<(String, EntryId)>,
     hash: DefaultHasher,
     start_ms: u64,
+    #[cfg(test)]
+    _alive: tests::Alive,
 }
 
 /// The oracle as nodes hold it.
@@ -99,6 +101,8 @@ impl Oracle {
             followed: BTreeMap::new(),
             hash: DefaultHasher::new(),
             start_ms: sim_now_ms(),
+            #[cfg(test)]
+            _alive: tests::Alive::new(),
         }
     }
 
@@ -549,4 +553,35 @@ pub struct ExternalService {
     /// The effects each run applies when it succeeds, where the harness
     /// was told ([`crate::harness::JobSim::effects`]).
     pub expected: BTreeMap<RunId, u32>,
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        static ALIVE: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts the oracles alive on this thread (a seed runs on the thread
+    /// that calls it): a test's way to see that a seed left none behind.
+    pub(crate) struct Alive(());
+
+    impl Alive {
+        pub(crate) fn new() -> Alive {
+            ALIVE.with(|n| n.set(n.get() + 1));
+            Alive(())
+        }
+
+        /// How many oracles this thread holds.
+        pub(crate) fn count() -> usize {
+            ALIVE.with(Cell::get)
+        }
+    }
+
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            ALIVE.with(|n| n.set(n.get() - 1));
+        }
+    }
 }

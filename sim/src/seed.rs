@@ -9,7 +9,7 @@ use crate::scenario::{FaultMix, Scenario};
 use madsim::net::NetSim;
 use madsim::rand::Rng;
 use madsim::runtime::{Handle, Runtime};
-use madsim::task::NodeId;
+use madsim::task::{AbortHandle, NodeId};
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::Broken;
 use pelican_model::protocol::{
@@ -477,6 +477,9 @@ struct Damage {
     clogged: BTreeSet<(NodeId, NodeId)>,
     redis_down: bool,
     pg_down: bool,
+    /// The tasks that will mend it: aborted when the seed ends, as some may
+    /// still be waiting.
+    mends: Vec<AbortHandle>,
 }
 
 struct Nodes {
@@ -548,9 +551,9 @@ async fn simulate(
     };
     let redis = server("redis", REDIS, true);
     let pg = server("postgres", POSTGRES, false);
-    let _tools = server("tools", TOOLS, false);
+    let tools = server("tools", TOOLS, false);
     // Built-in seeds keep the world (and so the schedules) they always had.
-    let _external = jobs
+    let external = jobs
         .submit
         .is_some()
         .then(|| server("external", EXTERNAL, false));
@@ -614,7 +617,7 @@ async fn simulate(
         workers,
     });
     let damage = Arc::new(Mutex::new(Damage::default()));
-    if jobs.step_crash_p > 0.0 {
+    let crashes = (jobs.step_crash_p > 0.0).then(|| {
         let (oracle, nodes, damage) = (oracle.clone(), nodes.clone(), damage.clone());
         let lease_ms = scenario.driver.policy.lease_ms;
         madsim::task::spawn(async move {
@@ -622,8 +625,9 @@ async fn simulate(
                 let back = madsim::rand::thread_rng().gen_range(200..lease_ms * 2);
                 kill_worker(w, &nodes, &damage, &oracle, "at a step boundary", back);
             }
-        });
-    }
+        })
+        .abort_handle()
+    });
     if scenario.faults {
         nemesis(&oracle, &scenario, &faults, &nodes, &damage, &api_tx).await;
     } else {
@@ -645,11 +649,40 @@ async fn simulate(
             break;
         }
     }
-    let mut o = lock(&oracle);
+    let outcome = conclude(&mut lock(&oracle), seed, settled, &scenario, faults);
+    // The seed is over: end every task but this one, so that their futures
+    // are dropped while the runtime runs. madsim does not drop a pending
+    // task when the runtime ends, and a task waiting on a timer holds the
+    // timers that hold its waker: such a cycle keeps the whole simulated
+    // world (the oracle among it) alive, and a long sweep runs out of memory.
+    let mends = std::mem::take(&mut damage.lock().expect("single-threaded").mends);
+    for task in mends.into_iter().chain(crashes) {
+        task.abort();
+    }
+    let ids = [redis.id(), pg.id(), tools.id(), api.id()]
+        .into_iter()
+        .chain(external.map(|n| n.id()))
+        .chain(nodes.workers.iter().copied());
+    for id in ids {
+        h.kill(id);
+    }
+    madsim::time::sleep(Duration::from_millis(1)).await;
+    outcome
+}
+
+/// The seed's outcome, once it has settled (or not) after healing: what
+/// broke while it ran, or else what the final check finds.
+fn conclude(
+    o: &mut Oracle,
+    seed: u64,
+    settled: bool,
+    scenario: &Scenario,
+    faults: FaultMix,
+) -> SeedOutcome {
     let mut broken: Vec<Failure> = o.broken.iter().cloned().map(Failure::Broken).collect();
     if broken.is_empty() {
         if !settled {
-            broken.push(Failure::Unsettled(unsettled(&o, scenario.heal_bound_ms)));
+            broken.push(Failure::Unsettled(unsettled(o, scenario.heal_bound_ms)));
         }
         broken.extend(o.final_check().into_iter().map(Failure::Broken));
         if !broken.is_empty() {
@@ -765,12 +798,13 @@ async fn nemesis(
                 o.count("pauses");
                 o.note("nemesis", format!("pause w{w}"));
                 let back = lease_ms + rng.gen_range(0..3_000);
-                mend_later(back, damage, oracle, move |d, o| {
+                let mend = mend_later(back, damage, oracle, move |d, o| {
                     if d.paused.remove(&w) {
                         Handle::current().resume(node);
                         o.note("nemesis", format!("resume w{w}"));
                     }
                 });
+                d.mends.push(mend);
             }
             2 => {
                 let (target, name) = if rng.gen_bool(0.5) {
@@ -784,7 +818,7 @@ async fn nemesis(
                 o.count("partitions");
                 o.note("nemesis", format!("partition w{w} from {name}"));
                 let back = rng.gen_range(300..4_000);
-                mend_later(back, damage, oracle, move |d, o| {
+                let mend = mend_later(back, damage, oracle, move |d, o| {
                     if d.clogged.remove(&(node, target)) {
                         let net = NetSim::current();
                         net.unclog_link(node, target);
@@ -792,6 +826,7 @@ async fn nemesis(
                         o.note("nemesis", format!("heal partition w{w} / {name}"));
                     }
                 });
+                d.mends.push(mend);
             }
             3 | 4 => {
                 if d.redis_down {
@@ -814,12 +849,13 @@ async fn nemesis(
                 }
                 let redis = nodes.redis;
                 let back = rng.gen_range(100..2_000);
-                mend_later(back, damage, oracle, move |d, o| {
+                let mend = mend_later(back, damage, oracle, move |d, o| {
                     if std::mem::take(&mut d.redis_down) {
                         Handle::current().restart(redis);
                         o.note("nemesis", "Redis is back".into());
                     }
                 });
+                d.mends.push(mend);
             }
             5 => {
                 if d.pg_down {
@@ -831,12 +867,13 @@ async fn nemesis(
                 o.note("nemesis", "restart Postgres".into());
                 let pg = nodes.pg;
                 let back = rng.gen_range(200..3_000);
-                mend_later(back, damage, oracle, move |d, o| {
+                let mend = mend_later(back, damage, oracle, move |d, o| {
                     if std::mem::take(&mut d.pg_down) {
                         Handle::current().restart(pg);
                         o.note("nemesis", "Postgres is back".into());
                     }
                 });
+                d.mends.push(mend);
             }
             6 => {
                 let p = rng.gen_range(0..o.policy.partitions.max(1));
@@ -950,27 +987,31 @@ fn kill_worker(
     });
     o.note("nemesis", format!("kill w{w} {why}").trim_end().to_owned());
     drop(o);
-    mend_later(back_ms, damage, oracle, move |d, o| {
+    let mend = mend_later(back_ms, damage, oracle, move |d, o| {
         if d.killed.remove(&w) {
             Handle::current().restart(node);
             o.note("nemesis", format!("restart w{w}"));
         }
     });
+    damage.lock().expect("single-threaded").mends.push(mend);
 }
 
-/// Mends damage after `ms`, unless healing mended it first.
+/// Mends damage after `ms`, unless healing mended it first. The task's
+/// handle goes to [`Damage::mends`].
+#[must_use = "the seed's end aborts the task through its handle"]
 fn mend_later(
     ms: u64,
     damage: &Arc<Mutex<Damage>>,
     oracle: &Shared,
     mend: impl FnOnce(&mut Damage, &mut Oracle) + Send + 'static,
-) {
+) -> AbortHandle {
     let (damage, oracle) = (damage.clone(), oracle.clone());
     madsim::task::spawn(async move {
         madsim::time::sleep(Duration::from_millis(ms)).await;
         let mut d = damage.lock().expect("single-threaded");
         mend(&mut d, &mut lock(&oracle));
-    });
+    })
+    .abort_handle()
 }
 
 /// Ends every fault: restart, resume, reconnect; no more lost messages.
@@ -997,4 +1038,31 @@ fn heal(oracle: &Shared, nodes: &Nodes, damage: &Arc<Mutex<Damage>>) {
         h.restart(nodes.pg);
     }
     o.note("nemesis", "healed: every fault ends".into());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle::tests::Alive;
+
+    /// A seed leaves nothing behind: when it ends, every task it started
+    /// has ended, so its simulated world is dropped. A waiting task that
+    /// outlives the seed keeps the world alive through madsim's timers, and
+    /// a long sweep runs out of memory.
+    #[test]
+    fn a_seed_leaves_nothing_behind() {
+        crate::quiet_job_panics();
+        for scenario in ["standard", "crashy", "redis-loss"] {
+            let sc = Scenario::named(scenario).expect("a known scenario");
+            for seed in 0..10 {
+                let o = run_seed(seed, &sc, None, false);
+                assert!(o.passed(), "seed {seed} of {scenario}: {:?}", o.broken);
+                assert_eq!(
+                    Alive::count(),
+                    0,
+                    "seed {seed} of {scenario} left its oracle alive"
+                );
+            }
+        }
+    }
 }
