@@ -102,6 +102,19 @@ fn drive(world: &mut World, d: &mut Delivery, mut outcome: Option<JobOutcome>) -
     panic!("the delivery did not end");
 }
 
+/// Worker `w`'s reclaimer takes one idle entry at `now`.
+fn reclaim_one(world: &mut World, w: u32, now: Timestamp) -> (EntryId, JobEntry) {
+    let mut r = Reclaimer::new(&policy(), WorkerId(w));
+    r.start(now, 1);
+    let c = r.poll().unwrap();
+    let input = exec(world, &c, Issuer::default());
+    r.handle(now, input);
+    match r.poll_event() {
+        Some(ReclaimerEvent::Deliver(id, job)) => (id, job),
+        other => panic!("nothing reclaimed: {other:?}"),
+    }
+}
+
 fn deliver(world: &mut World, w: u32, outcome: Option<JobOutcome>) -> (EntryId, DeliveryEnd) {
     let (id, job) = read(world, w);
     let mut d = Delivery::new(T0, &policy(), WorkerId(w), id, job, 7);
@@ -249,14 +262,7 @@ fn a_late_write_is_rejected_and_the_late_worker_does_not_ack() {
     // Long past the lease, another worker reclaims and takes over.
     let later = T0.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
     world.db.clock = later;
-    let mut r = Reclaimer::new(&policy(), WorkerId(1));
-    r.start(later, 1);
-    let c = r.poll().unwrap();
-    let input = exec(&mut world, &c, Issuer::default());
-    r.handle(later, input);
-    let Some(ReclaimerEvent::Deliver(rid, rjob)) = r.poll_event() else {
-        panic!("nothing reclaimed")
-    };
+    let (rid, rjob) = reclaim_one(&mut world, 1, later);
     let mut fresh = Delivery::new(later, &policy(), WorkerId(1), rid, rjob, 0);
     let c = fresh.poll().unwrap();
     let input = exec(&mut world, &c, Issuer::default());
@@ -295,7 +301,7 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
 }
 
 #[test]
-fn a_duplicate_publication_is_acked_while_the_original_runs() {
+fn a_duplicate_publication_stays_pending_while_the_original_runs() {
     let mut world = World::at(T0);
     submit(&mut world, 1);
     let dup = JobEntry::Job {
@@ -308,8 +314,88 @@ fn a_duplicate_publication_is_acked_while_the_original_runs() {
     let c = d.poll().unwrap();
     let input = exec(&mut world, &c, Issuer::default());
     d.handle(T0, input);
-    let (_, end) = deliver(&mut world, 1, None);
-    assert_eq!(end, DeliveryEnd::Acked(AckReason::Duplicate));
+    let (dup_id, end) = deliver(&mut world, 1, None);
+    assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
+    assert!(world.redis.pending(dup_id).is_some());
+    // Once the run is terminal, the duplicate is acknowledged.
+    assert_eq!(
+        drive(&mut world, &mut d, Some(ok())),
+        DeliveryEnd::Acked(AckReason::Written)
+    );
+    let mut again = Delivery::new(
+        T0,
+        &policy(),
+        WorkerId(1),
+        dup_id,
+        JobEntry::Job {
+            run: RunId(1),
+            dispatch: Dispatch(1),
+        },
+        0,
+    );
+    assert_eq!(
+        drive(&mut world, &mut again, None),
+        DeliveryEnd::Acked(AckReason::Terminal)
+    );
+    assert_eq!(world.redis.pel_len(), 0);
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
+/// Found by the simulator: a stale delivery read its run running under a
+/// duplicate's attempt and acknowledged its own entry, but before the
+/// acknowledgement landed that attempt's lease ran out and a reclaim of
+/// the same entry claimed the run through it. A delivery must not
+/// acknowledge on a fact a later step can undo.
+#[test]
+fn a_stale_delivery_leaves_its_entry_to_a_takeover_through_it() {
+    let mut world = World::at(T0);
+    let first = submit(&mut world, 1);
+    // Three attempts: one each for the first entry, the duplicate, and the
+    // takeover.
+    world
+        .db
+        .runs
+        .get_mut(&RunId(1))
+        .expect("submitted")
+        .attempts_max = 3;
+    let dup = JobEntry::Job {
+        run: RunId(1),
+        dispatch: Dispatch(1),
+    };
+    publish(&mut world, dup, T0);
+    // Worker 0 claims through the first entry and stalls.
+    let (id, job) = read(&mut world, 0);
+    assert_eq!(id, first);
+    let mut late = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
+    let claim = late.poll().unwrap();
+    let input = exec(&mut world, &claim, Issuer::default());
+    late.handle(T0, input);
+    while late.poll().is_some() {}
+    // Past its lease, worker 1 takes the run over through the duplicate.
+    let t1 = T0.add_ms(policy().lease_ms + 1);
+    world.db.clock = t1;
+    let (dup_id, dup_job) = read(&mut world, 1);
+    let mut second = Delivery::new(t1, &policy(), WorkerId(1), dup_id, dup_job, 0);
+    let c = second.poll().unwrap();
+    let input = exec(&mut world, &c, Issuer::default());
+    second.handle(t1, input);
+    assert_eq!(second.own_fence(), Some(Fence(2)));
+    while second.poll().is_some() {}
+    // Worker 0's job ends: its write is refused, and it finds the run
+    // running under the duplicate. It leaves its entry pending.
+    let end = drive(&mut world, &mut late, Some(ok()));
+    assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
+    assert!(world.redis.pending(id).is_some());
+    // Worker 1 stalls in turn; a reclaim of the first entry takes over
+    // through it, which needs the entry still pending.
+    let t2 = t1.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
+    world.db.clock = t2;
+    let (rid, rjob) = reclaim_one(&mut world, 2, t2);
+    assert_eq!(rid, id);
+    let mut third = Delivery::new(t2, &policy(), WorkerId(2), rid, rjob, 0);
+    let end = drive(&mut world, &mut third, Some(ok()));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
+    assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Succeeded);
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 
