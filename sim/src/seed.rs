@@ -798,13 +798,12 @@ async fn nemesis(
                 o.count("pauses");
                 o.note("nemesis", format!("pause w{w}"));
                 let back = lease_ms + rng.gen_range(0..3_000);
-                let mend = mend_later(back, damage, oracle, move |d, o| {
+                mend_later(back, damage, &mut d, oracle, move |d, o| {
                     if d.paused.remove(&w) {
                         Handle::current().resume(node);
                         o.note("nemesis", format!("resume w{w}"));
                     }
                 });
-                d.mends.push(mend);
             }
             2 => {
                 let (target, name) = if rng.gen_bool(0.5) {
@@ -818,7 +817,7 @@ async fn nemesis(
                 o.count("partitions");
                 o.note("nemesis", format!("partition w{w} from {name}"));
                 let back = rng.gen_range(300..4_000);
-                let mend = mend_later(back, damage, oracle, move |d, o| {
+                mend_later(back, damage, &mut d, oracle, move |d, o| {
                     if d.clogged.remove(&(node, target)) {
                         let net = NetSim::current();
                         net.unclog_link(node, target);
@@ -826,7 +825,6 @@ async fn nemesis(
                         o.note("nemesis", format!("heal partition w{w} / {name}"));
                     }
                 });
-                d.mends.push(mend);
             }
             3 | 4 => {
                 if d.redis_down {
@@ -849,13 +847,12 @@ async fn nemesis(
                 }
                 let redis = nodes.redis;
                 let back = rng.gen_range(100..2_000);
-                let mend = mend_later(back, damage, oracle, move |d, o| {
+                mend_later(back, damage, &mut d, oracle, move |d, o| {
                     if std::mem::take(&mut d.redis_down) {
                         Handle::current().restart(redis);
                         o.note("nemesis", "Redis is back".into());
                     }
                 });
-                d.mends.push(mend);
             }
             5 => {
                 if d.pg_down {
@@ -867,13 +864,12 @@ async fn nemesis(
                 o.note("nemesis", "restart Postgres".into());
                 let pg = nodes.pg;
                 let back = rng.gen_range(200..3_000);
-                let mend = mend_later(back, damage, oracle, move |d, o| {
+                mend_later(back, damage, &mut d, oracle, move |d, o| {
                     if std::mem::take(&mut d.pg_down) {
                         Handle::current().restart(pg);
                         o.note("nemesis", "Postgres is back".into());
                     }
                 });
-                d.mends.push(mend);
             }
             6 => {
                 let p = rng.gen_range(0..o.policy.partitions.max(1));
@@ -977,7 +973,6 @@ fn kill_worker(
     let node = nodes.workers[w as usize];
     Handle::current().kill(node);
     d.killed.insert(w);
-    drop(d);
     let mut o = lock(oracle);
     o.world.worker_crashed(WorkerId(w));
     o.count(if why.is_empty() {
@@ -987,31 +982,31 @@ fn kill_worker(
     });
     o.note("nemesis", format!("kill w{w} {why}").trim_end().to_owned());
     drop(o);
-    let mend = mend_later(back_ms, damage, oracle, move |d, o| {
+    mend_later(back_ms, damage, &mut d, oracle, move |d, o| {
         if d.killed.remove(&w) {
             Handle::current().restart(node);
             o.note("nemesis", format!("restart w{w}"));
         }
     });
-    damage.lock().expect("single-threaded").mends.push(mend);
 }
 
-/// Mends damage after `ms`, unless healing mended it first. The task's
-/// handle goes to [`Damage::mends`].
-#[must_use = "the seed's end aborts the task through its handle"]
+/// Mends damage after `ms`, unless healing mended it first. `held` is
+/// `damage`, locked by the caller; the task's handle goes to its
+/// [`Damage::mends`].
 fn mend_later(
     ms: u64,
     damage: &Arc<Mutex<Damage>>,
+    held: &mut Damage,
     oracle: &Shared,
     mend: impl FnOnce(&mut Damage, &mut Oracle) + Send + 'static,
-) -> AbortHandle {
+) {
     let (damage, oracle) = (damage.clone(), oracle.clone());
-    madsim::task::spawn(async move {
+    let task = madsim::task::spawn(async move {
         madsim::time::sleep(Duration::from_millis(ms)).await;
         let mut d = damage.lock().expect("single-threaded");
         mend(&mut d, &mut lock(&oracle));
-    })
-    .abort_handle()
+    });
+    held.mends.push(task.abort_handle());
 }
 
 /// Ends every fault: restart, resume, reconnect; no more lost messages.

@@ -308,7 +308,7 @@ fn a_duplicate_publication_stays_pending_while_the_original_runs() {
         run: RunId(1),
         dispatch: Dispatch(1),
     };
-    publish(&mut world, dup, T0);
+    publish(&mut world, dup.clone(), T0);
     let (first, job) = read(&mut world, 0);
     let mut d = Delivery::new(T0, &policy(), WorkerId(0), first, job, 0);
     let c = d.poll().unwrap();
@@ -322,17 +322,7 @@ fn a_duplicate_publication_stays_pending_while_the_original_runs() {
         drive(&mut world, &mut d, Some(ok())),
         DeliveryEnd::Acked(AckReason::Written)
     );
-    let mut again = Delivery::new(
-        T0,
-        &policy(),
-        WorkerId(1),
-        dup_id,
-        JobEntry::Job {
-            run: RunId(1),
-            dispatch: Dispatch(1),
-        },
-        0,
-    );
+    let mut again = Delivery::new(T0, &policy(), WorkerId(1), dup_id, dup, 0);
     assert_eq!(
         drive(&mut world, &mut again, None),
         DeliveryEnd::Acked(AckReason::Terminal)
