@@ -800,9 +800,9 @@ pub fn keyed_retry_through_a_lock_wait(mutant: Option<&str>) {
 }
 
 /// Two workers whose clocks differ by ten minutes, far more than the 2 s
-/// lease. Worker 2, ahead, reads a duplicate entry of the run worker 1 is
-/// running; its claim is refused, because Postgres's clock judges the
-/// lease. One attempt, no takeover.
+/// lease. Worker 2, ahead, reclaims the entry of the run worker 1 is
+/// running and reads a duplicate of it; its claims are refused, because
+/// Postgres's clock judges the lease. One attempt, no takeover.
 pub fn skewed_clock_takes_no_live_lease(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let run = env.submit("sleep", r#"{"ms":5000}"#, 3);
@@ -813,7 +813,18 @@ pub fn skewed_clock_takes_no_live_lease(mutant: Option<&str>) {
     wait_for("worker 1 runs it", || {
         env.db().runs[&run].status == RunStatus::Running
     });
-    flags.extend(["--clock-offset-ms", "600000"]);
+    // Worker 2's clock runs ten minutes ahead, and its reclaimer takes
+    // worker 1's entry however recently touched: only the claim's lease
+    // check, by Postgres's clock, keeps the live attempt. A duplicate
+    // publication reaches worker 2 as well.
+    flags.extend([
+        "--clock-offset-ms",
+        "600000",
+        "--reclaim-min-idle-ms",
+        "0",
+        "--reclaim-every-ms",
+        "100",
+    ]);
     let mut w2 = env.worker(2, None, &flags);
     let dispatch = env.db().runs[&run].dispatch.0.to_string();
     env.xadd(&[("run_id", &run.0.to_string()), ("dispatch", &dispatch)]);

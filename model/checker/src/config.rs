@@ -431,7 +431,9 @@ impl Config {
 
     /// The same configuration with a mutant injected, and with what the
     /// mutant's bug needs to show: PoisonRetried a job whose result
-    /// Postgres refuses, WorkerClock a worker whose clock runs ahead,
+    /// Postgres refuses, WorkerClock a worker whose clock runs ahead (and
+    /// a reclaim threshold of 0: a lapsed attempt is taken over only
+    /// through its own entry, which must reach the skewed worker),
     /// RetainLive retention that runs, StepRerun and ZombieProgress jobs
     /// with steps (whose record reports progress first),
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
@@ -447,6 +449,9 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
             self.skew_ms = 4 * self.policy.lease_ms;
+            // A live attempt's own entry reaches the skewed worker's
+            // reclaimer however recently it was touched.
+            self.policy.reclaim_min_idle_ms = 0;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::UnknownRetried) && !self.outcomes.contains(&OutcomeKind::Unknown)
