@@ -482,8 +482,16 @@ impl Db {
 
     /// [`Statement::Claim`]: start a new attempt of `run` for the delivery of
     /// `entry`, if the entry's dispatch is current, the run is queued (or
-    /// running under an expired lease: a reclaim), and attempts remain. The
-    /// new fence is one more than every earlier fence of the run.
+    /// running under an expired lease claimed through this same entry: a
+    /// reclaim), and attempts remain. The new fence is one more than every
+    /// earlier fence of the run.
+    ///
+    /// A lapsed attempt is taken over only through its own entry, so an
+    /// entry that once finds its run running under another entry of its
+    /// dispatch can never claim it again: the run does not return to
+    /// `queued` under that dispatch (every requeue moves it on), and its
+    /// entry changes only to one that claims it. That is what lets a
+    /// delivery acknowledge a duplicate publication at once (S4).
     #[allow(clippy::too_many_arguments)]
     pub fn claim(
         &mut self,
@@ -497,7 +505,9 @@ impl Db {
         let r = self.runs.get_mut(&run)?;
         let claimable = match r.status {
             RunStatus::Queued => true,
-            RunStatus::Running => r.lease_until.is_some_and(|l| l <= now),
+            RunStatus::Running => {
+                r.lease_until.is_some_and(|l| l <= now) && r.entry_id == Some(entry)
+            }
             _ => false,
         };
         if r.dispatch != dispatch || !claimable || r.attempts >= r.attempts_max {

@@ -111,7 +111,9 @@ fn mutant_statements_answer_as_the_model() {
         one(DbOp::ClaimReviving {
             run: run(r),
             dispatch: Dispatch(dispatch),
-            entry: EntryId::new(r, 1),
+            // The claim's own entry: a lapsed attempt is taken over only
+            // through it.
+            entry: EntryId::new(r, 0),
             worker: "w2".into(),
             lease_ms: 2_000,
         })
@@ -153,7 +155,7 @@ fn mutant_statements_answer_as_the_model() {
         one(DbOp::ClaimAt {
             run: run(r),
             dispatch: Dispatch(1),
-            entry: EntryId::new(r, 2),
+            entry: EntryId::new(r, 0),
             worker: "w3".into(),
             now: Timestamp(if r == 6 { 2_500 } else { 3_500 }),
             lease_ms: 2_000,

@@ -636,7 +636,7 @@ statements! {
                        lease_until = pelican_now_ms() + $5, retry_at = NULL, entry_id = $3, \
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
-                   AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())) \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms() AND entry_id = $3)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
                           deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),
@@ -650,7 +650,7 @@ statements! {
                        published_at = coalesce(r.published_at, pelican_now_ms()) \
                   FROM input i \
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
-                   AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
+                   AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms() AND r.entry_id = i.entry_id)) \
                 RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, \
                           r.deadline_ms - pelican_now_ms() AS budget_left_ms, r.dispatch, r.kind, r.input, \
                           r.events, i.entry_id, i.worker), \
@@ -1222,7 +1222,7 @@ statements! {
                        published_at = coalesce(published_at, pelican_now_ms()) \
                  WHERE run_id = $1 AND attempts < attempts_max \
                    AND (status = 'cancelled' OR (dispatch = $2 \
-                        AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms())))) \
+                        AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms() AND entry_id = $3)))) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
                           deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),
@@ -1246,7 +1246,7 @@ statements! {
                        lease_until = $5 + $6, retry_at = NULL, entry_id = $3, \
                        published_at = coalesce(published_at, $5) \
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
-                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $5)) \
+                   AND (status = 'queued' OR (status = 'running' AND lease_until <= $5 AND entry_id = $3)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
                           deadline_ms - $5 AS budget_left_ms, dispatch, kind, input, events), ",
               claim_tail!()),

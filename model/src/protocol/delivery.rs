@@ -32,14 +32,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 /// Whether entry `id` (announcing `dispatch`) is a duplicate publication that
-/// needs no work now: its run is running under an attempt claimed from
-/// another entry of the same dispatch, which carries the run's progress and
-/// has its own recovery (reclaim, trimmed-entry recovery, the sweeper). S4
-/// allows acknowledging `id` while this holds. A delivery still leaves it
-/// pending: this can stop holding before the acknowledgement lands (once
-/// that attempt's lease runs out, a reclaim of `id` may claim the run
-/// through it), and then the acknowledgement would drop the entry of a
-/// running attempt.
+/// needs no work: its run is running under an attempt claimed from another
+/// entry of the same dispatch. That entry carries the run's progress and has
+/// its own recovery (reclaim, trimmed-entry recovery, the sweeper), and this
+/// one can never claim the run again (a lapsed attempt is taken over only
+/// through its own entry: [`Db::claim`](crate::db::Db::claim)), so it can be
+/// acknowledged at once (S4).
 #[must_use]
 pub fn superseded(row: &RunRow, id: EntryId, dispatch: Dispatch) -> bool {
     row.status == RunStatus::Running
@@ -65,6 +63,7 @@ impl DeliveryEnd {
             DeliveryEnd::Acked(AckReason::Written) => "acked_written",
             DeliveryEnd::Acked(AckReason::Terminal) => "acked_terminal",
             DeliveryEnd::Acked(AckReason::Stale) => "acked_stale",
+            DeliveryEnd::Acked(AckReason::Duplicate) => "acked_duplicate",
             DeliveryEnd::Acked(AckReason::Exhausted) => "acked_exhausted",
             DeliveryEnd::Acked(AckReason::Quarantined) => "acked_quarantined",
             #[cfg(feature = "mutants")]
@@ -84,6 +83,9 @@ pub enum AckReason {
     /// The entry's dispatch is older than the run's, or its run was
     /// finished and then deleted by retention.
     Stale,
+    /// A duplicate publication: the run is running under an attempt claimed
+    /// from another entry of the same dispatch.
+    Duplicate,
     /// The run's attempts were exhausted; it is now dead.
     Exhausted,
     /// The entry was malformed or named an unknown run (S10).
@@ -523,9 +525,7 @@ impl Delivery {
             return self.ack(AckReason::Stale);
         }
         if superseded(&row, self.entry, dispatch) {
-            // A duplicate: acknowledged once its run is terminal (a fact no
-            // later step undoes), not on this read.
-            return self.finish(DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
+            return self.ack(AckReason::Duplicate);
         }
         let gone = match row.status {
             RunStatus::Queued => true,

@@ -301,53 +301,41 @@ fn malformed_entries_and_unknown_runs_are_quarantined() {
 }
 
 #[test]
-fn a_duplicate_publication_stays_pending_while_the_original_runs() {
+fn a_duplicate_publication_is_acked_while_the_original_runs() {
     let mut world = World::at(T0);
     submit(&mut world, 1);
     let dup = JobEntry::Job {
         run: RunId(1),
         dispatch: Dispatch(1),
     };
-    publish(&mut world, dup.clone(), T0);
-    let (first, job) = read(&mut world, 0);
-    let mut d = Delivery::new(T0, &policy(), WorkerId(0), first, job, 0);
+    publish(&mut world, dup, T0);
+    let (id, job) = read(&mut world, 0);
+    let mut d = Delivery::new(T0, &policy(), WorkerId(0), id, job, 0);
     let c = d.poll().unwrap();
     let input = exec(&mut world, &c, Issuer::default());
     d.handle(T0, input);
     let (dup_id, end) = deliver(&mut world, 1, None);
-    assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
-    assert!(world.redis.pending(dup_id).is_some());
-    // Once the run is terminal, the duplicate is acknowledged.
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Duplicate));
+    assert!(world.redis.pending(dup_id).is_none());
     assert_eq!(
         drive(&mut world, &mut d, Some(ok())),
         DeliveryEnd::Acked(AckReason::Written)
-    );
-    let mut again = Delivery::new(T0, &policy(), WorkerId(1), dup_id, dup, 0);
-    assert_eq!(
-        drive(&mut world, &mut again, None),
-        DeliveryEnd::Acked(AckReason::Terminal)
     );
     assert_eq!(world.redis.pel_len(), 0);
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 
-/// Found by the simulator: a stale delivery read its run running under a
-/// duplicate's attempt and acknowledged its own entry, but before the
-/// acknowledgement landed that attempt's lease ran out and a reclaim of
-/// the same entry claimed the run through it. A delivery must not
-/// acknowledge on a fact a later step can undo.
+/// Found by the simulator: a run's lapsed attempt was taken over through a
+/// duplicate publication, and then through its first entry again, while a
+/// stale delivery of that first entry, which had read the run running under
+/// the duplicate, acknowledged it; the acknowledgement dropped the entry of
+/// a running attempt (S4). A lapsed attempt is taken over only through its
+/// own entry: a duplicate is acknowledged, and a reclaim of the first entry
+/// takes over.
 #[test]
-fn a_stale_delivery_leaves_its_entry_to_a_takeover_through_it() {
+fn a_duplicate_does_not_take_over_a_lapsed_attempt() {
     let mut world = World::at(T0);
     let first = submit(&mut world, 1);
-    // Three attempts: one each for the first entry, the duplicate, and the
-    // takeover.
-    world
-        .db
-        .runs
-        .get_mut(&RunId(1))
-        .expect("submitted")
-        .attempts_max = 3;
     let dup = JobEntry::Job {
         run: RunId(1),
         dispatch: Dispatch(1),
@@ -361,31 +349,27 @@ fn a_stale_delivery_leaves_its_entry_to_a_takeover_through_it() {
     let input = exec(&mut world, &claim, Issuer::default());
     late.handle(T0, input);
     while late.poll().is_some() {}
-    // Past its lease, worker 1 takes the run over through the duplicate.
+    // Past its lease, the duplicate's claim is refused: it is acknowledged.
     let t1 = T0.add_ms(policy().lease_ms + 1);
     world.db.clock = t1;
-    let (dup_id, dup_job) = read(&mut world, 1);
-    let mut second = Delivery::new(t1, &policy(), WorkerId(1), dup_id, dup_job, 0);
-    let c = second.poll().unwrap();
-    let input = exec(&mut world, &c, Issuer::default());
-    second.handle(t1, input);
-    assert_eq!(second.own_fence(), Some(Fence(2)));
-    while second.poll().is_some() {}
-    // Worker 0's job ends: its write is refused, and it finds the run
-    // running under the duplicate. It leaves its entry pending.
-    let end = drive(&mut world, &mut late, Some(ok()));
-    assert_eq!(end, DeliveryEnd::LeftPending(PendingReason::OwnedElsewhere));
-    assert!(world.redis.pending(id).is_some());
-    // Worker 1 stalls in turn; a reclaim of the first entry takes over
-    // through it, which needs the entry still pending.
-    let t2 = t1.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
+    let (dup_id, end) = deliver(&mut world, 1, None);
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Duplicate));
+    assert!(world.redis.pending(dup_id).is_none());
+    let row = &world.db.runs[&RunId(1)];
+    assert_eq!((row.active_fence, row.entry_id), (Fence(1), Some(first)));
+    // A reclaim of the first entry takes over and finishes the run.
+    let t2 = T0.add_ms(policy().lease_ms + policy().reclaim_min_idle_ms);
     world.db.clock = t2;
     let (rid, rjob) = reclaim_one(&mut world, 2, t2);
-    assert_eq!(rid, id);
-    let mut third = Delivery::new(t2, &policy(), WorkerId(2), rid, rjob, 0);
-    let end = drive(&mut world, &mut third, Some(ok()));
+    assert_eq!(rid, first);
+    let mut fresh = Delivery::new(t2, &policy(), WorkerId(2), rid, rjob, 0);
+    let end = drive(&mut world, &mut fresh, Some(ok()));
     assert_eq!(end, DeliveryEnd::Acked(AckReason::Written));
     assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Succeeded);
+    // Worker 0 resumes: its write is refused, and the run is terminal.
+    let end = drive(&mut world, &mut late, Some(ok()));
+    assert_eq!(end, DeliveryEnd::Acked(AckReason::Terminal));
+    assert_eq!(world.redis.pel_len(), 0);
     assert!(world.violations.is_empty(), "{:?}", world.violations);
 }
 

@@ -153,6 +153,7 @@ impl MetricsProbe {
             DeliveryEnd::Acked(AckReason::Written),
             DeliveryEnd::Acked(AckReason::Terminal),
             DeliveryEnd::Acked(AckReason::Stale),
+            DeliveryEnd::Acked(AckReason::Duplicate),
             DeliveryEnd::Acked(AckReason::Exhausted),
             DeliveryEnd::Acked(AckReason::Quarantined),
             DeliveryEnd::LeftPending(PendingReason::Unavailable),

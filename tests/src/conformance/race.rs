@@ -193,8 +193,12 @@ impl Pick<Dispatch> for Aim<'_> {
 }
 impl Pick<EntryId> for Aim<'_> {
     fn pick(&mut self, s: Statement, _: &'static str) -> EntryId {
-        let current = self.0.runs.get(&RUN).and_then(|r| r.entry_id);
+        let row = self.0.runs.get(&RUN);
+        let current = row.and_then(|r| r.entry_id);
+        let running = row.is_some_and(|r| r.status == RunStatus::Running);
         match s {
+            // A reclaim takes a running run over through its own entry.
+            Statement::Claim if running => current.unwrap_or(EntryId::new(1, 0)),
             // A new entry for the new publication or delivery.
             Statement::Claim | Statement::MarkPublished => {
                 let n = current.map_or(0, |e| e.ms);
