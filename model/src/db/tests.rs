@@ -126,6 +126,28 @@ fn claims_get_increasing_fences_and_respect_the_lease() {
 }
 
 #[test]
+fn a_lapsed_attempt_is_taken_over_only_through_its_own_entry() {
+    let mut db = db_with(1, 3);
+    // A queued run is claimed through any entry of its dispatch (a
+    // duplicate publication included).
+    db.claim(RunId(1), Dispatch(1), e(2), "w0", t(0), LEASE)
+        .unwrap();
+    // Each time its attempt lapses, another entry of the same dispatch is
+    // refused, and the attempt's own entry takes over.
+    for (at, fence) in [(1_500, Fence(2)), (9_000, Fence(3))] {
+        assert_eq!(
+            db.claim(RunId(1), Dispatch(1), e(1), "w1", t(at), LEASE),
+            None
+        );
+        let c = db
+            .claim(RunId(1), Dispatch(1), e(2), "w1", t(at), LEASE)
+            .unwrap();
+        assert_eq!(c.fence, fence);
+        assert_eq!(db.read_run(RunId(1)).unwrap().entry_id, Some(e(2)));
+    }
+}
+
+#[test]
 fn terminal_states_are_final() {
     let mut db = db_with(1, 3);
     let c = db
