@@ -503,13 +503,8 @@ impl Db {
         lease_ms: u64,
     ) -> Option<Claimed> {
         let r = self.runs.get_mut(&run)?;
-        let claimable = match r.status {
-            RunStatus::Queued => true,
-            RunStatus::Running => {
-                r.lease_until.is_some_and(|l| l <= now) && r.entry_id == Some(entry)
-            }
-            _ => false,
-        };
+        let claimable =
+            orphaned(r, now) && (r.status == RunStatus::Queued || r.entry_id == Some(entry));
         if r.dispatch != dispatch || !claimable || r.attempts >= r.attempts_max {
             return None;
         }
