@@ -447,8 +447,10 @@ impl Config {
             self.outcomes.push(OutcomeKind::Poison);
         }
         #[cfg(feature = "mutants")]
-        if mutant == Some(Mutant::WorkerClock) && self.skew_ms == 0 {
-            self.skew_ms = 4 * self.policy.lease_ms;
+        if mutant == Some(Mutant::WorkerClock) {
+            if self.skew_ms == 0 {
+                self.skew_ms = 4 * self.policy.lease_ms;
+            }
             // A live attempt's own entry reaches the skewed worker's
             // reclaimer however recently it was touched.
             self.policy.reclaim_min_idle_ms = 0;
