@@ -87,6 +87,21 @@ fn first_event() -> u32 {
     1
 }
 
+impl RunRow {
+    /// Whether no live attempt holds the run at `now`: it is queued, or
+    /// running under a lease that has run out. Such a run is claimable
+    /// (a lapsed attempt through its own entry only) and, once its
+    /// attempts are spent, buried.
+    #[must_use]
+    pub fn orphaned(&self, now: Timestamp) -> bool {
+        match self.status {
+            RunStatus::Queued => true,
+            RunStatus::Running => self.lease_until.is_some_and(|l| l <= now),
+            _ => false,
+        }
+    }
+}
+
 /// One row of `attempts`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttemptRow {
@@ -504,7 +519,7 @@ impl Db {
     ) -> Option<Claimed> {
         let r = self.runs.get_mut(&run)?;
         let claimable =
-            orphaned(r, now) && (r.status == RunStatus::Queued || r.entry_id == Some(entry));
+            r.orphaned(now) && (r.status == RunStatus::Queued || r.entry_id == Some(entry));
         if r.dispatch != dispatch || !claimable || r.attempts >= r.attempts_max {
             return None;
         }
@@ -951,7 +966,7 @@ impl Db {
     /// or running at `dispatch` under an expired lease.
     pub fn requeue_run(&mut self, run: RunId, dispatch: Dispatch, now: Timestamp) -> u64 {
         match self.runs.get_mut(&run) {
-            Some(r) if r.dispatch == dispatch && orphaned(r, now) => {
+            Some(r) if r.dispatch == dispatch && r.orphaned(now) => {
                 redispatch(r);
                 1
             }
@@ -964,7 +979,7 @@ impl Db {
     pub fn requeue_entry(&mut self, entry: EntryId, now: Timestamp) -> u64 {
         let mut n = 0;
         for r in self.runs.values_mut() {
-            if r.entry_id == Some(entry) && r.finished_at.is_none() && orphaned(r, now) {
+            if r.entry_id == Some(entry) && r.finished_at.is_none() && r.orphaned(now) {
                 redispatch(r);
                 n += 1;
             }
@@ -1167,14 +1182,6 @@ fn candidate(r: &RunRow) -> Candidate {
         dispatch: r.dispatch,
         entry_id: r.entry_id,
         published_at: r.published_at,
-    }
-}
-
-fn orphaned(r: &RunRow, now: Timestamp) -> bool {
-    match r.status {
-        RunStatus::Queued => true,
-        RunStatus::Running => r.lease_until.is_some_and(|l| l <= now),
-        _ => false,
     }
 }
 

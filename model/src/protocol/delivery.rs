@@ -527,12 +527,7 @@ impl Delivery {
         if superseded(&row, self.entry, dispatch) {
             return self.ack(AckReason::Duplicate);
         }
-        let gone = match row.status {
-            RunStatus::Queued => true,
-            RunStatus::Running => row.lease_until.is_some_and(|l| l <= now),
-            _ => false,
-        };
-        if row.dispatch == dispatch && gone && row.attempts >= row.attempts_max {
+        if row.dispatch == dispatch && row.orphaned(now) && row.attempts >= row.attempts_max {
             self.phase = Phase::Burying;
             let run = row.run_id;
             return self.send(Command::Db(DbOp::DeadLetterExhausted { run, dispatch }));
