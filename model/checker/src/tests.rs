@@ -27,9 +27,9 @@ fn assert_correct(r: &Report) {
 
 /// Pinned: a change to the model or the protocol that changes how many
 /// states `small` has must update these numbers on purpose.
-const SMALL_UNIQUE_STATES: usize = 1110;
+const SMALL_UNIQUE_STATES: usize = 750;
 /// The same, with symmetry reduction over workers (the default).
-const SMALL_SYMMETRIC_STATES: usize = 556;
+const SMALL_SYMMETRIC_STATES: usize = 378;
 
 fn plain(cfg: Config) -> Config {
     Config {
@@ -130,10 +130,8 @@ fn worker_relabeling_is_a_symmetry() {
             assert_eq!(s.fingerprint_as(&[1, 0]), swapped.fingerprint_as(&[0, 1]));
             assert_eq!(s.fingerprint_as(&[0, 1]), s.fingerprint(false));
             assert_eq!(s.fingerprint(true), swapped.fingerprint(true));
-            if swapped != s {
-                told_apart += 1;
-                assert_ne!(s.fingerprint(false), swapped.fingerprint(false));
-            }
+            // Told apart: the relabeling moved a fingerprinted field.
+            told_apart += usize::from(s.fingerprint(false) != swapped.fingerprint(false));
             let (mut a, mut b) = (Vec::new(), Vec::new());
             s.actions(&cfg, &mut a);
             swapped.actions(&cfg, &mut b);
@@ -173,6 +171,71 @@ fn worker_relabeling_is_a_symmetry() {
     assert!(told_apart > 1000, "the walks rarely told workers apart");
 }
 
+/// What the model writes and never reads back is left out of the
+/// fingerprint (Redis's history counters, `hash_redis_unlabeled`; the
+/// worker named in each attempt row, `hash_db_unlabeled`), which is sound
+/// only if no action, property or later fingerprint depends on it. Checked
+/// along random walks of `standard_steps` (two partitions): the same state
+/// with all of it changed has the same fingerprint, actions and
+/// properties, and each action takes both to states with the same
+/// fingerprint.
+#[test]
+fn unread_history_changes_nothing() {
+    use crate::state::State;
+    let cfg = Config::standard_steps();
+    let mut seed: u64 = 11;
+    let mut rnd = |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n
+    };
+    let mut moved = 0;
+    for _ in 0..200 {
+        let mut s = State::initial(&cfg);
+        for _ in 0..80 {
+            let mut other = s.clone();
+            for jobs in &mut other.world.redis.jobs {
+                jobs.entries_added += 3;
+                if let Some(first) = jobs.entries.keys().next() {
+                    jobs.max_deleted = jobs.max_deleted.max(*first);
+                }
+                if let Some(g) = jobs.group.as_mut() {
+                    g.entries_read = Some(g.entries_read.map_or(1, |r| r + 3));
+                    for p in g.pel.values_mut() {
+                        p.delivery_count += 1;
+                    }
+                }
+            }
+            for a in other.world.db.attempts.values_mut() {
+                a.worker = if a.worker == "w0" { "w1" } else { "w0" }.to_owned();
+            }
+            other.fp = other.fingerprint(cfg.symmetry);
+            moved += usize::from(other != s);
+            assert_eq!(other.fp, s.fp, "unread history is fingerprinted");
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            s.actions(&cfg, &mut a);
+            other.actions(&cfg, &mut b);
+            assert_eq!(a, b, "unread history enables or disables an action");
+            assert_eq!(s.compute_derived(&cfg), other.compute_derived(&cfg));
+            for action in &a {
+                let (mut x, mut y) = (s.clone(), other.clone());
+                x.step(&cfg, *action);
+                y.step(&cfg, *action);
+                assert_eq!(x.fp, y.fp, "{action:?} depends on unread history");
+            }
+            if a.is_empty() {
+                break;
+            }
+            s.step(&cfg, a[rnd(a.len())]);
+        }
+    }
+    assert!(
+        moved > 1000,
+        "the walks rarely changed the history: {moved}"
+    );
+}
+
 /// The reachable states, exhaustively: the relabeling of every reachable
 /// state is reachable (what makes keeping one state per class sound). It
 /// found that a tick ran the workers' heartbeats in one fixed order, so
@@ -205,7 +268,7 @@ fn reachable_states_are_closed_under_relabeling() {
             }
         }
     }
-    assert!(seen.len() > 40_000, "{} states", seen.len());
+    assert!(seen.len() > 30_000, "{} states", seen.len());
     let unreachable = swapped.iter().filter(|fp| !seen.contains(fp)).count();
     assert_eq!(unreachable, 0, "states whose relabeling is unreachable");
 }

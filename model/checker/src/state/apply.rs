@@ -46,27 +46,14 @@ impl State {
         self.derive(cfg);
     }
 
-    /// Clamps counters that no protocol decision reads, so that states which
-    /// differ only in them are one state and the state space is finite:
-    /// PEL delivery counts (1 = delivered once, 2 = redelivered) and the
-    /// effect ledger's request counts (1 = applied once, 2 = repeated).
-    /// (Redis and Postgres are written only when a counter is clamped: a
-    /// write copies what the state shares with its predecessor.)
+    /// Clamps the effect ledger's request counts (1 = applied once, 2 =
+    /// repeated), which no protocol decision reads, so that states which
+    /// differ only in them are one state and the state space is finite
+    /// (Postgres is written only when a count is clamped: a write copies
+    /// what the state shares with its predecessor). Redis's history
+    /// counters are left out of the fingerprint instead (see
+    /// `hash_redis_unlabeled`).
     fn normalize(&mut self) {
-        let redeliveries = |p: &pelican_model::stream::Pending| p.delivery_count > 2;
-        if self.world.redis.jobs.iter().any(|jobs| {
-            jobs.group
-                .as_ref()
-                .is_some_and(|g| g.pel.values().any(redeliveries))
-        }) {
-            for jobs in &mut self.world.redis.jobs {
-                if let Some(g) = jobs.group.as_mut() {
-                    for p in g.pel.values_mut() {
-                        p.delivery_count = p.delivery_count.min(2);
-                    }
-                }
-            }
-        }
         if self.world.db.effects.values().any(|n| *n > 2) {
             for n in self.world.db.effects.values_mut() {
                 *n = (*n).min(2);
