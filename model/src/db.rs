@@ -100,6 +100,19 @@ impl RunRow {
             _ => false,
         }
     }
+
+    /// How attempt `a` of this run ended: its recorded outcome, or
+    /// `Succeeded` if it holds the fence of this succeeded run. A success
+    /// is the run's last write, and the fence of a succeeded run never
+    /// changes again, so the run's row is the succeeding attempt's record:
+    /// [`Db::complete`], the hot path's outcome, writes no attempt row.
+    #[must_use]
+    pub fn outcome_of(&self, a: &AttemptRow) -> Option<AttemptOutcome> {
+        a.outcome.or_else(|| {
+            (self.status == RunStatus::Succeeded && a.fence == self.active_fence)
+                .then_some(AttemptOutcome::Succeeded)
+        })
+    }
 }
 
 /// One row of `attempts`.
@@ -113,15 +126,14 @@ pub struct AttemptRow {
     pub entry_id: EntryId,
     /// The dispatch it was claimed for.
     pub dispatch: Dispatch,
-    /// How it ended, once recorded.
+    /// How it ended, once recorded: a failure. A success is read from the
+    /// run's row ([`RunRow::outcome_of`]); only successes from before
+    /// schema version 14 are recorded here.
     pub outcome: Option<AttemptOutcome>,
     /// The number of its `claimed` event (none for attempts claimed before
     /// the run had events: schema version 10).
     #[serde(default)]
     pub claimed_seq: Option<u32>,
-    /// The number of its `succeeded` event.
-    #[serde(default)]
-    pub outcome_seq: Option<u32>,
 }
 
 /// One row of `dead_letters`: what an operator needs to investigate (S6).
@@ -561,7 +573,6 @@ impl Db {
                 dispatch,
                 outcome: None,
                 claimed_seq,
-                outcome_seq: None,
             },
         );
         claimed
@@ -664,12 +675,13 @@ impl Db {
 
     /// [`Statement::ReadEvents`]: up to `limit` events of `run` numbered
     /// above `after`, in order: event 1 (`queued`), each attempt's claim
-    /// and success (its row), and the rows of `run_events`.
+    /// (its row), the success (the run's row: its last event), and the
+    /// rows of `run_events`.
     #[must_use]
     pub fn read_events(&self, run: RunId, after: u32, limit: usize) -> Vec<RunEvent> {
-        if !self.runs.contains_key(&run) {
+        let Some(r) = self.runs.get(&run) else {
             return Vec::new();
-        }
+        };
         let mut log = vec![RunEvent {
             seq: 1,
             kind: EventKind::Queued,
@@ -682,19 +694,26 @@ impl Db {
             .attempts
             .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
         {
-            let event = |seq, kind, data: &str| RunEvent {
+            log.extend(a.claimed_seq.map(|seq| RunEvent {
                 seq,
-                kind,
+                kind: EventKind::Claimed,
                 attempt: *n,
                 fence: a.fence,
                 class: None,
-                data: data.to_owned(),
-            };
-            log.extend(
-                a.claimed_seq
-                    .map(|s| event(s, EventKind::Claimed, &a.worker)),
-            );
-            log.extend(a.outcome_seq.map(|s| event(s, EventKind::Succeeded, "")));
+                data: a.worker.clone(),
+            }));
+        }
+        // A run that succeeded before it had events (schema version 10)
+        // still numbers 1: its log is its `queued` event alone.
+        if r.status == RunStatus::Succeeded && r.events > 1 {
+            log.push(RunEvent {
+                seq: r.events,
+                kind: EventKind::Succeeded,
+                attempt: AttemptNo(r.attempts),
+                fence: r.active_fence,
+                class: None,
+                data: String::new(),
+            });
         }
         log.extend(
             self.events
@@ -707,7 +726,9 @@ impl Db {
         log
     }
 
-    /// [`Statement::Complete`]: the attempt holding `fence` succeeded.
+    /// [`Statement::Complete`]: the attempt holding `fence` succeeded. Its
+    /// success is the run's row alone ([`RunRow::outcome_of`]), its event
+    /// the row's last number ([`Db::read_events`]).
     pub fn complete(&mut self, run: RunId, fence: Fence, result: &str) -> u64 {
         let now = self.clock;
         let Some(r) = self.fenced(run, fence) else {
@@ -718,11 +739,6 @@ impl Db {
         r.lease_until = None;
         r.finished_at = Some(now);
         r.events += 1;
-        let seq = r.events;
-        self.set_outcome(run, fence, AttemptOutcome::Succeeded);
-        if let Some(a) = self.attempt_mut(run, fence) {
-            a.outcome_seq = Some(seq);
-        }
         1
     }
 
@@ -1017,12 +1033,25 @@ impl Db {
         RunId(self.run_ids)
     }
 
-    /// [`Statement::ReadAttempts`]: `run`'s attempts in order.
+    /// [`Statement::ReadAttempts`]: `run`'s attempts in order, each with
+    /// how it ended ([`RunRow::outcome_of`]).
     #[must_use]
     pub fn read_attempts(&self, run: RunId) -> Vec<(AttemptNo, AttemptRow)> {
+        let Some(r) = self.runs.get(&run) else {
+            return Vec::new();
+        };
         self.attempts
             .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
-            .map(|((_, n), a)| (*n, a.clone()))
+            .map(|((_, n), a)| {
+                let outcome = r.outcome_of(a);
+                (
+                    *n,
+                    AttemptRow {
+                        outcome,
+                        ..a.clone()
+                    },
+                )
+            })
             .collect()
     }
 

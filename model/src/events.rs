@@ -10,8 +10,9 @@
 //! of whatever it reads later.
 //!
 //! The hot path writes no row of its own for its events: a claim's event is
-//! its attempt row (`attempts.claimed_seq`) and a success's is the same row
-//! (`attempts.outcome_seq`). The other events are rows of `run_events`.
+//! its attempt row (`attempts.claimed_seq`), and a success, always a run's
+//! last event, is the run's row (`runs.events` numbers it). The other
+//! events are rows of `run_events`.
 //! [`Statement::ReadEvents`](crate::db::Statement::ReadEvents) reads the
 //! three as one log.
 //!

@@ -190,7 +190,7 @@ pub fn state(world: &World, policy: &Policy) -> Vec<Broken> {
         }
         if r.status == RunStatus::Running {
             let active = attempts(&world.db, r.run_id).find(|(_, a)| a.fence == r.active_fence);
-            if active.is_some_and(|(_, a)| a.outcome.is_some()) {
+            if active.is_some_and(|(_, a)| r.outcome_of(a).is_some()) {
                 out.push(broken(
                     Guarantee::S6,
                     format!(
@@ -304,7 +304,7 @@ pub fn outcomes(db: &Db, effects_of: &dyn Fn(RunId) -> u32) -> Vec<Broken> {
             out.push(broken(Guarantee::S13, detail));
         }
         let succeeded = attempts(db, run)
-            .filter(|(_, a)| a.outcome == Some(AttemptOutcome::Succeeded))
+            .filter(|(_, a)| r.outcome_of(a) == Some(AttemptOutcome::Succeeded))
             .count();
         let want = usize::from(r.status == RunStatus::Succeeded);
         if succeeded != want {
@@ -377,7 +377,9 @@ pub fn effect_keys(db: &Db, run: RunId, call: u32) -> Vec<String> {
 /// and claims a new attempt only while the run is not terminal, so:
 /// a succeeded or terminally failed attempt is the run's last one; a
 /// succeeded run's last attempt succeeded; a failed run's last attempt
-/// failed. (A stale retryable failure written between two claims leaves no
+/// failed. A success is the run's row, read as the outcome of the attempt
+/// holding its fence ([`RunRow::outcome_of`]), so a stale success is
+/// caught where it is written (S3 at each write), not here. (A stale retryable failure written between two claims leaves no
 /// trace in the rows; the step checks and the live workers' traces catch
 /// that one.)
 #[must_use]
@@ -386,7 +388,7 @@ pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
     let last = attempts(db, run).last();
     for (n, a) in attempts(db, run) {
         let ends = matches!(
-            a.outcome,
+            r.outcome_of(a),
             Some(AttemptOutcome::Succeeded | AttemptOutcome::Failed(ErrorClass::Terminal))
         );
         if ends && Some(n) != last.map(|(n, _)| n) {
@@ -396,7 +398,7 @@ pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
             ));
         }
     }
-    let last_outcome = last.and_then(|(_, a)| a.outcome);
+    let last_outcome = last.and_then(|(_, a)| r.outcome_of(a));
     let consistent = match r.status {
         RunStatus::Succeeded => last_outcome == Some(AttemptOutcome::Succeeded),
         RunStatus::Failed => matches!(last_outcome, Some(AttemptOutcome::Failed(_))),

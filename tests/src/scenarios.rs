@@ -1153,14 +1153,17 @@ pub fn retention_deletes_finished_runs(mutant: Option<&str>) {
 }
 
 /// A database an earlier release migrated (schema version 1 only), holding a
-/// run it never published, is brought to the current schema by `pelican
-/// migrate`: the hot-path indexes replace the old ones, the attempts' foreign
-/// key is gone, and the old run is published and runs to its end.
+/// run it never published and one it finished, is brought to the current
+/// schema by `pelican migrate`: the hot-path indexes replace the old ones,
+/// the attempts' foreign key is gone, the old run is published and runs to
+/// its end, and the finished one reads as it did, its success recorded on
+/// its attempt and its log its `queued` event alone (it had no events).
 pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
     let db = Database::create();
     let url = db.url().to_owned();
     // Far above what the run id sequence hands out to this test.
     let run = RunId(1_000);
+    let finished = RunId(1_001);
     let pg = crate::rt()
         .block_on(pelican_real::live::pg::PgDb::connect(
             &url,
@@ -1182,6 +1185,15 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         );
         let inserted = pelican_real::live::pg::raw_execute(&pg, &insert).await;
         assert!(matches!(inserted, Ok(1)), "{inserted:?}");
+        let finished = format!(
+            "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, result, entry_id) \
+             VALUES ({0}, 'noop', '{{}}', 'succeeded', 1, 1, 1, 3, 'null', '1-0'); \
+             INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, outcome) \
+             VALUES ({0}, 1, 1, 'old-worker', '1-0', 1, 'succeeded')",
+            finished.0
+        );
+        let inserted = pelican_real::live::pg::raw_execute(&pg, &finished).await;
+        assert!(inserted.is_ok(), "{inserted:?}");
     });
     // `Env` runs `pelican migrate`: the upgrade under test.
     let mut env = Env::with_database(url, Some(db), mutant);
@@ -1200,7 +1212,6 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         .map(|(name,)| name)
         .collect::<BTreeSet<_>>()
     });
-    drop(pg);
     assert_eq!(
         schema.iter().map(String::as_str).collect::<Vec<_>>(),
         [
@@ -1216,11 +1227,40 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
         ],
         "the upgraded schema: indexes of runs, attempts' foreign keys, fill factors"
     );
-    env.accepted.insert(run);
+    env.accepted.extend([run, finished]);
     let _w = env.worker(1, None, &[]);
     env.settle();
-    let db = env.check(&[]);
+    let mut db = env.check(&[]);
     assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
+    // Postgres reads both runs' attempts and events as the model does from
+    // the same rows (the audit above read them through the model).
+    crate::rt().block_on(async {
+        for r in [run, finished] {
+            for op in [
+                DbOp::ReadAttempts { run: r },
+                DbOp::ReadEvents {
+                    run: r,
+                    after: 0,
+                    limit: 100,
+                },
+            ] {
+                let got = pg.execute(&op).await.expect("Postgres answers");
+                assert_eq!(got, db.execute(&op), "{op:?}");
+            }
+        }
+    });
+    let log = db.read_events(finished, 0, 100);
+    assert_eq!(
+        log.len(),
+        1,
+        "a run finished before events has its queued event alone: {log:?}"
+    );
+    let attempts = db.read_attempts(finished);
+    assert_eq!(
+        attempts[0].1.outcome,
+        Some(pelican_model::status::AttemptOutcome::Succeeded),
+        "{attempts:?}"
+    );
 }
 
 /// Bad API requests get clear 4xx answers with a JSON body, and change nothing.

@@ -128,6 +128,106 @@ fn the_sweeper_walks_in_the_models_order() {
     }
 }
 
+/// A success is the run's row alone (schema version 14): read back, it is
+/// the outcome of the attempt holding the run's fence and the run's last
+/// event, in Postgres as in the model, after a lapsed attempt's takeover,
+/// a stale completion, progress, and a retry, one success alone and one in
+/// a batch (random sequences seldom reach a second attempt's success).
+#[test]
+fn a_success_is_read_from_the_runs_row() {
+    use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+    use pelican_model::protocol::DbOp;
+    use pelican_model::status::ErrorClass;
+    use pelican_model::time::Timestamp;
+    use pelican_tests::conformance::{DbStep, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let one = DbStep::One;
+    let (r1, r2) = (RunId(1), RunId(2));
+    let (e1, e2, e3) = (
+        EntryId::new(2_000, 0),
+        EntryId::new(2_000, 1),
+        EntryId::new(9_000, 0),
+    );
+    let publish = |run, dispatch, entry| {
+        one(DbOp::MarkPublished {
+            run,
+            dispatch: Dispatch(dispatch),
+            entry,
+        })
+    };
+    let claim = |run, dispatch, entry, worker: &str| {
+        one(DbOp::Claim {
+            run,
+            dispatch: Dispatch(dispatch),
+            entry,
+            worker: worker.into(),
+            lease_ms: 1_000,
+        })
+    };
+    let complete = |run, fence| DbOp::Complete {
+        run,
+        fence: Fence(fence),
+        result: "ok".into(),
+    };
+    let read = |run| {
+        [
+            one(DbOp::ReadAttempts { run }),
+            one(DbOp::ReadEvents {
+                run,
+                after: 0,
+                limit: 100,
+            }),
+            one(DbOp::ReadEvents {
+                run,
+                after: 3,
+                limit: 1,
+            }),
+        ]
+    };
+    let mut steps = vec![
+        insert_run(1),
+        insert_run(2),
+        DbStep::Clock(Timestamp(2_000)),
+        publish(r1, 1, e1),
+        publish(r2, 1, e2),
+        claim(r1, 1, e1, "w1"),
+        claim(r2, 1, e2, "w1"),
+        DbStep::Clock(Timestamp(4_000)),
+        // The first attempt of run 1 lapsed: the second takes it over, and
+        // the first's late success is refused.
+        claim(r1, 1, e1, "w2"),
+        one(complete(r1, 1)),
+        one(DbOp::AppendEvent {
+            run: r1,
+            fence: Fence(2),
+            data: "{}".into(),
+        }),
+        one(complete(r1, 2)),
+        one(complete(r1, 2)),
+        // Run 2 fails retryably, waits, and succeeds on its second dispatch.
+        one(DbOp::ScheduleRetry {
+            run: r2,
+            fence: Fence(1),
+            class: ErrorClass::Retryable,
+            message: "again".into(),
+            backoff_ms: 1_000,
+        }),
+    ];
+    steps.extend(read(r1));
+    steps.extend([
+        DbStep::Clock(Timestamp(9_000)),
+        one(DbOp::PromoteRetries { limit: 10 }),
+        publish(r2, 2, e3),
+        claim(r2, 2, e3, "w2"),
+        DbStep::Batch(vec![complete(r2, 2), complete(r1, 1)]),
+    ]);
+    steps.extend(read(r2));
+    if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
+        panic!("model::Db and Postgres differ on a success:\n{e}");
+    }
+}
+
 /// `TRUNCATE runs` (an operator's, not Pelican's) empties the live counts
 /// with it: counted afterwards, no run is live.
 #[test]

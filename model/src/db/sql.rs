@@ -221,7 +221,8 @@ CREATE TABLE IF NOT EXISTS provider_rates (
 /// every run starts with one; the statement that writes an event takes the
 /// next number from it under the row's lock. A claim's event and a
 /// success's are their attempt's row (`claimed_seq`, `outcome_seq`: the
-/// hot path writes no row of its own for them); the others are rows of
+/// hot path writes no row of its own for them; since migration 14 a
+/// success is the run's row alone); the others are rows of
 /// `run_events`. Attempts claimed before this migration have no event: the
 /// log of a run from before it goes on from event 1.
 pub const SCHEMA_EVENTS: &str = r#"
@@ -353,4 +354,21 @@ CREATE OR REPLACE TRIGGER runs_count_delete AFTER DELETE ON runs
     FOR EACH STATEMENT EXECUTE FUNCTION pelican_count_live();
 CREATE OR REPLACE TRIGGER runs_count_truncate AFTER TRUNCATE ON runs
     FOR EACH STATEMENT EXECUTE FUNCTION pelican_count_truncate();
+"#;
+
+/// Migration 14: a success recorded on the run's row alone. The hot path's
+/// completion ([`Complete`]) wrote the run's row and then its attempt's
+/// (`outcome`, `outcome_seq`), an `UPDATE` of a row its claim had just
+/// inserted. A success is a run's last write and a succeeded run's fence
+/// never changes again, so the row says which attempt succeeded (the one
+/// holding `active_fence`) and numbers its event (`events`):
+/// [`ReadAttempts`] and [`ReadEvents`] read them there. Successes recorded
+/// before keep their `outcome`; their `outcome_seq` always equalled the
+/// run's `events`.
+///
+/// [`Complete`]: super::Statement::Complete
+/// [`ReadAttempts`]: super::Statement::ReadAttempts
+/// [`ReadEvents`]: super::Statement::ReadEvents
+pub const SCHEMA_SUCCESS_ON_RUN: &str = r#"
+ALTER TABLE attempts DROP COLUMN IF EXISTS outcome_seq;
 "#;

@@ -749,8 +749,8 @@ statements! {
     }
 
     /// Up to `limit` events of `run` numbered above `after`, in order
-    /// ([`crate::events`]): event 1 is the run's row, each claim and
-    /// success an attempt's row, the others rows of `run_events`.
+    /// ([`crate::events`]): event 1 and a success are the run's row, each
+    /// claim an attempt's row, the others rows of `run_events`.
     ReadEvents { run: RunId, after: u32, limit: usize } => {
         name: "read_events",
         access: Read,
@@ -760,36 +760,28 @@ statements! {
                        '' AS data FROM runs WHERE run_id = $1 \
                 UNION ALL SELECT claimed_seq, 'claimed', attempt, fence, NULL, worker FROM attempts \
                  WHERE run_id = $1 AND claimed_seq IS NOT NULL \
-                UNION ALL SELECT outcome_seq, 'succeeded', attempt, fence, NULL, '' FROM attempts \
-                 WHERE run_id = $1 AND outcome_seq IS NOT NULL \
+                UNION ALL SELECT events, 'succeeded', attempts, active_fence, NULL, '' FROM runs \
+                 WHERE run_id = $1 AND status = 'succeeded' AND events > 1 \
                 UNION ALL SELECT seq, kind, attempt, fence, class, data FROM run_events WHERE run_id = $1) e \
               WHERE seq > $2 ORDER BY seq LIMIT $3",
         show: [run, after],
         model: |db| DbReply::Events(db.read_events(*run, *after, *limit)),
     }
 
-    /// The attempt holding `fence` succeeded with `result`.
+    /// The attempt holding `fence` succeeded with `result`: the run's row
+    /// alone records it ([`RunRow::outcome_of`]).
     Complete { run: RunId, fence: Fence, result: String } => {
         name: "complete",
         access: FencedWrite(run, fence),
         reply: Rows,
-        sql: "WITH done AS ( \
-                UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms(), \
-                       events = events + 1 \
-                 WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events) \
-              UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
-               WHERE a.run_id = d.run_id AND a.fence = $2",
-        many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result)), \
-              done AS ( \
-                UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL, \
-                       finished_at = pelican_now_ms(), events = r.events + 1 \
-                  FROM input i \
-                 WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
-                RETURNING r.run_id, i.fence, r.events), \
-              marked AS (UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
-                 WHERE a.run_id = d.run_id AND a.fence = d.fence) \
-              SELECT run_id FROM done",
+        sql: "UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms(), \
+                     events = events + 1 \
+               WHERE run_id = $1 AND active_fence = $2 AND status = 'running'",
+        many: "UPDATE runs r SET status = 'succeeded', result = i.result, lease_until = NULL, \
+                      finished_at = pelican_now_ms(), events = r.events + 1 \
+                 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS i(run_id, fence, result) \
+                WHERE r.run_id = i.run_id AND r.active_fence = i.fence AND r.status = 'running' \
+               RETURNING r.run_id",
         show: [run, fence],
         model: |db| Rows(db.complete(*run, *fence, result)),
     }
@@ -1012,13 +1004,17 @@ statements! {
         model: |db| DbReply::NewRuns((0..*count).map(|_| db.next_run_id()).collect()),
     }
 
-    /// The run's attempts in order.
+    /// The run's attempts in order, each with how it ended
+    /// ([`RunRow::outcome_of`]).
     ReadAttempts { run: RunId } => {
         name: "read_attempts",
         access: Read,
         reply: Attempts,
-        sql: "SELECT attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq, outcome_seq FROM attempts \
-              WHERE run_id = $1 ORDER BY attempt",
+        sql: "SELECT a.attempt, a.fence, a.worker, a.entry_id, a.dispatch, \
+                     coalesce(a.outcome, CASE WHEN r.status = 'succeeded' AND a.fence = r.active_fence \
+                                              THEN 'succeeded' END) AS outcome, a.claimed_seq \
+                FROM attempts a JOIN runs r ON r.run_id = a.run_id \
+               WHERE a.run_id = $1 ORDER BY a.attempt",
         show: [run],
         model: |db| DbReply::Attempts(db.read_attempts(*run)),
     }

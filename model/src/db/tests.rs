@@ -118,10 +118,22 @@ fn claims_get_increasing_fences_and_respect_the_lease() {
         (r.status, r.result.as_deref()),
         (RunStatus::Succeeded, Some("ok"))
     );
-    assert_eq!(db.attempts[&(RunId(1), AttemptNo(1))].outcome, None);
+    let outcomes: Vec<_> = db
+        .read_attempts(RunId(1))
+        .into_iter()
+        .map(|(n, a)| (n, a.outcome))
+        .collect();
     assert_eq!(
-        db.attempts[&(RunId(1), AttemptNo(2))].outcome,
-        Some(AttemptOutcome::Succeeded)
+        outcomes,
+        [
+            (AttemptNo(1), None),
+            (AttemptNo(2), Some(AttemptOutcome::Succeeded))
+        ],
+        "the success is the attempt holding the run's fence"
+    );
+    assert!(
+        db.attempts.values().all(|a| a.outcome.is_none()),
+        "a success writes no attempt row"
     );
 }
 

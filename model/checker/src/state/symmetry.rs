@@ -342,18 +342,8 @@ fn hash_db_unlabeled(db: &Db, h: &mut FpHasher) {
             dispatch,
             outcome,
             claimed_seq,
-            outcome_seq,
         } = a;
-        (
-            key,
-            fence,
-            entry_id,
-            dispatch,
-            outcome,
-            claimed_seq,
-            outcome_seq,
-        )
-            .hash(h);
+        (key, fence, entry_id, dispatch, outcome, claimed_seq).hash(h);
     }
 }
 

@@ -74,6 +74,7 @@ pub fn migrator() -> Migrator {
         migration(11, "run events", sql::SCHEMA_EVENTS),
         migration(12, "sweeper index", sql::SCHEMA_SWEEP),
         migration(13, "live counts", sql::SCHEMA_COUNTS),
+        migration(14, "success on the run", sql::SCHEMA_SUCCESS_ON_RUN),
     ])
 }
 
@@ -152,8 +153,7 @@ impl PgDb {
             db.runs.insert(row.run_id, row);
         }
         for r in &sqlx::query(
-            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq, outcome_seq \
-             FROM attempts",
+            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq FROM attempts",
         )
         .fetch_all(p)
         .await?

@@ -110,7 +110,6 @@ pub(super) fn attempt_row(r: &PgRow) -> Result<(AttemptNo, AttemptRow), PgError>
             dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
             outcome: outcome(r.try_get("outcome")?)?,
             claimed_seq: seq("claimed_seq", r.try_get("claimed_seq")?)?,
-            outcome_seq: seq("outcome_seq", r.try_get("outcome_seq")?)?,
         },
     ))
 }
