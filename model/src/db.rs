@@ -127,8 +127,8 @@ pub struct AttemptRow {
     /// The dispatch it was claimed for.
     pub dispatch: Dispatch,
     /// How it ended, once recorded: a failure. A success is read from the
-    /// run's row ([`RunRow::outcome_of`]); only successes from before
-    /// schema version 14 are recorded here.
+    /// run's row ([`RunRow::outcome_of`]); only successes written by
+    /// releases before schema version 14 are recorded here.
     pub outcome: Option<AttemptOutcome>,
     /// The number of its `claimed` event (none for attempts claimed before
     /// the run had events: schema version 10).

@@ -228,6 +228,89 @@ fn a_success_is_read_from_the_runs_row() {
     }
 }
 
+/// A worker of the release before schema version 14, still running while
+/// a fleet is upgraded, completes a run with its own statement (which also
+/// writes the attempt's `outcome` and `outcome_seq`): it succeeds, and the
+/// run reads as if a current worker had completed it.
+#[test]
+fn a_success_written_by_the_previous_release_reads_the_same() {
+    use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+    use pelican_model::protocol::DbOp;
+    use pelican_tests::conformance::{DbStep, START, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let entry = EntryId::new(2_000, 0);
+    let steps = [
+        insert_run(1),
+        DbStep::One(DbOp::MarkPublished {
+            run: RunId(1),
+            dispatch: Dispatch(1),
+            entry,
+        }),
+        DbStep::One(DbOp::Claim {
+            run: RunId(1),
+            dispatch: Dispatch(1),
+            entry,
+            worker: "w1".into(),
+            lease_ms: 1_000,
+        }),
+    ];
+    // That release's completion, as it sent it.
+    const PREVIOUS_COMPLETE: &str = "WITH done AS ( \
+        UPDATE runs SET status = 'succeeded', result = 'ok', lease_until = NULL, finished_at = pelican_now_ms(), \
+               events = events + 1 \
+         WHERE run_id = 1 AND active_fence = 1 AND status = 'running' RETURNING run_id, events) \
+      UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
+       WHERE a.run_id = d.run_id AND a.fence = 1";
+    let mut model = pelican_model::Db::new();
+    model.clock = START;
+    for step in &steps {
+        if let DbStep::One(op) = step {
+            model.execute(op);
+        }
+    }
+    let complete = DbOp::Complete {
+        run: RunId(1),
+        fence: Fence(1),
+        result: "ok".into(),
+    };
+    assert_eq!(
+        model.execute(&complete),
+        pelican_model::protocol::DbReply::Rows(1)
+    );
+    pelican_tests::rt().block_on(async {
+        if let Err(e) = db_case(&pg, &steps).await {
+            panic!("before the completion: {e}");
+        }
+        let written = pelican_real::live::pg::raw_execute(&pg, PREVIOUS_COMPLETE).await;
+        assert!(
+            matches!(written, Ok(1)),
+            "the previous release's completion: {written:?}"
+        );
+        for op in [
+            DbOp::ReadRun { run: RunId(1) },
+            DbOp::ReadAttempts { run: RunId(1) },
+            DbOp::ReadEvents {
+                run: RunId(1),
+                after: 0,
+                limit: 100,
+            },
+        ] {
+            let got = pg.execute(&op).await.expect("Postgres answers");
+            let mut want = model.execute(&op);
+            if let (
+                pelican_model::protocol::DbReply::Run(Some(w)),
+                pelican_model::protocol::DbReply::Run(Some(g)),
+            ) = (&mut want, &got)
+            {
+                // Stamped by each side's own clock.
+                w.finished_at = g.finished_at;
+            }
+            assert_eq!(got, want, "{op:?}");
+        }
+    });
+}
+
 /// `TRUNCATE runs` (an operator's, not Pelican's) empties the live counts
 /// with it: counted afterwards, no run is live.
 #[test]

@@ -362,13 +362,18 @@ CREATE OR REPLACE TRIGGER runs_count_truncate AFTER TRUNCATE ON runs
 /// inserted. A success is a run's last write and a succeeded run's fence
 /// never changes again, so the row says which attempt succeeded (the one
 /// holding `active_fence`) and numbers its event (`events`):
-/// [`ReadAttempts`] and [`ReadEvents`] read them there. Successes recorded
-/// before keep their `outcome`; their `outcome_seq` always equalled the
-/// run's `events`.
+/// [`ReadAttempts`] and [`ReadEvents`] read them there. Successes
+/// recorded before keep their `outcome`; their `outcome_seq` always
+/// equalled the run's `events`.
+///
+/// The column stays, unread: workers of an earlier version, still running
+/// while a fleet is upgraded, go on writing it, and their completions must
+/// not fail on a column that is gone.
 ///
 /// [`Complete`]: super::Statement::Complete
 /// [`ReadAttempts`]: super::Statement::ReadAttempts
 /// [`ReadEvents`]: super::Statement::ReadEvents
 pub const SCHEMA_SUCCESS_ON_RUN: &str = r#"
-ALTER TABLE attempts DROP COLUMN IF EXISTS outcome_seq;
+COMMENT ON COLUMN attempts.outcome_seq IS
+  'Unread since schema version 14 (a success is its run''s row); written by workers of earlier versions.';
 "#;
