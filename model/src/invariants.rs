@@ -379,9 +379,9 @@ pub fn effect_keys(db: &Db, run: RunId, call: u32) -> Vec<String> {
 /// succeeded run's last attempt succeeded; a failed run's last attempt
 /// failed. A success is the run's row, read as the outcome of the attempt
 /// holding its fence ([`RunRow::outcome_of`]), so a stale success is
-/// caught where it is written (S3 at each write), not here. (A stale retryable failure written between two claims leaves no
-/// trace in the rows; the step checks and the live workers' traces catch
-/// that one.)
+/// caught where it is written (S3 at each write), not here. (A stale
+/// retryable failure written between two claims leaves no trace in the
+/// rows; the step checks and the live workers' traces catch that one.)
 #[must_use]
 pub fn stale_write_evidence(db: &Db, run: RunId) -> Option<String> {
     let r = db.runs.get(&run)?;

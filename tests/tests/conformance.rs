@@ -236,7 +236,7 @@ fn a_success_is_read_from_the_runs_row() {
 fn a_success_written_by_the_previous_release_reads_the_same() {
     use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
     use pelican_model::protocol::DbOp;
-    use pelican_tests::conformance::{DbStep, START, db_case, migrated};
+    use pelican_tests::conformance::{DbStep, db_case, migrated};
     let db = Database::create();
     let pg = migrated(db.url());
     let entry = EntryId::new(2_000, 0);
@@ -262,26 +262,20 @@ fn a_success_written_by_the_previous_release_reads_the_same() {
          WHERE run_id = 1 AND active_fence = 1 AND status = 'running' RETURNING run_id, events) \
       UPDATE attempts a SET outcome = 'succeeded', outcome_seq = d.events FROM done d \
        WHERE a.run_id = d.run_id AND a.fence = 1";
-    let mut model = pelican_model::Db::new();
-    model.clock = START;
-    for step in &steps {
-        if let DbStep::One(op) = step {
-            model.execute(op);
-        }
-    }
-    let complete = DbOp::Complete {
-        run: RunId(1),
-        fence: Fence(1),
-        result: "ok".into(),
-    };
-    assert_eq!(
-        model.execute(&complete),
-        pelican_model::protocol::DbReply::Rows(1)
-    );
     pelican_tests::rt().block_on(async {
-        if let Err(e) = db_case(&pg, &steps).await {
-            panic!("before the completion: {e}");
-        }
+        let mut model = match db_case(&pg, &steps).await {
+            Ok(model) => model,
+            Err(e) => panic!("before the completion: {e}"),
+        };
+        let complete = DbOp::Complete {
+            run: RunId(1),
+            fence: Fence(1),
+            result: "ok".into(),
+        };
+        assert_eq!(
+            model.execute(&complete),
+            pelican_model::protocol::DbReply::Rows(1)
+        );
         let written = pelican_real::live::pg::raw_execute(&pg, PREVIOUS_COMPLETE).await;
         assert!(
             matches!(written, Ok(1)),

@@ -241,11 +241,12 @@ pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
 }
 
 /// Runs one database sequence on the model and on Postgres (emptied
-/// first). `Err` names the first difference.
+/// first), and answers the model as the sequence left it. `Err` names the
+/// first difference.
 ///
 /// # Errors
 /// The first statement whose answer differs, or the final rows.
-pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
+pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<Db, String> {
     reset(db).await?;
     set_clock(db, START).await?;
     let mut model = Db::new();
@@ -274,7 +275,7 @@ pub async fn db_case(db: &PgDb, steps: &[DbStep]) -> Result<(), String> {
     }
     // The sequence is Postgres state too; the snapshot takes the largest id.
     model.run_ids = model.runs.keys().map(|r| r.0).max().unwrap_or(0);
-    same_state(&model, db).await
+    same_state(&model, db).await.map(|()| model)
 }
 
 /// Whether Postgres holds what the model does: every table
@@ -372,6 +373,7 @@ pub fn run_db(url: &str, cases: u32, seed: u64) -> Outcome {
     let result = runner.run(&db_sequence(), |steps| {
         crate::rt()
             .block_on(db_case(&db, &steps))
+            .map(drop)
             .map_err(TestCaseError::fail)
     });
     Outcome::of(cases, "statements", result)

@@ -403,7 +403,7 @@ async fn suite(db: &PgDb, pool: &PgDb) -> Report {
             let mut steps = path.clone();
             steps.push(form.step(&at));
             match db_case(db, &steps).await {
-                Ok(()) => {
+                Ok(_) => {
                     report
                         .coverage
                         .entry(form.name())
