@@ -61,6 +61,10 @@ pub struct Oracle {
     /// Deliveries (by node and entry) whose last input was a refused
     /// outcome write: what they do next is checked (S6).
     refused: BTreeSet<(String, EntryId)>,
+    /// Every attempt (run, fence) Postgres granted: what S2 checks a job's
+    /// start against once retention has deleted the run and its attempts
+    /// (a paused worker may start a job after that).
+    granted: BTreeSet<(RunId, Fence)>,
     hash: DefaultHasher,
     start_ms: u64,
     #[cfg(test)]
@@ -98,6 +102,7 @@ impl Oracle {
             broken: Vec::new(),
             log: record.then(Vec::new),
             refused: BTreeSet::new(),
+            granted: BTreeSet::new(),
             followed: BTreeMap::new(),
             hash: DefaultHasher::new(),
             start_ms: sim_now_ms(),
@@ -160,8 +165,17 @@ impl Oracle {
         let reply = self.world.db(op, by);
         match (op, &reply) {
             // A claim (or, in a build with the mutants, `ClaimReviving`).
-            (_, DbReply::Claimed(Some(_))) => {
+            (_, DbReply::Claimed(Some(job))) => {
                 self.count("claims");
+                let run = match op {
+                    DbOp::Claim { run, .. } => Some(*run),
+                    #[cfg(feature = "mutants")]
+                    DbOp::ClaimReviving { run, .. } | DbOp::ClaimAt { run, .. } => Some(*run),
+                    _ => None,
+                };
+                if let Some(run) = run {
+                    self.granted.insert((run, job.claimed.fence));
+                }
             }
             (DbOp::ScheduleRetry { .. }, DbReply::Rows(1)) => self.count("retries"),
             (DbOp::DeadLetter { .. } | DbOp::DeadLetterExhausted { .. }, DbReply::Rows(1)) => {
@@ -340,7 +354,16 @@ impl Oracle {
 
     /// A job starts: S2 requires a fresh claim of this delivery's own.
     pub fn executing(&mut self, node: &str, e: &Execution, own: Option<Fence>) {
-        self.world.check_execution_claimed(e.run, e.fence, own);
+        if self.world.retired.contains_key(&e.run) && !self.world.db.runs.contains_key(&e.run) {
+            // Retention deleted the run and its attempts after the claim.
+            if own != Some(e.fence) || !self.granted.contains(&(e.run, e.fence)) {
+                self.world
+                    .violations
+                    .insert(pelican_model::world::Violation::ExecutedWithoutClaim(e.run));
+            }
+        } else {
+            self.world.check_execution_claimed(e.run, e.fence, own);
+        }
         self.count("executions");
         let e2 = e.clone();
         self.event(
