@@ -140,8 +140,10 @@ impl From<StepFailed> for JobOutcome {
 
 /// Starts jobs for the driver.
 pub trait Executor: Send + Sync + 'static {
-    /// The job's future; the driver spawns it, turns a panic into a
-    /// `Panic`-class failure and drops it on abort.
+    /// The job's future. The driver polls it once in place (a job that
+    /// ends there needs no task), spawns it if it waits, turns a panic
+    /// into a `Panic`-class failure and drops it on abort. Its first poll
+    /// runs before the delivery's next heartbeat, so it must not block.
     fn execute(&self, execution: Execution) -> BoxFuture<JobOutcome>;
 }
 

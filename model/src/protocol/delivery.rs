@@ -211,7 +211,7 @@ impl Delivery {
             phase: Phase::Claiming,
             own: None,
             kind: String::new(),
-            outbox: VecDeque::new(),
+            outbox: VecDeque::with_capacity(4),
         };
         match d.job.clone() {
             JobEntry::Malformed { reason } => d.quarantine(now, reason),

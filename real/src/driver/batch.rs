@@ -141,17 +141,37 @@ impl<S: StreamClient> Batching<S> {
     }
 }
 
-impl<D: DbClient> DbClient for Batching<D> {
-    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
-        let queue = match op {
+impl<D> Batching<D> {
+    fn db_queue(&self, op: &DbOp) -> Option<&Queue<DbOp, DbReply>> {
+        match op {
             DbOp::Claim { .. } => self.claims.as_ref(),
             DbOp::Complete { .. } => self.completions.as_ref(),
             DbOp::ReadRun { .. } => self.reads.as_ref(),
             DbOp::InsertRun { .. } => self.inserts.as_ref(),
             DbOp::MarkPublished { .. } => self.marks.as_ref(),
             _ => None,
-        };
-        match queue {
+        }
+    }
+
+    fn stream_queue(&self, op: &StreamOp) -> Option<&Queue<StreamOp, StreamResult>> {
+        match op {
+            StreamOp::Ack { .. } => self.acks.as_ref(),
+            StreamOp::Publish { .. } => self.publishes.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl<D: DbClient> DbClient for Batching<D> {
+    /// A queued command's wait is bounded: each request of its queue is
+    /// given up after the queue's timeout, and the commands ahead of it
+    /// are at most one per role.
+    fn bounds_wait(&self, op: &DbOp) -> bool {
+        self.db_queue(op).is_some()
+    }
+
+    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+        match self.db_queue(&op) {
             Some(queue) => queue.call(op, by).await,
             // Boxed: the binding's own future (sqlx's, about 9 KB) would
             // otherwise size every call's future, and so every delivery's
@@ -168,13 +188,13 @@ impl<D: DbClient> DbClient for Batching<D> {
 }
 
 impl<S: StreamClient> StreamClient for Batching<S> {
+    /// As the database's (see there).
+    fn bounds_wait(&self, op: &StreamOp) -> bool {
+        self.stream_queue(op).is_some()
+    }
+
     async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
-        let queue = match op {
-            StreamOp::Ack { .. } => self.acks.as_ref(),
-            StreamOp::Publish { .. } => self.publishes.as_ref(),
-            _ => None,
-        };
-        match queue {
+        match self.stream_queue(&op) {
             Some(queue) => queue.call(op, by).await,
             // Boxed, as the database's (see there).
             None => Box::pin(self.inner.call(op, by)).await,
@@ -254,7 +274,11 @@ async fn batcher<O, R, K: Sink<O, R>>(
     max: usize,
     timeout: Duration,
 ) {
-    let mut queued = VecDeque::new();
+    // The buffers live as long as the task: a batch's worth of pushes into
+    // new ones cost a growth and a copy per few commands.
+    let (mut queued, mut later) = (VecDeque::new(), VecDeque::new());
+    let mut batch = Vec::new();
+    let mut runs = BTreeSet::new();
     loop {
         if queued.is_empty() {
             match rx.recv().await {
@@ -267,9 +291,7 @@ async fn batcher<O, R, K: Sink<O, R>>(
         }
         // Up to `max` commands, on distinct runs, in arrival order; a second
         // command on a run waits for the next batch.
-        let mut runs = BTreeSet::new();
-        let mut batch = Vec::new();
-        let mut later = VecDeque::new();
+        runs.clear();
         while let Some(q) = queued.pop_front() {
             if batch.len() < max && K::run(&q.0).is_none_or(|run| runs.insert(run)) {
                 batch.push(q);
@@ -277,7 +299,7 @@ async fn batcher<O, R, K: Sink<O, R>>(
                 later.push_back(q);
             }
         }
-        queued = later;
+        std::mem::swap(&mut queued, &mut later);
         if batch.len() == 1 {
             let (op, by, tx) = batch.pop().expect("one command");
             let answer = tokio::time::timeout(timeout, sink.one(op, by)).await;
@@ -285,7 +307,7 @@ async fn batcher<O, R, K: Sink<O, R>>(
             continue;
         }
         let (ops, answers): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|(op, by, tx)| ((op, by), tx)).unzip();
+            batch.drain(..).map(|(op, by, tx)| ((op, by), tx)).unzip();
         match tokio::time::timeout(timeout, sink.many(ops)).await {
             Ok(Ok(replies)) if replies.len() == answers.len() => {
                 for (tx, reply) in answers.into_iter().zip(replies) {

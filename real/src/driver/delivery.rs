@@ -7,9 +7,12 @@ use futures_util::future::{Fuse, FusedFuture};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{Command, DbOp, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
 use pelican_model::status::{ErrorClass, JobOutcome};
+use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
 use std::panic::AssertUnwindSafe;
+use std::task::Poll;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Handles `entry` (read or reclaimed by `worker`) to its end: claim, run the
 /// job with heartbeats, write the outcome, acknowledge, exactly as the core's
@@ -31,22 +34,26 @@ where
     let role = RoleId::Delivery(worker, entry, nth);
     let entropy = io.entropy.next_u64();
     let start = io.now();
-    io.probe.started(
-        &role,
-        &super::Start::Delivery {
-            now: start,
-            entry,
-            job: job.clone(),
-            entropy,
-        },
-    );
+    if io.probe.keeps_roles() {
+        io.probe.started(
+            &role,
+            &super::Start::Delivery {
+                now: start,
+                entry,
+                job: job.clone(),
+                entropy,
+            },
+        );
+    }
     let mut d = Delivery::new(start, &io.config.policy, worker, entry, job, entropy);
     // The outstanding server call, pinned here once: each call's future is
     // set into it in place (no allocation per call).
     let call = Fuse::terminated();
     tokio::pin!(call);
     // The running job's task, and when it started.
-    let mut running: Option<(tokio::task::JoinHandle<JobOutcome>, tokio::time::Instant)> = None;
+    let mut running: Option<(tokio::task::JoinHandle<JobOutcome>, Instant)> = None;
+    // A job that ended at its first poll: its outcome, and when it started.
+    let mut ended: Option<(JobOutcome, Instant)> = None;
     let mut timer = None;
     loop {
         while let Some(command) = d.poll() {
@@ -74,7 +81,9 @@ where
                     call.set(io.run_at(&role, command, by).fuse());
                 }
                 Command::Execute(execution) => {
-                    io.probe.sent(&role, &Command::Execute(execution.clone()));
+                    if io.probe.keeps_roles() {
+                        io.probe.sent(&role, &Command::Execute(execution.clone()));
+                    }
                     io.probe.executing(worker, &execution, d.own_fence());
                     // The kind's attempt timeout or the run's budget, if
                     // shorter than the driver's job timeout.
@@ -82,28 +91,26 @@ where
                         Some(l) if l.ms < io.config.job_timeout_ms => (l.ms, l.class),
                         _ => (io.config.job_timeout_ms, ErrorClass::Retryable),
                     };
-                    let job = executor.execute(execution);
-                    let task = tokio::spawn(async move {
-                        let guarded = AssertUnwindSafe(job).catch_unwind();
-                        match tokio::time::timeout(Duration::from_millis(ms), guarded).await {
-                            Ok(Ok(outcome)) => outcome,
-                            Ok(Err(panic)) => JobOutcome::Failed {
-                                class: ErrorClass::Panic,
-                                message: panic_message(&panic),
-                            },
-                            Err(_) if class == ErrorClass::BudgetExhausted => JobOutcome::Failed {
-                                class,
-                                message: format!(
-                                    "the run's elapsed budget ran out {ms} ms into this attempt"
-                                ),
-                            },
-                            Err(_) => JobOutcome::Failed {
-                                class,
-                                message: format!("job timed out after {ms} ms"),
-                            },
+                    let started = Instant::now();
+                    let mut job = AssertUnwindSafe(executor.execute(execution)).catch_unwind();
+                    // The first poll runs here: a job that ends at once (a
+                    // no-op, an answer from its ledger) costs no task and
+                    // no timer. One that waits moves to a task of its own,
+                    // so that it runs beside this delivery's heartbeats.
+                    match std::future::poll_fn(|cx| Poll::Ready(job.poll_unpin(cx))).await {
+                        Poll::Ready(result) => ended = Some((settled(result), started)),
+                        Poll::Pending => {
+                            // The limit counts from the first poll.
+                            let left = Duration::from_millis(ms).saturating_sub(started.elapsed());
+                            let task = tokio::spawn(async move {
+                                match tokio::time::timeout(left, job).await {
+                                    Ok(result) => settled(result),
+                                    Err(_) => timed_out(class, ms),
+                                }
+                            });
+                            running = Some((task, started));
                         }
-                    });
-                    running = Some((task, tokio::time::Instant::now()));
+                    }
                 }
                 Command::Abort => {
                     io.probe.sent(&role, &Command::Abort);
@@ -127,35 +134,68 @@ where
         if !d.is_executing() {
             timer = None;
         }
-        let (at, input) = tokio::select! {
-            biased;
-            (at, input) = call.as_mut(), if !call.is_terminated() => {
-                if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
-                    crate::crash_point!("after_ack");
+        let (at, input) = if let Some((outcome, started)) = ended.take() {
+            executed(io, &role, outcome, started)
+        } else {
+            tokio::select! {
+                biased;
+                (at, input) = call.as_mut(), if !call.is_terminated() => {
+                    if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
+                        crate::crash_point!("after_ack");
+                    }
+                    (at, input)
                 }
-                (at, input)
-            }
-            outcome = maybe(running.as_mut().map(|(job, _)| job)) => {
-                let (_, started) = running.take().expect("the branch ran a job");
-                let outcome = outcome.unwrap_or_else(|e| JobOutcome::Failed {
-                    class: ErrorClass::Panic,
-                    message: format!("job task ended abnormally: {e}"),
-                });
-                io.probe.job_ended(&role, &outcome, started.elapsed());
-                let input = Input::Executed(outcome);
-                let at = io.now();
-                io.probe.received(&role, at, &input);
-                (at, input)
-            }
-            () = io.sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
-                timer = None;
-                let at = io.now();
-                io.probe.received(&role, at, &Input::Timer);
-                (at, Input::Timer)
+                outcome = maybe(running.as_mut().map(|(job, _)| job)) => {
+                    let (_, started) = running.take().expect("the branch ran a job");
+                    let outcome = outcome.unwrap_or_else(|e| JobOutcome::Failed {
+                        class: ErrorClass::Panic,
+                        message: format!("job task ended abnormally: {e}"),
+                    });
+                    executed(io, &role, outcome, started)
+                }
+                () = io.sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
+                    timer = None;
+                    let at = io.now();
+                    io.probe.received(&role, at, &Input::Timer);
+                    (at, Input::Timer)
+                }
             }
         };
         d.handle(at, input);
     }
+}
+
+/// A job's outcome, reported and turned into its delivery's input.
+fn executed<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    role: &RoleId,
+    outcome: JobOutcome,
+    started: Instant,
+) -> (Timestamp, Input) {
+    io.probe.job_ended(role, &outcome, started.elapsed());
+    let input = Input::Executed(outcome);
+    let at = io.now();
+    io.probe.received(role, at, &input);
+    (at, input)
+}
+
+/// A job's outcome, a panic being a `Panic`-class failure.
+fn settled(result: std::thread::Result<JobOutcome>) -> JobOutcome {
+    result.unwrap_or_else(|panic| JobOutcome::Failed {
+        class: ErrorClass::Panic,
+        message: panic_message(&panic),
+    })
+}
+
+/// The outcome of a job stopped at its limit of `ms`: `class` is the
+/// run's budget's or the attempt's.
+fn timed_out(class: ErrorClass, ms: u64) -> JobOutcome {
+    let message = if class == ErrorClass::BudgetExhausted {
+        format!("the run's elapsed budget ran out {ms} ms into this attempt")
+    } else {
+        format!("job timed out after {ms} ms")
+    };
+    JobOutcome::Failed { class, message }
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -42,6 +42,14 @@ pub trait StreamClient: Send + Sync + 'static {
         by: Issuer,
     ) -> impl Future<Output = Result<StreamResult, Unavailable>> + Send;
 
+    /// Whether this client bounds the wait for `op`'s answer itself, so
+    /// that the driver sets no deadline of its own (see
+    /// [`Batching`]'s queues).
+    fn bounds_wait(&self, op: &StreamOp) -> bool {
+        let _ = op;
+        false
+    }
+
     /// Runs `ops` in order, each its own command (see [`Batching`]): all
     /// answers, or `Err(Unavailable)` when there is no answer, and then each
     /// command's sender knows as little as after a lost reply. The default
@@ -62,6 +70,14 @@ pub trait DbClient: Send + Sync + 'static {
         op: DbOp,
         by: Issuer,
     ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
+
+    /// Whether this client bounds the wait for `op`'s answer itself, so
+    /// that the driver sets no deadline of its own (see
+    /// [`Batching`]'s queues).
+    fn bounds_wait(&self, op: &DbOp) -> bool {
+        let _ = op;
+        false
+    }
 
     /// Runs `ops` as a batch (what a batch means:
     /// [`pelican_model::Db::execute_batch`]): all answers, or
@@ -141,6 +157,12 @@ pub enum RoleId {
 /// only for what it watches. The simulator's oracle, the live worker's
 /// metrics and its protocol trace are probes.
 pub trait Probe: Send + Sync + 'static {
+    /// Whether [`Probe::sent`] and [`Probe::started`] keep anything. When
+    /// false the driver may leave out the calls whose arguments it would
+    /// copy only for them (each delivery's start, each job's execution).
+    fn keeps_roles(&self) -> bool {
+        true
+    }
     /// `role` issued `command`.
     fn sent(&self, role: &RoleId, command: &Command) {
         let _ = (role, command);
@@ -224,10 +246,17 @@ pub enum Start {
 /// A probe that observes nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoProbe;
-impl Probe for NoProbe {}
+impl Probe for NoProbe {
+    fn keeps_roles(&self) -> bool {
+        false
+    }
+}
 
 /// Two probes observe together.
 impl<A: Probe, B: Probe> Probe for (A, B) {
+    fn keeps_roles(&self) -> bool {
+        self.0.keeps_roles() || self.1.keeps_roles()
+    }
     fn sent(&self, role: &RoleId, command: &Command) {
         self.0.sent(role, command);
         self.1.sent(role, command);
@@ -264,6 +293,9 @@ impl<A: Probe, B: Probe> Probe for (A, B) {
 
 /// An optional probe.
 impl<P: Probe> Probe for Option<P> {
+    fn keeps_roles(&self) -> bool {
+        self.as_ref().is_some_and(P::keeps_roles)
+    }
     fn sent(&self, role: &RoleId, command: &Command) {
         if let Some(p) = self {
             p.sent(role, command);
@@ -418,18 +450,20 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
                 let input = if lost {
                     Input::Unavailable
                 } else {
-                    match tokio::time::timeout(timeout, self.db.call(op, by)).await {
-                        Ok(Ok(reply)) => Input::Db(reply),
-                        _ => Input::Unavailable,
+                    let bounded = self.db.bounds_wait(&op);
+                    match within(timeout, bounded, self.db.call(op, by)).await {
+                        Ok(reply) => Input::Db(reply),
+                        Err(Unavailable) => Input::Unavailable,
                     }
                 };
                 self.probe.db_answered(role, statement, &input);
                 input
             }
             Command::Stream(op) => {
-                match tokio::time::timeout(timeout, self.stream.call(op, by)).await {
-                    Ok(Ok(reply)) => Input::Stream(reply),
-                    _ => Input::Unavailable,
+                let bounded = self.stream.bounds_wait(&op);
+                match within(timeout, bounded, self.stream.call(op, by)).await {
+                    Ok(reply) => Input::Stream(reply),
+                    Err(Unavailable) => Input::Unavailable,
                 }
             }
             other => panic!("not a server command: {other:?}"),
@@ -505,6 +539,22 @@ pub fn now() -> Timestamp {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     Timestamp(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Awaits `call`, given up after `timeout` unless the client bounds it
+/// already (`bounded`: one timer fewer per call on the hot path).
+async fn within<R>(
+    timeout: Duration,
+    bounded: bool,
+    call: impl Future<Output = Result<R, Unavailable>>,
+) -> Result<R, Unavailable> {
+    if bounded {
+        call.await
+    } else {
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(Unavailable))
+    }
 }
 
 /// Awaits the future if there is one, else never completes: for `select!`

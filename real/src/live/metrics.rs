@@ -180,6 +180,10 @@ impl MetricsProbe {
 }
 
 impl Probe for MetricsProbe {
+    fn keeps_roles(&self) -> bool {
+        false
+    }
+
     fn received(&self, role: &RoleId, _now: Timestamp, input: &Input) {
         if matches!(input, Input::Unavailable) {
             self.unavailable.increment(1);
