@@ -18,7 +18,7 @@ db=pelican_instructions
 prefix=instructions$$
 work=$(mktemp -d)
 trap 'rm -rf "$work"; redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379}" del "$prefix:jobs" >/dev/null 2>&1 || true' EXIT
-psql -q "$pg/postgres" -c "drop database if exists $db" -c "create database $db" >/dev/null 2>&1
+psql -q "$pg/postgres" -c "drop database if exists $db" -c "create database $db" >/dev/null
 export DATABASE_URL=$pg/$db PELICAN_STREAM=$prefix
 "$bin" migrate >/dev/null
 awk -v n="$runs" 'BEGIN { for (i = 0; i < n; i++) print "{\"kind\":\"noop\"}" }' > "$work/runs.jsonl"
@@ -27,6 +27,11 @@ valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
   "$bin" worker --id 1 --in-flight-max 4096 --batch-max 512 --log-level warn 2>"$work/valgrind" &
 worker=$!
 until [ "$(psql -tA "$pg/$db" -c "select count(*) from runs where status <> 'succeeded'")" = 0 ]; do
+  if ! kill -0 "$worker" 2>/dev/null; then
+    echo "the worker exited before the runs were drained:" >&2
+    tail -n 20 "$work/valgrind" >&2
+    exit 1
+  fi
   sleep 0.5
 done
 kill -TERM "$worker"
