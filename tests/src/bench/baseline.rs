@@ -28,9 +28,16 @@
 //! They drain with the same in-flight depth and batch size as the workers
 //! they are compared with: `in_flight / batch_max` tasks, each holding one
 //! batch of at most `batch_max` entries.
+//!
+//! [`statement_cost`] times each protocol's two statements alone, on one
+//! connection with no Redis and no other session, so that what Postgres
+//! spends on a run is seen apart from the drain's contention for the cores;
+//! an [`Ablation`] takes one part of the schema away to price that part.
 
+use pelican_model::ids::{Dispatch, EntryId, RunId};
 use pelican_model::protocol::{DbOp, DbReply, JobEntry};
 use pelican_real::live::PgDb;
+use pelican_real::live::pg::raw_execute;
 use pelican_real::live::redis::read_entries;
 use redis::Value;
 use std::sync::Arc;
@@ -128,21 +135,9 @@ pub fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let batch = batch_max.max(1);
     let tasks_n = (in_flight / batch).max(1);
-    let pool = rt
-        .block_on(
-            sqlx::postgres::PgPoolOptions::new()
-                .max_connections(tasks_n)
-                .connect(to.database_url),
-        )
+    let db = rt
+        .block_on(Databases::connect(to.database_url, tasks_n, protocol))
         .expect("the baseline's Postgres answers");
-    let shipped = (protocol == Protocol::ShippedStatements).then(|| {
-        rt.block_on(PgDb::connect(
-            to.database_url,
-            tasks_n,
-            std::time::Duration::from_secs(10),
-        ))
-        .expect("the baseline's Postgres answers")
-    });
     let client = redis::Client::open(to.redis_url).expect("a valid Redis URL");
     let mut conn = client
         .get_connection()
@@ -164,8 +159,7 @@ pub fn start(
                 .expect("the baseline's Redis answers");
             let task = Task {
                 conn,
-                pool: pool.clone(),
-                shipped: shipped.clone(),
+                db: db.clone(),
                 stream: to.stream.to_owned(),
                 group: to.group.to_owned(),
                 consumer: format!("baseline-{i}"),
@@ -181,9 +175,7 @@ pub fn start(
 
 struct Task {
     conn: redis::aio::MultiplexedConnection,
-    pool: sqlx::PgPool,
-    /// The shipped binding, for [`Protocol::ShippedStatements`].
-    shipped: Option<PgDb>,
+    db: Databases,
     stream: String,
     group: String,
     consumer: String,
@@ -221,86 +213,7 @@ impl Task {
         if entries.is_empty() {
             return Ok(());
         }
-        let runs: Vec<i64> = entries
-            .iter()
-            .filter_map(|(_, job)| match job {
-                JobEntry::Job { run, .. } => i64::try_from(run.0).ok(),
-                JobEntry::Malformed { .. } => None,
-            })
-            .collect();
-        match self.protocol {
-            Protocol::Unfenced => {
-                let found: Vec<(i64, String, String)> = sqlx::query_as(READ)
-                    .bind(&runs)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                // Every bench job is a no-op: its result is the no-op
-                // handler's.
-                let results: Vec<String> = found.iter().map(|_| "null".to_owned()).collect();
-                let ids: Vec<i64> = found.iter().map(|(run, _, _)| *run).collect();
-                sqlx::query(COMPLETE)
-                    .bind(&ids)
-                    .bind(&results)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Protocol::Fenced => {
-                let claimed: Vec<(i64, i64, String, String)> = sqlx::query_as(CLAIM)
-                    .bind(&runs)
-                    .bind(LEASE_MS.cast_signed())
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let results: Vec<String> = claimed.iter().map(|_| "null".to_owned()).collect();
-                let ids: Vec<i64> = claimed.iter().map(|c| c.0).collect();
-                let fences: Vec<i64> = claimed.iter().map(|c| c.1).collect();
-                sqlx::query(COMPLETE_FENCED)
-                    .bind(&ids)
-                    .bind(&fences)
-                    .bind(&results)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Protocol::ShippedStatements => {
-                let db = self.shipped.as_ref().expect("connected for this protocol");
-                let claims: Vec<DbOp> = entries
-                    .iter()
-                    .filter_map(|(id, job)| match job {
-                        JobEntry::Job { run, dispatch } => Some(DbOp::Claim {
-                            run: *run,
-                            dispatch: *dispatch,
-                            entry: *id,
-                            worker: self.consumer.clone(),
-                            lease_ms: LEASE_MS,
-                        }),
-                        JobEntry::Malformed { .. } => None,
-                    })
-                    .collect();
-                let claimed = db.execute_batch(&claims).await.map_err(|e| e.to_string())?;
-                let completions: Vec<DbOp> = claims
-                    .iter()
-                    .zip(claimed)
-                    .filter_map(|(claim, reply)| match (claim, reply) {
-                        (DbOp::Claim { run, .. }, DbReply::Claimed(Some(job))) => {
-                            Some(DbOp::Complete {
-                                run: *run,
-                                fence: job.claimed.fence,
-                                result: "null".to_owned(),
-                            })
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                if !completions.is_empty() {
-                    db.execute_batch(&completions)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-            }
-        }
+        settle(&self.db, self.protocol, &self.consumer, &entries).await?;
         let mut ack = redis::cmd("XACK");
         ack.arg(&self.stream).arg(&self.group);
         for (id, _) in &entries {
@@ -312,4 +225,246 @@ impl Task {
             .map_err(|e| e.to_string())?;
         Ok(())
     }
+}
+
+/// A drainer's connections to Postgres.
+#[derive(Clone)]
+struct Databases {
+    pool: sqlx::PgPool,
+    /// The shipped binding, for [`Protocol::ShippedStatements`].
+    shipped: Option<PgDb>,
+}
+
+impl Databases {
+    async fn connect(url: &str, connections: u32, protocol: Protocol) -> Result<Databases, String> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let shipped = match protocol {
+            Protocol::ShippedStatements => Some(
+                PgDb::connect(url, connections, std::time::Duration::from_secs(10))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+            Protocol::Unfenced | Protocol::Fenced => None,
+        };
+        Ok(Databases { pool, shipped })
+    }
+}
+
+/// The database side of one batch of `entries`, as `protocol` does it:
+/// the statement that takes their runs, then the one that writes their
+/// outcomes (every bench job is a no-op).
+async fn settle(
+    db: &Databases,
+    protocol: Protocol,
+    consumer: &str,
+    entries: &[(EntryId, JobEntry)],
+) -> Result<(), String> {
+    let runs: Vec<i64> = entries
+        .iter()
+        .filter_map(|(_, job)| match job {
+            JobEntry::Job { run, .. } => i64::try_from(run.0).ok(),
+            JobEntry::Malformed { .. } => None,
+        })
+        .collect();
+    match protocol {
+        Protocol::Unfenced => {
+            let found: Vec<(i64, String, String)> = sqlx::query_as(READ)
+                .bind(&runs)
+                .fetch_all(&db.pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Every bench job is a no-op: its result is the no-op
+            // handler's.
+            let results: Vec<String> = found.iter().map(|_| "null".to_owned()).collect();
+            let ids: Vec<i64> = found.iter().map(|(run, _, _)| *run).collect();
+            sqlx::query(COMPLETE)
+                .bind(&ids)
+                .bind(&results)
+                .execute(&db.pool)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Protocol::Fenced => {
+            let claimed: Vec<(i64, i64, String, String)> = sqlx::query_as(CLAIM)
+                .bind(&runs)
+                .bind(LEASE_MS.cast_signed())
+                .fetch_all(&db.pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            let results: Vec<String> = claimed.iter().map(|_| "null".to_owned()).collect();
+            let ids: Vec<i64> = claimed.iter().map(|c| c.0).collect();
+            let fences: Vec<i64> = claimed.iter().map(|c| c.1).collect();
+            sqlx::query(COMPLETE_FENCED)
+                .bind(&ids)
+                .bind(&fences)
+                .bind(&results)
+                .execute(&db.pool)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Protocol::ShippedStatements => {
+            let db = db.shipped.as_ref().expect("connected for this protocol");
+            let claims: Vec<DbOp> = entries
+                .iter()
+                .filter_map(|(id, job)| match job {
+                    JobEntry::Job { run, dispatch } => Some(DbOp::Claim {
+                        run: *run,
+                        dispatch: *dispatch,
+                        entry: *id,
+                        worker: consumer.to_owned(),
+                        lease_ms: LEASE_MS,
+                    }),
+                    JobEntry::Malformed { .. } => None,
+                })
+                .collect();
+            let claimed = db.execute_batch(&claims).await.map_err(|e| e.to_string())?;
+            let completions: Vec<DbOp> = claims
+                .iter()
+                .zip(claimed)
+                .filter_map(|(claim, reply)| match (claim, reply) {
+                    (DbOp::Claim { run, .. }, DbReply::Claimed(Some(job))) => {
+                        Some(DbOp::Complete {
+                            run: *run,
+                            fence: job.claimed.fence,
+                            result: "null".to_owned(),
+                        })
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !completions.is_empty() {
+                db.execute_batch(&completions)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A change to the schema before [`statement_cost`] measures, to price one
+/// part of the shipped statements by its absence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ablation {
+    /// The schema as migrated.
+    None,
+    /// The triggers on `runs` disabled: the live counts
+    /// (`SCHEMA_COUNTS`) are not kept.
+    NoCountTriggers,
+    /// Every index of `runs` that reads `finished_at` dropped: the write
+    /// that finishes a run is then HOT, like the claim.
+    HotFinish,
+}
+
+impl Ablation {
+    /// Applies it to the database behind `pool`.
+    async fn apply(self, pool: &sqlx::PgPool) -> Result<(), String> {
+        let ddl: Vec<String> = match self {
+            Ablation::None => Vec::new(),
+            Ablation::NoCountTriggers => vec!["ALTER TABLE runs DISABLE TRIGGER USER".to_owned()],
+            Ablation::HotFinish => sqlx::query_scalar::<_, String>(
+                "SELECT indexname::text FROM pg_indexes \
+                  WHERE tablename = 'runs' AND indexdef LIKE '%finished_at%'",
+            )
+            .fetch_all(pool)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|index| format!("DROP INDEX \"{index}\""))
+            .collect(),
+        };
+        for sql in ddl {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(pool)
+                .await
+                .map_err(|e| format!("{sql}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// What `protocol`'s two statements alone cost Postgres, in µs per run:
+/// `runs` queued runs are inserted and published with the shipped
+/// statements into the empty database at `database_url`, vacuumed and
+/// checkpointed as the drains' are; then one connection takes and settles
+/// them `batch` at a time, one statement after another, with no Redis, no
+/// worker and no other session. The time is the client's, round trips
+/// included.
+///
+/// # Errors
+/// When Postgres cannot be reached or a statement fails.
+pub async fn statement_cost(
+    database_url: &str,
+    protocol: Protocol,
+    ablation: Ablation,
+    runs: u32,
+    batch: u32,
+) -> Result<f64, String> {
+    let loader = PgDb::connect(database_url, 1, std::time::Duration::from_secs(10))
+        .await
+        .map_err(|e| e.to_string())?;
+    loader.migrate().await.map_err(|e| e.to_string())?;
+    let db = Databases::connect(database_url, 1, protocol).await?;
+    ablation.apply(&db.pool).await?;
+    let ids: Vec<u64> = (1..=u64::from(runs)).collect();
+    let batch = batch.max(1) as usize;
+    let entry = |run: u64| EntryId::new(run, 0);
+    for chunk in ids.chunks(batch) {
+        let inserts: Vec<DbOp> = chunk
+            .iter()
+            .map(|&run| DbOp::InsertRun {
+                run: RunId(run),
+                kind: "noop".to_owned(),
+                input: "{}".to_owned(),
+                attempts_max: 3,
+                budget_ms: 0,
+            })
+            .collect();
+        let published: Vec<DbOp> = chunk
+            .iter()
+            .map(|&run| DbOp::MarkPublished {
+                run: RunId(run),
+                dispatch: Dispatch(1),
+                entry: entry(run),
+            })
+            .collect();
+        for ops in [inserts, published] {
+            loader
+                .execute_batch(&ops)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    for sql in ["VACUUM (ANALYZE) runs, attempts", "CHECKPOINT"] {
+        raw_execute(&loader, sql)
+            .await
+            .map_err(|e| format!("{sql}: {e}"))?;
+    }
+    let entries: Vec<(EntryId, JobEntry)> = ids
+        .iter()
+        .map(|&run| {
+            let job = JobEntry::Job {
+                run: RunId(run),
+                dispatch: Dispatch(1),
+            };
+            (entry(run), job)
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    for chunk in entries.chunks(batch) {
+        settle(&db, protocol, "statements", chunk).await?;
+    }
+    let elapsed = t.elapsed();
+    let settled: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+        .fetch_one(&db.pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if settled != i64::from(runs) {
+        return Err(format!("{settled} of {runs} runs succeeded"));
+    }
+    Ok(elapsed.as_secs_f64() * 1e6 / f64::from(runs))
 }

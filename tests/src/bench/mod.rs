@@ -51,7 +51,7 @@
 //! target; `cargo xtask bench` prints them against the targets.
 
 use crate::{Cluster, Database, Env, Proc, Redis, round, submit_new};
-use baseline::Protocol;
+use baseline::{Ablation, Protocol};
 use pelican_model::protocol::{DbOp, DbReply};
 use pelican_model::status::RunStatus;
 use pelican_real::live::{PgDb, RedisAddr, RedisStream};
@@ -119,6 +119,9 @@ pub struct BenchPlan {
     pub redis_cluster: bool,
     /// Job stream partitions of the drains on one server.
     pub partitions: u16,
+    /// Runs behind each measure of the statements alone (0: skip them;
+    /// they are measured only with the baselines).
+    pub statement_runs: u32,
 }
 
 impl Default for BenchPlan {
@@ -141,6 +144,7 @@ impl Default for BenchPlan {
             queued_rows: 1_000_000,
             redis_cluster: true,
             partitions: 1,
+            statement_runs: 100_000,
         }
     }
 }
@@ -211,7 +215,33 @@ pub struct LiveFigures {
     /// The drain through a Redis Cluster of three masters, its pair the
     /// same drain on one `redis-server`.
     pub redis_cluster: Option<ScaleDrain>,
+    /// Each drainer's statements alone, in µs per run of Postgres's time
+    /// (see [`STATEMENT_COSTS`]), one value per round.
+    pub statement_costs: Vec<(&'static str, Vec<f64>)>,
 }
+
+/// The statements timed alone ([`baseline::statement_cost`]), under their
+/// names in the report: the three drainers', and the shipped ones with one
+/// part of the schema taken away at a time, to price that part.
+pub const STATEMENT_COSTS: [(&str, Protocol, Ablation); 5] = [
+    ("unfenced", Protocol::Unfenced, Ablation::None),
+    ("fenced_floor", Protocol::Fenced, Ablation::None),
+    (
+        "shipped_statements",
+        Protocol::ShippedStatements,
+        Ablation::None,
+    ),
+    (
+        "shipped_statements_without_count_triggers",
+        Protocol::ShippedStatements,
+        Ablation::NoCountTriggers,
+    ),
+    (
+        "shipped_statements_with_hot_finish",
+        Protocol::ShippedStatements,
+        Ablation::HotFinish,
+    ),
+];
 
 /// Drains at scale (or on a cluster), each with its pair: the same
 /// small-table drain on one Redis server, run right beside it so that a
@@ -363,6 +393,23 @@ impl LiveFigures {
         });
         if let (Value::Object(out), Value::Object(floor)) = (&mut out, floor) {
             out.extend(floor);
+        }
+        if !self.statement_costs.is_empty() {
+            let medians: serde_json::Map<String, Value> = self
+                .statement_costs
+                .iter()
+                .map(|(name, us)| ((*name).to_owned(), json!(median(us).map(|x| round(x, 2)))))
+                .collect();
+            let rounds: serde_json::Map<String, Value> = self
+                .statement_costs
+                .iter()
+                .map(|(name, us)| {
+                    let us: Vec<f64> = us.iter().map(|x| round(*x, 2)).collect();
+                    ((*name).to_owned(), json!(us))
+                })
+                .collect();
+            out["pg_us_per_run"] = Value::Object(medians);
+            out["pg_us_per_run_rounds"] = Value::Object(rounds);
         }
         out
     }
@@ -557,6 +604,9 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
             figures.unguarded_drains,
         );
     }
+    if plan.baseline && plan.statement_runs > 0 {
+        figures.statement_costs = statement_costs(&rt, &cluster, plan);
+    }
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
         let unbatched = drain_as(1, None, Backlog::Fresh, one);
@@ -681,6 +731,43 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     drop(cluster);
     figures
+}
+
+/// [`STATEMENT_COSTS`], each on a database of its own, in rounds
+/// (`cost_rounds`, at least three) so that a slow spell of the machine
+/// falls on one value of each, not on all of one.
+fn statement_costs(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &BenchPlan,
+) -> Vec<(&'static str, Vec<f64>)> {
+    let mut costs: Vec<(&'static str, Vec<f64>)> = STATEMENT_COSTS
+        .iter()
+        .map(|(name, ..)| (*name, Vec::new()))
+        .collect();
+    for _ in 0..plan.cost_rounds.max(3) {
+        for ((_, protocol, ablation), (name, us)) in STATEMENT_COSTS.iter().zip(&mut costs) {
+            let db = Database::create_on(&cluster.admin_url());
+            let cost = rt
+                .block_on(baseline::statement_cost(
+                    db.url(),
+                    *protocol,
+                    *ablation,
+                    plan.statement_runs,
+                    plan.batch_max,
+                ))
+                .unwrap_or_else(|e| panic!("timing the statements of {name}: {e}"));
+            us.push(cost);
+        }
+    }
+    for (name, us) in &costs {
+        eprintln!(
+            "bench: statements alone, {name}: {:.2} µs a run (median of {:.2?})",
+            median(us).unwrap_or(f64::NAN),
+            us
+        );
+    }
+    costs
 }
 
 /// The scale figures (see the module's notes): the median maintenance
@@ -1190,6 +1277,22 @@ mod tests {
         let cost = f.guarantees_cost_pct().expect("both measured");
         assert!((cost - 23.75).abs() < 1e-9, "{cost}");
         assert_eq!(LiveFigures::default().guarantees_cost_pct(), None);
+    }
+
+    #[test]
+    fn the_statements_alone_report_their_medians_by_name() {
+        let f = LiveFigures {
+            statement_costs: vec![
+                ("unfenced", vec![7.0, 6.0, 9.0]),
+                ("fenced_floor", vec![10.0]),
+            ],
+            ..LiveFigures::default()
+        };
+        let json = f.json();
+        assert_eq!(json["pg_us_per_run"]["unfenced"], 7.0);
+        assert_eq!(json["pg_us_per_run"]["fenced_floor"], 10.0);
+        assert_eq!(json["pg_us_per_run_rounds"]["unfenced"][2], 9.0);
+        assert!(LiveFigures::default().json().get("pg_us_per_run").is_none());
     }
 
     #[test]

@@ -67,6 +67,11 @@ struct Args {
     /// drain has one per master).
     #[arg(long, default_value_t = BenchPlan::default().partitions, value_parser = clap::value_parser!(u16).range(1..=1024))]
     partitions: u16,
+    /// Runs behind each timing of the drainers' statements alone, on one
+    /// connection without Redis or a worker (0: skip them; they are timed
+    /// only with the baselines).
+    #[arg(long, default_value_t = BenchPlan::default().statement_runs)]
+    statement_runs: u32,
     /// The model checker's JSON line, to join into the report.
     #[arg(long)]
     model_json: Option<String>,
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
         queued_rows: a.queued_rows,
         redis_cluster: !a.no_redis_cluster,
         partitions: a.partitions,
+        statement_runs: a.statement_runs,
         ..BenchPlan::default()
     };
     let live = run(&plan).json();
@@ -140,6 +146,7 @@ fn main() -> ExitCode {
         "guarantees_cost_pct": live["guarantees_cost_pct"],
         "live_jobs_per_s_fenced_floor": live["live_jobs_per_s_fenced_floor"],
         "fencing_floor_cost_pct": live["fencing_floor_cost_pct"],
+        "pg_us_per_run": live["pg_us_per_run"],
         "live_p50_ms": live["live_p50_ms"],
         "live_p99_ms": live["live_p99_ms"],
         "recovery_p50_ms": live["recovery_p50_ms"],
@@ -254,6 +261,15 @@ fn main() -> ExitCode {
         live["fencing_floor_cost_pct"].to_string(),
         live["beyond_floor_cost_pct"]
     );
+    if let Some(costs) = live["pg_us_per_run"].as_object() {
+        for (name, us) in costs {
+            eprintln!(
+                "  {:<22} {:>14}   (µs of Postgres a run: {name}'s statements alone, one session)",
+                "pg_us_per_run",
+                us.to_string()
+            );
+        }
+    }
     target(
         "submit_from_file_per_s",
         num("submit_from_file_per_s").is_some_and(|r| r >= 50_000.0),
