@@ -6,13 +6,7 @@ use pelican_checker::state::{Action, State};
 fn main() {
     let name = std::env::args().nth(1).unwrap_or_else(|| "small".into());
     let cfg = Config::named(&name).expect("a configuration");
-    let mut seed: u64 = 42;
-    let mut rnd = |n: usize| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) as usize) % n
-    };
+    let mut rnd = pelican_checker::walk_picker(42);
     let (mut max_seq, mut max_dispatch, mut max_len, mut longest) = (0, 0, 0, 0);
     let mut worst: Vec<Action> = Vec::new();
     for _ in 0..20_000 {

@@ -407,5 +407,17 @@ impl Clone for Witnessed {
     }
 }
 
+/// A random walk's choices: from `seed`, an index below each `n` asked for
+/// (a linear congruential generator, so that a walk repeats exactly and the
+/// model's tree needs no RNG crate).
+pub fn walk_picker(mut seed: u64) -> impl FnMut(usize) -> usize {
+    move |n| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        usize::try_from(seed >> 33).expect("31 bits fit a usize") % n
+    }
+}
+
 #[cfg(test)]
 mod tests;

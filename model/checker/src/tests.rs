@@ -95,17 +95,6 @@ fn symmetry_changes_no_verdict() {
     );
 }
 
-/// A random walk's choices: from `seed`, an index below each `n` asked for
-/// (a linear congruential generator: the walks repeat exactly).
-fn picker(mut seed: u64) -> impl FnMut(usize) -> usize {
-    move |n| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) as usize) % n
-    }
-}
-
 /// The symmetry reduction is sound only if relabeling workers changes
 /// nothing a property or an action depends on, and the fingerprint is the
 /// same for every relabeling. Checked along random walks of `standard`.
@@ -113,7 +102,7 @@ fn picker(mut seed: u64) -> impl FnMut(usize) -> usize {
 fn worker_relabeling_is_a_symmetry() {
     use crate::state::State;
     let cfg = Config::standard();
-    let mut rnd = picker(7);
+    let mut rnd = crate::walk_picker(7);
     let mut seen_both_busy = false;
     let mut told_apart = 0;
     // PELICAN_WALKS=30000 (release) walks longer; 30,000 passed.
@@ -188,7 +177,7 @@ fn worker_relabeling_is_a_symmetry() {
 fn unread_history_changes_nothing() {
     use crate::state::State;
     let cfg = Config::standard_steps();
-    let mut rnd = picker(11);
+    let mut rnd = crate::walk_picker(11);
     let mut moved = 0;
     for _ in 0..200 {
         let mut s = State::initial(&cfg);
