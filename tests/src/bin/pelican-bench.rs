@@ -264,7 +264,7 @@ fn main() -> ExitCode {
     if let Some(costs) = live["pg_us_per_run"].as_object() {
         for (name, us) in costs {
             eprintln!(
-                "  {:<22} {:>14}   (µs of Postgres a run: {name}'s statements alone, one session)",
+                "  {:<22} {:>14}   (µs of Postgres a run, statements alone on one session: {name})",
                 "pg_us_per_run",
                 us.to_string()
             );
