@@ -36,6 +36,7 @@
 
 use pelican_model::ids::{Dispatch, EntryId, RunId};
 use pelican_model::protocol::{DbOp, DbReply, JobEntry};
+use pelican_model::status::RunStatus;
 use pelican_real::live::PgDb;
 use pelican_real::live::pg::raw_execute;
 use pelican_real::live::redis::read_entries;
@@ -136,7 +137,7 @@ pub fn start(
     let batch = batch_max.max(1);
     let tasks_n = (in_flight / batch).max(1);
     let db = rt
-        .block_on(Databases::connect(to.database_url, tasks_n, protocol))
+        .block_on(connect(to.database_url, tasks_n))
         .expect("the baseline's Postgres answers");
     let client = redis::Client::open(to.redis_url).expect("a valid Redis URL");
     let mut conn = client
@@ -175,7 +176,7 @@ pub fn start(
 
 struct Task {
     conn: redis::aio::MultiplexedConnection,
-    db: Databases,
+    db: PgDb,
     stream: String,
     group: String,
     consumer: String,
@@ -227,46 +228,23 @@ impl Task {
     }
 }
 
-/// A drainer's connections to Postgres.
-#[derive(Clone)]
-struct Databases {
-    pool: sqlx::PgPool,
-    /// The shipped binding, for [`Protocol::ShippedStatements`].
-    shipped: Option<PgDb>,
-}
-
-impl Databases {
-    async fn connect(url: &str, connections: u32, protocol: Protocol) -> Result<Databases, String> {
-        // The same session setting as the shipped binding's
-        // (`PgDb::connect`): planned for their first arrays, the batched
-        // outcome statements scan `runs` once the statistics lag the queue
-        // (a fenced floor drained 20,000 runs at 3,100 jobs/s so).
-        let options = url
-            .parse::<sqlx::postgres::PgConnectOptions>()
-            .map_err(|e| e.to_string())?
-            .options([("plan_cache_mode", "force_generic_plan")]);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(connections)
-            .connect_with(options)
-            .await
-            .map_err(|e| e.to_string())?;
-        let shipped = match protocol {
-            Protocol::ShippedStatements => Some(
-                PgDb::connect(url, connections, std::time::Duration::from_secs(10))
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
-            Protocol::Unfenced | Protocol::Fenced => None,
-        };
-        Ok(Databases { pool, shipped })
-    }
+/// A drainer's connections to Postgres: the shipped binding's, whose
+/// pool the yardsticks' own statements use too, so that every drainer runs
+/// with the same session settings (generic plans: planned for their first
+/// arrays, the batched outcome statements scan `runs` once the statistics
+/// lag the queue, and a fenced floor drained 20,000 runs at 3,100 jobs/s
+/// so) and the same pool.
+async fn connect(url: &str, connections: u32) -> Result<PgDb, String> {
+    PgDb::connect(url, connections, std::time::Duration::from_secs(10))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The database side of one batch of `entries`, as `protocol` does it:
 /// the statement that takes their runs, then the one that writes their
 /// outcomes (every bench job is a no-op).
 async fn settle(
-    db: &Databases,
+    db: &PgDb,
     protocol: Protocol,
     consumer: &str,
     entries: &[(EntryId, JobEntry)],
@@ -282,7 +260,7 @@ async fn settle(
         Protocol::Unfenced => {
             let found: Vec<(i64, String, String)> = sqlx::query_as(READ)
                 .bind(&runs)
-                .fetch_all(&db.pool)
+                .fetch_all(db.pool())
                 .await
                 .map_err(|e| e.to_string())?;
             // Every bench job is a no-op: its result is the no-op
@@ -292,7 +270,7 @@ async fn settle(
             sqlx::query(COMPLETE)
                 .bind(&ids)
                 .bind(&results)
-                .execute(&db.pool)
+                .execute(db.pool())
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -300,7 +278,7 @@ async fn settle(
             let claimed: Vec<(i64, i64, String, String)> = sqlx::query_as(CLAIM)
                 .bind(&runs)
                 .bind(LEASE_MS.cast_signed())
-                .fetch_all(&db.pool)
+                .fetch_all(db.pool())
                 .await
                 .map_err(|e| e.to_string())?;
             let results: Vec<String> = claimed.iter().map(|_| "null".to_owned()).collect();
@@ -310,12 +288,11 @@ async fn settle(
                 .bind(&ids)
                 .bind(&fences)
                 .bind(&results)
-                .execute(&db.pool)
+                .execute(db.pool())
                 .await
                 .map_err(|e| e.to_string())?;
         }
         Protocol::ShippedStatements => {
-            let db = db.shipped.as_ref().expect("connected for this protocol");
             let claims: Vec<DbOp> = entries
                 .iter()
                 .filter_map(|(id, job)| match job {
@@ -412,63 +389,48 @@ pub async fn statement_cost(
     runs: u32,
     batch: u32,
 ) -> Result<f64, String> {
-    let loader = PgDb::connect(database_url, 1, std::time::Duration::from_secs(10))
-        .await
-        .map_err(|e| e.to_string())?;
-    loader.migrate().await.map_err(|e| e.to_string())?;
-    let db = Databases::connect(database_url, 1, protocol).await?;
-    ablation.apply(&db.pool).await?;
+    let db = connect(database_url, 1).await?;
+    db.migrate().await.map_err(|e| e.to_string())?;
+    ablation.apply(db.pool()).await?;
     let ids: Vec<u64> = (1..=u64::from(runs)).collect();
     let batch = batch.max(1) as usize;
     let entry = |run: u64| EntryId::new(run, 0);
+    let in_batches = |op: &dyn Fn(u64) -> DbOp| {
+        let ops: Vec<Vec<DbOp>> = ids
+            .chunks(batch)
+            .map(|chunk| chunk.iter().map(|&run| op(run)).collect())
+            .collect();
+        let db = &db;
+        async move {
+            for ops in ops {
+                db.execute_batch(&ops).await.map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        }
+    };
     // Inserted, then analysed, then published: a batched statement's
     // generic plan is made at its first execution on a connection, so the
     // publications are planned for the full table, not for its first batch
     // (planned on an empty table, each scanned the whole table: about a
     // second a batch of 512 at 100,000 runs).
-    let settle_table = |sqls: &'static [&'static str]| {
-        let loader = &loader;
-        async move {
-            for sql in sqls {
-                raw_execute(loader, sql)
-                    .await
-                    .map_err(|e| format!("{sql}: {e}"))?;
-            }
-            Ok::<(), String>(())
-        }
-    };
-    for chunk in ids.chunks(batch) {
-        let inserts: Vec<DbOp> = chunk
-            .iter()
-            .map(|&run| DbOp::InsertRun {
-                run: RunId(run),
-                kind: "noop".to_owned(),
-                input: "{}".to_owned(),
-                attempts_max: 3,
-                budget_ms: 0,
-            })
-            .collect();
-        loader
-            .execute_batch(&inserts)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    settle_table(&["ANALYZE runs"]).await?;
-    for chunk in ids.chunks(batch) {
-        let published: Vec<DbOp> = chunk
-            .iter()
-            .map(|&run| DbOp::MarkPublished {
-                run: RunId(run),
-                dispatch: Dispatch(1),
-                entry: entry(run),
-            })
-            .collect();
-        loader
-            .execute_batch(&published)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    settle_table(&["VACUUM (ANALYZE) runs, attempts", "CHECKPOINT"]).await?;
+    in_batches(&|run| DbOp::InsertRun {
+        run: RunId(run),
+        kind: "noop".to_owned(),
+        input: "{}".to_owned(),
+        attempts_max: 3,
+        budget_ms: 0,
+    })
+    .await?;
+    raw_execute(&db, "ANALYZE runs")
+        .await
+        .map_err(|e| format!("ANALYZE runs: {e}"))?;
+    in_batches(&|run| DbOp::MarkPublished {
+        run: RunId(run),
+        dispatch: Dispatch(1),
+        entry: entry(run),
+    })
+    .await?;
+    super::settle_database(&db).await?;
     let entries: Vec<(EntryId, JobEntry)> = ids
         .iter()
         .map(|&run| {
@@ -484,11 +446,14 @@ pub async fn statement_cost(
         settle(&db, protocol, "statements", chunk).await?;
     }
     let elapsed = t.elapsed();
-    let settled: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'succeeded'")
-        .fetch_one(&db.pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    if settled != i64::from(runs) {
+    let settled = match db.execute(&DbOp::CountRuns).await {
+        Ok(DbReply::Counts(counts)) => counts
+            .iter()
+            .find(|(status, _)| *status == RunStatus::Succeeded)
+            .map_or(0, |(_, n)| *n),
+        other => return Err(format!("counting the runs: {other:?}")),
+    };
+    if settled != u64::from(runs) {
         return Err(format!("{settled} of {runs} runs succeeded"));
     }
     Ok(elapsed.as_secs_f64() * 1e6 / f64::from(runs))

@@ -835,6 +835,24 @@ fn finish_runs(
     );
 }
 
+/// Settles the database before a measurement, as a queue that filled up a
+/// while ago would be: the writes' dead row versions vacuumed, statistics
+/// current, and a checkpoint done, so that neither an autovacuum nor a
+/// checkpoint's full-page writes land in the middle of the measurement by
+/// chance (without this step, drains of one code ranged 13,500 to 19,800
+/// jobs/s; with it, 17,100 to 18,600).
+///
+/// # Errors
+/// A statement failed; the message names it.
+pub async fn settle_database(db: &PgDb) -> Result<(), String> {
+    for sql in ["VACUUM (ANALYZE) runs, attempts", "CHECKPOINT"] {
+        pelican_real::live::pg::raw_execute(db, sql)
+            .await
+            .map_err(|e| format!("{sql}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Waits until every run has its outcome and the PEL is empty (at most 15
 /// minutes from `start`); returns how long after `start` the first
 /// delivery was seen pending (the drainers' start-up, as far as a 10 ms
@@ -1043,19 +1061,8 @@ fn drain(
         }
         Backlog::Queued(rows) => (rows, bulk_submit(&env, rows)),
     };
-    // The drain starts from a settled database, as a queue that filled up
-    // a while ago would be: the submit path's dead row versions vacuumed,
-    // statistics current, and a checkpoint done, so that neither an
-    // autovacuum nor a checkpoint's full-page writes land in the middle of
-    // the measurement by chance (without this step, drains of one code
-    // ranged 13,500 to 19,800 jobs/s; with it, 17,100 to 18,600).
-    rt.block_on(async {
-        for sql in ["VACUUM (ANALYZE) runs, attempts", "CHECKPOINT"] {
-            pelican_real::live::pg::raw_execute(&io.db, sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-    });
+    rt.block_on(settle_database(&io.db))
+        .unwrap_or_else(|e| panic!("settling the database: {e}"));
     let (maintenance_pass_ms, metrics_ms) = match backlog {
         Backlog::Queued(rows) => {
             let pass = time_maintenance(rt, &io, 10);
