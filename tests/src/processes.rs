@@ -35,6 +35,12 @@ pub(crate) fn signal(pid: u32, sig: &str) {
 }
 
 impl Proc {
+    /// Its process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// kill -9.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();

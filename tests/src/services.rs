@@ -189,6 +189,15 @@ impl Drop for Node {
 }
 
 impl Redis {
+    /// The running servers' process ids.
+    #[must_use]
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Starts one server.
     ///
     /// # Panics
@@ -618,6 +627,13 @@ impl Cluster {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "pg_ctl {action} failed; see {log}");
+    }
+
+    /// The postmaster's process id (the first line of `postmaster.pid`).
+    #[must_use]
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
     }
 
     /// The admin URL (database `postgres`).

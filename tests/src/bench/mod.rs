@@ -60,6 +60,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 pub mod baseline;
+pub mod cpu;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -177,6 +178,11 @@ pub struct LiveFigures {
     /// The shipped statements' drains in the baseline's loop
     /// ([`baseline::Protocol::ShippedStatements`]), jobs/s.
     pub statements_drains: Vec<f64>,
+    /// Each drainer's CPU split ([`cpu::PerRun`]), one per drain of the
+    /// cost comparison, under the names of [`STATEMENT_COSTS`] (and
+    /// `shipped` for `pelican worker`'s); the headline drain's alone
+    /// without the baselines.
+    pub drain_cpu: Vec<(&'static str, Vec<cpu::PerRun>)>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
     /// Submit to durable outcome, at `latency_rate`.
@@ -218,6 +224,16 @@ pub struct LiveFigures {
     /// Each drainer's statements alone, in µs per run of Postgres's time
     /// (see [`STATEMENT_COSTS`]), one value per round.
     pub statement_costs: Vec<(&'static str, Vec<f64>)>,
+}
+
+/// A baseline's name in the report's objects: its entry of
+/// [`STATEMENT_COSTS`] with the schema as shipped.
+fn report_key(protocol: Protocol) -> &'static str {
+    STATEMENT_COSTS
+        .iter()
+        .find(|(_, p, a)| *p == protocol && *a == Ablation::None)
+        .map(|(name, ..)| *name)
+        .expect("every baseline is timed as shipped")
 }
 
 /// The statements timed alone ([`baseline::statement_cost`]), under their
@@ -290,6 +306,15 @@ impl ScaleDrain {
 }
 
 impl LiveFigures {
+    /// Records a drain's CPU split under `name` (see
+    /// [`LiveFigures::drain_cpu`]).
+    fn push_cpu(&mut self, name: &'static str, split: cpu::PerRun) {
+        match self.drain_cpu.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, splits)) => splits.push(split),
+            None => self.drain_cpu.push((name, vec![split])),
+        }
+    }
+
     /// The baseline protocol's median drain, jobs/s.
     #[must_use]
     pub fn unguarded_jobs_per_s(&self) -> Option<f64> {
@@ -410,6 +435,14 @@ impl LiveFigures {
                 .collect();
             out["pg_us_per_run"] = Value::Object(medians);
             out["pg_us_per_run_rounds"] = Value::Object(rounds);
+        }
+        if !self.drain_cpu.is_empty() {
+            let split: serde_json::Map<String, Value> = self
+                .drain_cpu
+                .iter()
+                .map(|(name, drains)| ((*name).to_owned(), cpu::PerRun::medians_json(drains)))
+                .collect();
+            out["cpu_us_per_run"] = Value::Object(split);
         }
         out
     }
@@ -577,21 +610,32 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     figures.drain_seconds = headline.drain_s;
     figures.jobs_per_s = headline.jobs_per_s();
     figures.peak_rss_kib = headline.peak_rss_kib;
+    figures.push_cpu("shipped", headline.cpu);
     if plan.baseline {
         for round in 0..plan.cost_rounds.max(1) {
             // The first round's shipped drain is the headline drain.
             let shipped = match round {
                 0 => figures.jobs_per_s,
-                _ => small().jobs_per_s(),
+                _ => {
+                    let d = small();
+                    figures.push_cpu("shipped", d.cpu);
+                    d.jobs_per_s()
+                }
             };
             figures.shipped_drains.push(shipped);
-            for (protocol, drains) in [
-                (Protocol::Fenced, &mut figures.fenced_floor_drains),
-                (Protocol::ShippedStatements, &mut figures.statements_drains),
-                (Protocol::Unfenced, &mut figures.unguarded_drains),
+            for protocol in [
+                Protocol::Fenced,
+                Protocol::ShippedStatements,
+                Protocol::Unfenced,
             ] {
                 let d = drain_as(plan.batch_max, Some(protocol), Backlog::Fresh, one);
+                let drains = match protocol {
+                    Protocol::Fenced => &mut figures.fenced_floor_drains,
+                    Protocol::ShippedStatements => &mut figures.statements_drains,
+                    Protocol::Unfenced => &mut figures.unguarded_drains,
+                };
                 drains.push(d.jobs_per_s());
+                figures.push_cpu(report_key(protocol), d.cpu);
             }
         }
         eprintln!(
@@ -990,6 +1034,8 @@ struct Drained {
     drain_s: f64,
     /// The largest peak resident set among the worker processes, KiB.
     peak_rss_kib: Option<u64>,
+    /// Each process's CPU time over the drain, µs per run.
+    cpu: cpu::PerRun,
     /// With a queued backlog: the median maintenance pass, ms.
     maintenance_pass_ms: Option<f64>,
     /// With a queued backlog: the median `GET /metrics`, ms.
@@ -1089,6 +1135,15 @@ fn drain(
             Backlog::Queued(_) => ", the whole backlog".to_owned(),
         }
     );
+    let postmaster = cluster.postmaster_pid();
+    let redis_pids = env.redis.pids();
+    let sample = |workers: &[Proc]| cpu::Sample {
+        workers: workers.iter().map(|w| cpu::process(w.pid())).sum(),
+        bench: cpu::process(std::process::id()),
+        postgres: postmaster.map_or(0.0, cpu::tree),
+        redis: redis_pids.iter().copied().map(cpu::process).sum(),
+    };
+    let before = sample(&[]);
     let t = Instant::now();
     let _baseline = baseline.map(|protocol| {
         let redis_url = env.redis.url();
@@ -1110,6 +1165,7 @@ fn drain(
         .collect();
     let first_delivery = wait_drained(rt, &env, &io, t);
     let drain_s = t.elapsed().as_secs_f64();
+    let cpu = cpu::PerRun::between(before, sample(&workers), jobs);
     let peak_rss_kib = workers.iter().filter_map(Proc::peak_rss_kib).max();
     eprintln!(
         "bench: drained in {drain_s:.2} s: {:.0} jobs/s (first delivery pending after {}){}",
@@ -1120,12 +1176,17 @@ fn drain(
             k as f64 / 1024.0
         ))
     );
+    eprintln!(
+        "bench: {cpu}: {:.2} cores busy",
+        cpu.total() * f64::from(jobs) / 1e6 / drain_s
+    );
     drop(workers);
     Drained {
         jobs,
         submit_s: submit,
         drain_s,
         peak_rss_kib,
+        cpu,
         maintenance_pass_ms,
         metrics_ms,
     }
@@ -1268,7 +1329,7 @@ async fn recovery(io: &Arc<Clients>, workers: &mut [Proc], runs: u32) -> (usize,
 
 #[cfg(test)]
 mod tests {
-    use super::{LiveFigures, ScaleDrain, median};
+    use super::{LiveFigures, Protocol, ScaleDrain, median};
 
     #[test]
     fn the_cost_compares_medians() {
@@ -1300,6 +1361,27 @@ mod tests {
         assert_eq!(json["pg_us_per_run"]["fenced_floor"], 10.0);
         assert_eq!(json["pg_us_per_run_rounds"]["unfenced"][2], 9.0);
         assert!(LiveFigures::default().json().get("pg_us_per_run").is_none());
+    }
+
+    #[test]
+    fn each_drainer_reports_its_cpu_medians_by_name() {
+        let split = |postgres| super::cpu::PerRun {
+            workers: 10.0,
+            bench: 0.5,
+            postgres,
+            redis: 4.0,
+        };
+        let mut f = LiveFigures::default();
+        assert!(f.json().get("cpu_us_per_run").is_none());
+        f.push_cpu("shipped", split(18.0));
+        f.push_cpu("unfenced", split(7.0));
+        f.push_cpu("shipped", split(20.0));
+        f.push_cpu("shipped", split(19.0));
+        let json = f.json();
+        assert_eq!(json["cpu_us_per_run"]["shipped"]["postgres"], 19.0);
+        assert_eq!(json["cpu_us_per_run"]["shipped"]["total"], 33.5);
+        assert_eq!(json["cpu_us_per_run"]["unfenced"]["postgres"], 7.0);
+        assert_eq!(super::report_key(Protocol::Fenced), "fenced_floor");
     }
 
     #[test]

@@ -147,6 +147,7 @@ fn main() -> ExitCode {
         "live_jobs_per_s_fenced_floor": live["live_jobs_per_s_fenced_floor"],
         "fencing_floor_cost_pct": live["fencing_floor_cost_pct"],
         "pg_us_per_run": live["pg_us_per_run"],
+        "cpu_us_per_run": live["cpu_us_per_run"],
         "live_p50_ms": live["live_p50_ms"],
         "live_p99_ms": live["live_p99_ms"],
         "recovery_p50_ms": live["recovery_p50_ms"],
@@ -267,6 +268,19 @@ fn main() -> ExitCode {
                 "  {:<22} {:>14}   (µs of Postgres a run, statements alone on one session: {name})",
                 "pg_us_per_run",
                 us.to_string()
+            );
+        }
+    }
+    if let Some(drains) = live["cpu_us_per_run"].as_object() {
+        for (name, split) in drains {
+            eprintln!(
+                "  {:<22} {:>14}   (CPU µs a run in the drains, {name}: workers {}, bench {}, Postgres {}, Redis {})",
+                "cpu_us_per_run",
+                split["total"].to_string(),
+                split["workers"],
+                split["bench"],
+                split["postgres"],
+                split["redis"]
             );
         }
     }
