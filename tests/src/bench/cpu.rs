@@ -149,6 +149,8 @@ pub fn tree(root: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::{PerRun, Sample, stat_fields};
+    use std::process::Command;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn stat_fields_start_after_the_last_parenthesis() {
@@ -161,16 +163,61 @@ mod tests {
         assert_eq!(stat_fields("42 (x) S 7 1"), None, "a short line");
     }
 
-    #[test]
-    fn this_process_uses_cpu() {
-        let before = super::process(std::process::id());
-        let mut x = 0_u64;
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_millis(100) {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+    /// Waits up to 10 s for `grown` to hold.
+    fn eventually(what: &str, mut grown: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !grown() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(super::process(std::process::id()) > before, "{x}");
-        assert!(super::tree(1) >= 0.0);
+    }
+
+    #[test]
+    fn a_process_counts_its_own_time() {
+        let me = std::process::id();
+        let before = super::process(me);
+        let mut x = 0_u64;
+        eventually("no CPU time counted after 10 s of spinning", || {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+            }
+            super::process(me) > before
+        });
+        assert_eq!(super::process(u32::MAX), 0.0, "no such process");
+    }
+
+    /// A child that spins until dropped (killed and waited for, so that a
+    /// failed test leaves no spinner behind).
+    struct Spinner(std::process::Child);
+
+    impl Drop for Spinner {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_tree_counts_its_living_and_its_ended_children() {
+        let me = std::process::id();
+        let children = || super::tree(me) - super::process(me);
+        let before = children();
+        let spinner = Spinner(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("sh runs"),
+        );
+        // Its time shows while it runs; a tick or two of slack for this
+        // process's own time, read apart from the tree's.
+        eventually("a living child's time is not counted", || {
+            children() > before + 0.05
+        });
+        drop(spinner);
+        assert!(
+            children() > before + 0.03,
+            "an ended child's time stays counted, in its parent's"
+        );
     }
 
     #[test]
