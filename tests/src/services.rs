@@ -189,6 +189,23 @@ impl Drop for Node {
 }
 
 impl Redis {
+    /// `INFO section` of every running server, in node order.
+    ///
+    /// # Panics
+    /// When a running server does not answer.
+    #[must_use]
+    pub fn info_each(&self, section: &str) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| {
+                n.conn()
+                    .and_then(|mut c| redis::cmd("INFO").arg(section).query::<String>(&mut c))
+                    .unwrap_or_else(|e| panic!("INFO {section} of {}: {e}", n.url()))
+            })
+            .collect()
+    }
+
     /// The running servers' process ids.
     #[must_use]
     pub fn pids(&self) -> Vec<u32> {
@@ -541,6 +558,8 @@ impl Drop for Database {
 pub struct Cluster {
     dir: PathBuf,
     port: u16,
+    /// `name=value` settings given at every start.
+    settings: Vec<String>,
 }
 
 fn as_postgres(cmd: &str, args: &[&str]) -> Command {
@@ -582,6 +601,16 @@ impl Cluster {
     /// When initdb or pg_ctl are missing or fail.
     #[must_use]
     pub fn start() -> Cluster {
+        Cluster::start_with(&[])
+    }
+
+    /// initdb and start, with these `name=value` settings beside the fixed
+    /// ones (the bench's preloaded statement counters).
+    ///
+    /// # Panics
+    /// When initdb or pg_ctl are missing or fail.
+    #[must_use]
+    pub fn start_with(settings: &[&str]) -> Cluster {
         let dir = scratch("pelican_pg");
         let _ = Command::new("chown")
             .args(["-R", "postgres:postgres"])
@@ -601,6 +630,7 @@ impl Cluster {
         let c = Cluster {
             dir,
             port: free_port(),
+            settings: settings.iter().map(|s| format!("-c {s}")).collect(),
         };
         c.pg_ctl("start");
         c
@@ -612,9 +642,10 @@ impl Cluster {
         let data = self.dir.join("data").display().to_string();
         let log = self.dir.join("log").display().to_string();
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on {}",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on {} {}",
             self.port,
             self.dir.display(),
+            self.settings.join(" "),
             std::env::var("PELICAN_PG_OPTS").unwrap_or_default()
         );
         let mut args = vec!["-D", &data, "-l", &log, "-w", "-m", "immediate"];

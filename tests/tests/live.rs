@@ -59,3 +59,55 @@ live! {
     redis_cluster_master_failover,
     partitions_spread_over_cluster_masters,
 }
+
+/// The bench's work counters read real servers: a Postgres started with
+/// the bench's settings counts each statement's calls, and Redis each
+/// command's, as `pelican-bench` reads them around a drain.
+#[test]
+fn the_bench_counts_each_servers_work() {
+    use pelican_real::live::PgDb;
+    use pelican_tests::bench::work::{self, Work};
+    use pelican_tests::{Cluster, Database, Redis};
+    use std::time::Duration;
+
+    let cluster = Cluster::start_with(&work::PG_SETTINGS);
+    let db = Database::create_on(&cluster.admin_url());
+    let redis = Redis::start();
+    let rt = pelican_tests::rt();
+    let pg = rt
+        .block_on(PgDb::connect(db.url(), 1, Duration::from_secs(10)))
+        .expect("the test's Postgres answers");
+    let before = work::tally(rt, &redis, &pg);
+    let mut conn = redis.conn();
+    for i in 0..7 {
+        let _: String = redis::cmd("XADD")
+            .arg("k")
+            .arg("*")
+            .arg("f")
+            .arg(i)
+            .query(&mut conn)
+            .expect("XADD");
+    }
+    for i in 0..5_i32 {
+        let _: (i32,) = rt
+            .block_on(
+                sqlx::query_as("SELECT $1::int + 1")
+                    .bind(i)
+                    .fetch_one(pg.pool()),
+            )
+            .expect("the statement runs");
+    }
+    let w = Work::between(&before, &work::tally(rt, &redis, &pg), 10);
+    let calls = |lines: &[work::Line], name: &str| {
+        lines
+            .iter()
+            .find(|l| l.name.starts_with(name))
+            .map(|l| l.calls)
+            .unwrap_or_else(|| panic!("{name} is counted: {w}"))
+    };
+    assert!((calls(&w.redis, "XADD") - 0.7).abs() < 1e-9, "{w}");
+    assert!(
+        (calls(&w.postgres, "SELECT $1::int + $2") - 0.5).abs() < 1e-9,
+        "{w}"
+    );
+}

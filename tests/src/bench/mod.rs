@@ -8,7 +8,9 @@
 //! * **Drain**: `drain_jobs` no-op runs are submitted first through the
 //!   submit path the API uses (insert, XADD, mark published; many at once),
 //!   then the workers start; the clock runs from their start until every
-//!   run has its durable outcome and the PEL is empty.
+//!   run has its durable outcome and the PEL is empty. Each drain also
+//!   reports each process's CPU time ([`cpu`]) and what it asked of Redis
+//!   and Postgres ([`work`]), per run.
 //! * **Latency**: with the workers idle, runs are submitted at a fixed rate
 //!   below saturation; each run's latency is from the start of its
 //!   submission until a poll of Postgres (every 2 ms) sees it succeeded.
@@ -61,6 +63,7 @@ use std::collections::BTreeMap;
 
 pub mod baseline;
 pub mod cpu;
+pub mod work;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -183,6 +186,9 @@ pub struct LiveFigures {
     /// `shipped` for `pelican worker`'s); the headline drain's alone
     /// without the baselines.
     pub drain_cpu: Vec<(&'static str, Vec<cpu::PerRun>)>,
+    /// Each drainer's work per run in Redis and Postgres ([`work::Work`]),
+    /// as [`LiveFigures::drain_cpu`].
+    pub drain_work: Vec<(&'static str, Vec<work::Work>)>,
     /// Runs measured in the latency run.
     pub latency_jobs: u64,
     /// Submit to durable outcome, at `latency_rate`.
@@ -309,10 +315,13 @@ impl LiveFigures {
     /// Records a drain's CPU split under `name` (see
     /// [`LiveFigures::drain_cpu`]).
     fn push_cpu(&mut self, name: &'static str, split: cpu::PerRun) {
-        match self.drain_cpu.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, splits)) => splits.push(split),
-            None => self.drain_cpu.push((name, vec![split])),
-        }
+        push_named(&mut self.drain_cpu, name, split);
+    }
+
+    /// Records a drain's CPU split and work under `name`.
+    fn push_drain(&mut self, name: &'static str, d: &Drained) {
+        self.push_cpu(name, d.cpu);
+        push_named(&mut self.drain_work, name, d.work.clone());
     }
 
     /// The baseline protocol's median drain, jobs/s.
@@ -436,15 +445,34 @@ impl LiveFigures {
             out["pg_us_per_run"] = Value::Object(medians);
             out["pg_us_per_run_rounds"] = Value::Object(rounds);
         }
-        if !self.drain_cpu.is_empty() {
-            let split: serde_json::Map<String, Value> = self
-                .drain_cpu
-                .iter()
-                .map(|(name, drains)| ((*name).to_owned(), cpu::PerRun::medians_json(drains)))
-                .collect();
-            out["cpu_us_per_run"] = Value::Object(split);
+        if let Some(split) = by_name(&self.drain_cpu, cpu::PerRun::medians_json) {
+            out["cpu_us_per_run"] = split;
+        }
+        if let Some(work) = by_name(&self.drain_work, work::Work::medians_json) {
+            out["work_per_run"] = work;
         }
         out
+    }
+}
+
+/// Each name's drains summed up by `medians` as one JSON object; `None`
+/// without drains.
+fn by_name<T>(lists: &[(&'static str, Vec<T>)], medians: fn(&[T]) -> Value) -> Option<Value> {
+    (!lists.is_empty()).then(|| {
+        Value::Object(
+            lists
+                .iter()
+                .map(|(name, drains)| ((*name).to_owned(), medians(drains)))
+                .collect(),
+        )
+    })
+}
+
+/// Appends `x` to `name`'s list, which is made at its first value.
+fn push_named<T>(lists: &mut Vec<(&'static str, Vec<T>)>, name: &'static str, x: T) {
+    match lists.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, xs)) => xs.push(x),
+        None => lists.push((name, vec![x])),
     }
 }
 
@@ -590,7 +618,7 @@ fn start_worker(env: &mut Env, plan: &BenchPlan, w: u32) -> Proc {
 /// few minutes (the figures would be meaningless).
 pub fn run(plan: &BenchPlan) -> LiveFigures {
     let rt = runtime();
-    let cluster = Cluster::start();
+    let cluster = Cluster::start_with(&work::PG_SETTINGS);
     let mut figures = LiveFigures::default();
 
     // Drain, batched as shipped; then the baselines (the fenced floor, the
@@ -610,7 +638,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     figures.drain_seconds = headline.drain_s;
     figures.jobs_per_s = headline.jobs_per_s();
     figures.peak_rss_kib = headline.peak_rss_kib;
-    figures.push_cpu("shipped", headline.cpu);
+    figures.push_drain("shipped", &headline);
     if plan.baseline {
         for round in 0..plan.cost_rounds.max(1) {
             // The first round's shipped drain is the headline drain.
@@ -618,7 +646,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
                 0 => figures.jobs_per_s,
                 _ => {
                     let d = small();
-                    figures.push_cpu("shipped", d.cpu);
+                    figures.push_drain("shipped", &d);
                     d.jobs_per_s()
                 }
             };
@@ -635,7 +663,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
                     Protocol::Unfenced => &mut figures.unguarded_drains,
                 };
                 drains.push(d.jobs_per_s());
-                figures.push_cpu(report_key(protocol), d.cpu);
+                figures.push_drain(report_key(protocol), &d);
             }
         }
         eprintln!(
@@ -1036,6 +1064,8 @@ struct Drained {
     peak_rss_kib: Option<u64>,
     /// Each process's CPU time over the drain, µs per run.
     cpu: cpu::PerRun,
+    /// What the drain asked of Redis and Postgres, per run.
+    work: work::Work,
     /// With a queued backlog: the median maintenance pass, ms.
     maintenance_pass_ms: Option<f64>,
     /// With a queued backlog: the median `GET /metrics`, ms.
@@ -1143,6 +1173,7 @@ fn drain(
         postgres: postmaster.map_or(0.0, cpu::tree),
         redis: redis_pids.iter().copied().map(cpu::process).sum(),
     };
+    let tally_before = work::tally(rt, &env.redis, &io.db);
     let before = sample(&[]);
     let t = Instant::now();
     let _baseline = baseline.map(|protocol| {
@@ -1166,6 +1197,7 @@ fn drain(
     let first_delivery = wait_drained(rt, &env, &io, t);
     let drain_s = t.elapsed().as_secs_f64();
     let cpu = cpu::PerRun::between(before, sample(&workers), jobs);
+    let work = work::Work::between(&tally_before, &work::tally(rt, &env.redis, &io.db), jobs);
     let peak_rss_kib = workers.iter().filter_map(Proc::peak_rss_kib).max();
     eprintln!(
         "bench: drained in {drain_s:.2} s: {:.0} jobs/s (first delivery pending after {}){}",
@@ -1180,6 +1212,7 @@ fn drain(
         "bench: {cpu}: {:.2} cores busy",
         cpu.total() * f64::from(jobs) / 1e6 / drain_s
     );
+    eprintln!("bench: servers' work per run:{work}");
     drop(workers);
     Drained {
         jobs,
@@ -1187,6 +1220,7 @@ fn drain(
         drain_s,
         peak_rss_kib,
         cpu,
+        work,
         maintenance_pass_ms,
         metrics_ms,
     }
@@ -1382,6 +1416,27 @@ mod tests {
         assert_eq!(json["cpu_us_per_run"]["shipped"]["total"], 33.5);
         assert_eq!(json["cpu_us_per_run"]["unfenced"]["postgres"], 7.0);
         assert_eq!(super::report_key(Protocol::Fenced), "fenced_floor");
+        assert!(json.get("work_per_run").is_none());
+        let xack = |calls| super::work::Work {
+            redis: vec![super::work::Line {
+                name: "XACK".into(),
+                calls,
+                us: 1.0,
+            }],
+            postgres: vec![],
+        };
+        super::push_named(&mut f.drain_work, "shipped", xack(1.0));
+        super::push_named(&mut f.drain_work, "unfenced", xack(0.002));
+        super::push_named(&mut f.drain_work, "shipped", xack(3.0));
+        let json = f.json();
+        assert_eq!(
+            json["work_per_run"]["shipped"]["redis"]["XACK"]["calls"],
+            2.0
+        );
+        assert_eq!(
+            json["work_per_run"]["unfenced"]["redis"]["XACK"]["calls"],
+            0.002
+        );
     }
 
     #[test]
