@@ -20,7 +20,7 @@ use crate::protocol::{
 };
 use crate::shared::Shared;
 use crate::status::RunStatus;
-use crate::stream::{AddId, Stream, StreamError};
+use crate::stream::{AddId, AutoClaim, Stream, StreamError};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -156,8 +156,21 @@ impl Redis {
                 count,
                 now,
             } => self.on(start.partition, |jobs| {
-                jobs.xautoclaim(consumer, *min_idle_ms, start.local(), *count, false, *now)
-                    .map(StreamReply::AutoClaimed)
+                let idle = Some(*min_idle_ms);
+                let first =
+                    jobs.xpending_range(idle, start.local(), EntryId::MAX, 1, None, *now)?;
+                match first.first() {
+                    // Nothing idle from `start` on: the scan is over.
+                    None => Ok(AutoClaim {
+                        next: EntryId::ZERO,
+                        claimed: Vec::new(),
+                        deleted: Vec::new(),
+                    }),
+                    Some(row) => {
+                        jobs.xautoclaim(consumer, *min_idle_ms, row.id, *count, false, *now)
+                    }
+                }
+                .map(StreamReply::AutoClaimed)
             }),
             StreamOp::Touch { consumer, id, now } => self.on(id.partition, |jobs| {
                 jobs.xclaim(consumer, 0, &[id.local()], None, true, *now)

@@ -654,7 +654,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "--ignored",
     ]);
     run(
-        "the standard, retention, steps, unknown, budget, limits and partitions configurations, correct build (release)",
+        "the standard, retention, steps, unknown, budget, limits, partitions and trims configurations, correct build (release)",
         release,
     )?;
     let mut mutants = cargo();

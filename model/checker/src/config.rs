@@ -319,6 +319,24 @@ impl Config {
         c
     }
 
+    /// One run on two workers with a trim below its pending entry beside a
+    /// crash or a pause (two faults a path): a reclaim pass reports a
+    /// trimmed entry once it is idle, so its run is recovered when its
+    /// holder is gone, not while a live worker runs it.
+    #[must_use]
+    pub fn trims() -> Config {
+        let mut c = Self::small();
+        c.name = "trims".into();
+        c.faults = Budget {
+            crashes: 1,
+            pauses: 1,
+            trims: 1,
+            total: 2,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// The provider every job of a configuration with limits calls: one
     /// slot, held until a tick, and one call a tick (burst 1).
     #[must_use]
@@ -353,7 +371,7 @@ impl Config {
     }
 
     /// The names [`Config::named`] knows.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 12] = [
         "small",
         "standard",
         "standard_steps",
@@ -365,6 +383,7 @@ impl Config {
         "budget",
         "limits",
         "partitions",
+        "trims",
     ];
 
     /// A configuration by name.
@@ -381,6 +400,7 @@ impl Config {
             "budget" => Ok(Self::budget()),
             "limits" => Ok(Self::limits()),
             "partitions" => Ok(Self::partitions()),
+            "trims" => Ok(Self::trims()),
             other => Err(format!(
                 "unknown configuration {other:?}; known: {}",
                 Self::NAMES.join(", ")
@@ -438,7 +458,8 @@ impl Config {
     /// with steps (whose record reports progress first),
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
     /// kind with a budget, Overbooked jobs under a provider's limits,
-    /// ReclaimOnePartition two partitions.
+    /// ReclaimOnePartition two partitions, IgnoreTrimmed a reclaim
+    /// threshold of 0 (a trimmed entry is reported once idle).
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -453,6 +474,12 @@ impl Config {
             }
             // A live attempt's own entry reaches the skewed worker's
             // reclaimer however recently it was touched.
+            self.policy.reclaim_min_idle_ms = 0;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::IgnoreTrimmed) {
+            // A reclaim pass reports a trimmed entry once it is idle: here
+            // at once, so one fault (the trim) shows the dropped recovery.
             self.policy.reclaim_min_idle_ms = 0;
         }
         #[cfg(feature = "mutants")]

@@ -299,7 +299,12 @@ const SOMETIMES: [Sometimes; 17] = [
     },
     Sometimes {
         name: "trimmed entry recovered",
-        explored: ALWAYS_EXPLORED,
+        // Reported once idle: the holder must be gone too (two faults).
+        explored: |cfg| {
+            cfg.faults.trims > 0
+                && cfg.faults.crashes + cfg.faults.pauses > 0
+                && cfg.faults.total >= 2
+        },
         reached: |_, s| s.seen.trimmed_recovered,
     },
     Sometimes {

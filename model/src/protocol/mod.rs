@@ -337,8 +337,19 @@ pub enum StreamOp {
     },
     /// XACK jobs group id... (the IDs of one partition)
     Ack { ids: Vec<EntryId> },
-    /// XAUTOCLAIM jobs group consumer min_idle start COUNT n, in `start`'s
-    /// partition.
+    /// XPENDING jobs group IDLE min_idle start + 1, then XAUTOCLAIM jobs
+    /// group consumer min_idle first COUNT n from the first idle entry it
+    /// named, in `start`'s partition; with nothing idle from `start` on, no
+    /// XAUTOCLAIM, and the scan is over (cursor 0-0).
+    ///
+    /// Why not XAUTOCLAIM alone: Redis 7.0's looks each PEL entry it scans
+    /// (up to ten times COUNT) up in the stream before it looks at its idle
+    /// time, so a pass over a busy worker's deliveries, none idle, holds
+    /// Redis for milliseconds; XPENDING's IDLE filter reads the PEL alone.
+    /// The two commands are not atomic. What they do is an XAUTOCLAIM from a
+    /// later start than `start`, at the second command's moment: where a
+    /// scan starts is the reclaimer's choice, not a guarantee's, and the
+    /// entries it passes over are found by a later pass.
     AutoClaim {
         consumer: String,
         min_idle_ms: u64,

@@ -413,19 +413,25 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
     d.handle(T0, input);
     // The worker dies; the stream is trimmed below its pending entry.
     world.redis.part_mut(0).xtrim(Trim::MaxLen(0));
-    let later = T0.add_ms(policy().lease_ms + 1);
-    world.db.clock = later;
     let mut r = Reclaimer::new(&policy(), WorkerId(1));
+    let by = Issuer {
+        worker: Some(WorkerId(1)),
+        own_fence: None,
+    };
+    // Not idle long enough yet: the pass looks no further than XPENDING.
+    let soon = T0.add_ms(policy().reclaim_min_idle_ms - 1);
+    world.db.clock = soon;
+    r.start(soon, 1);
+    let c = r.poll().unwrap();
+    let input = exec(&mut world, &c, by);
+    r.handle(soon, input);
+    assert_eq!(r.poll_event(), None);
+    assert_eq!(world.redis.part_mut(0).pel_len(), 1);
+    let later = T0.add_ms(policy().reclaim_min_idle_ms);
+    world.db.clock = later;
     r.start(later, 1);
     let c = r.poll().unwrap();
-    let input = exec(
-        &mut world,
-        &c,
-        Issuer {
-            worker: Some(WorkerId(1)),
-            own_fence: None,
-        },
-    );
+    let input = exec(&mut world, &c, by);
     r.handle(later, input);
     assert_eq!(r.poll_event(), Some(ReclaimerEvent::Trimmed(id)));
     assert_eq!(r.unrecovered().collect::<Vec<_>>(), vec![id]);
@@ -436,14 +442,7 @@ fn the_reclaimer_holds_deleted_ids_until_recovered() {
     r.start(later, 1);
     let c2 = r.poll().unwrap();
     assert_eq!(c, c2);
-    let input = exec(
-        &mut world,
-        &c2,
-        Issuer {
-            worker: Some(WorkerId(1)),
-            own_fence: None,
-        },
-    );
+    let input = exec(&mut world, &c2, by);
     r.handle(later, input);
     assert_eq!(r.unrecovered().count(), 0);
     let run = &world.db.runs[&RunId(1)];

@@ -403,7 +403,7 @@ pub(crate) struct WorkerArgs {
     /// Heartbeat period (well below the lease).
     #[arg(long, env = "PELICAN_HEARTBEAT_MS", default_value_t = 10_000)]
     pub(crate) heartbeat_ms: u64,
-    /// Deliveries idle this long are reclaimed (XAUTOCLAIM min-idle-time).
+    /// Deliveries idle this long are reclaimed (XPENDING IDLE, XAUTOCLAIM min-idle-time).
     #[arg(long, env = "PELICAN_RECLAIM_MIN_IDLE_MS", default_value_t = 60_000)]
     pub(crate) reclaim_min_idle_ms: u64,
     /// Reclaimer period.

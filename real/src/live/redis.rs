@@ -424,12 +424,29 @@ impl RedisStream {
                 ..
             } => {
                 self.on(start.partition, async |key| {
+                    let mut first = redis::cmd("XPENDING");
+                    first
+                        .arg(key)
+                        .arg(&n.group)
+                        .arg("IDLE")
+                        .arg(min_idle_ms)
+                        .arg(start.local().to_string())
+                        .arg("+")
+                        .arg(1);
+                    let first = match self.query(&first).await? {
+                        Ok(Value::Array(rows)) => match rows.first() {
+                            Some(row) => first_pending_id(row).ok_or(Unavailable)?,
+                            None => return Ok(Ok(nothing_idle())),
+                        },
+                        Ok(_) => return Err(Unavailable),
+                        Err(e) => return Ok(Err(e)),
+                    };
                     let mut cmd = redis::cmd("XAUTOCLAIM");
                     cmd.arg(key)
                         .arg(&n.group)
                         .arg(&consumer)
                         .arg(min_idle_ms)
-                        .arg(start.local().to_string())
+                        .arg(first.to_string())
                         .arg("COUNT")
                         .arg(count);
                     Ok(self.query(&cmd).await?.map(autoclaim_reply))
@@ -934,14 +951,28 @@ pub fn read_entries(v: Value) -> Vec<(EntryId, JobEntry)> {
         .collect()
 }
 
+/// A reclaim pass's answer when nothing is idle: no claims, the scan over.
+fn nothing_idle() -> StreamReply {
+    StreamReply::AutoClaimed(AutoClaim {
+        next: EntryId::ZERO,
+        claimed: Vec::new(),
+        deleted: Vec::new(),
+    })
+}
+
+/// The ID of a row of XPENDING's extended form, `[id, consumer, idle,
+/// deliveries]`.
+fn first_pending_id(row: &Value) -> Option<EntryId> {
+    match row {
+        Value::Array(fields) => fields.first().and_then(text)?.parse().ok(),
+        _ => None,
+    }
+}
+
 /// XAUTOCLAIM's reply: `[next, [entry...], [deleted id...]]`.
 fn autoclaim_reply(v: Value) -> StreamReply {
     let Value::Array(parts) = v else {
-        return StreamReply::AutoClaimed(AutoClaim {
-            next: EntryId::ZERO,
-            claimed: Vec::new(),
-            deleted: Vec::new(),
-        });
+        return nothing_idle();
     };
     let next = parts
         .first()
@@ -983,6 +1014,19 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn a_pending_row_names_its_entry() {
+        let row = Value::Array(vec![
+            Value::BulkString(b"17-2".to_vec()),
+            Value::BulkString(b"c1".to_vec()),
+            Value::Int(90_000),
+            Value::Int(1),
+        ]);
+        assert_eq!(first_pending_id(&row), Some(EntryId::new(17, 2)));
+        assert_eq!(first_pending_id(&Value::Array(vec![])), None);
+        assert_eq!(first_pending_id(&Value::BulkString(b"17-2".to_vec())), None);
     }
 
     #[test]

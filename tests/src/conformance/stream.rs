@@ -79,6 +79,12 @@ pub enum Step {
     },
     /// Fault: Redis loses both streams.
     Wipe,
+    /// Time passes for one pending entry alone: its holder re-claims it
+    /// with `XCLAIM ... IDLE` (JUSTID), idle past the long threshold, so
+    /// that a PEL holds idle entries beside fresh ones.
+    Age {
+        entry: usize,
+    },
 }
 
 /// The partitions a sequence runs on.
@@ -107,22 +113,47 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (partition(), entry(), any::<bool>())
             .prop_map(|(partition, entry, after)| Step::Retain { partition, entry, after }),
         1 => Just(Step::Queue),
-        1 => entry().prop_map(|entry| Step::Delete { entry }),
+        2 => entry().prop_map(|entry| Step::Delete { entry }),
         1 => Just(Step::Wipe),
+        3 => entry().prop_map(|entry| Step::Age { entry }),
     ]
 }
 
-/// A random stream sequence (it starts by creating the groups most of the
-/// time, as a worker does).
+/// A random stream sequence. It starts by creating the groups most of the
+/// time, as a worker does, and then, half of those times, with a busy
+/// worker's PEL: three entries published to each partition and read, so
+/// that reclaims, acks, trims and ages find pending entries to act on.
 pub fn stream_sequence() -> impl Strategy<Value = Vec<Step>> {
-    (any::<bool>(), prop::collection::vec(step(), 1..25)).prop_map(|(create, mut steps)| {
-        if create {
-            for partition in (0..PARTITIONS).rev() {
-                steps.insert(0, Step::EnsureGroup { partition });
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(step(), 1..25),
+    )
+        .prop_map(|(create, busy, steps)| {
+            let mut start = Vec::new();
+            if create {
+                start.extend((0..PARTITIONS).map(|partition| Step::EnsureGroup { partition }));
             }
-        }
-        steps
-    })
+            if create && busy {
+                for partition in 0..PARTITIONS {
+                    for run in 1..=3 {
+                        start.push(Step::Publish {
+                            partition,
+                            run,
+                            dispatch: 1,
+                            malformed: false,
+                        });
+                    }
+                    start.push(Step::Read {
+                        partition,
+                        consumer: 0,
+                        count: 3,
+                    });
+                }
+            }
+            start.extend(steps);
+            start
+        })
 }
 
 fn wall_clock() -> Timestamp {
@@ -268,7 +299,7 @@ impl Sides<'_> {
                 before: Timestamp(self.id(*entry).ms + u64::from(*after)),
             },
             Step::Queue => StreamOp::Queue { now },
-            Step::Delete { .. } | Step::Wipe => return None,
+            Step::Delete { .. } | Step::Wipe | Step::Age { .. } => return None,
         })
     }
 
@@ -340,6 +371,37 @@ impl Sides<'_> {
                     .arg(&names.dead)
                     .query::<u64>(self.raw)
                     .map_err(|e| format!("DEL: {e}"))?;
+            }
+            Step::Age { entry } => {
+                let id = self.id(*entry);
+                let part = self.model.part_mut(id.partition);
+                let Some(holder) = part.pending(id.local()).map(|p| p.consumer.clone()) else {
+                    return Ok(());
+                };
+                part.xclaim(
+                    &holder,
+                    0,
+                    &[id.local()],
+                    Some(THRESHOLD_MS),
+                    true,
+                    wall_clock(),
+                )
+                .map_err(|e| format!("the model's XCLAIM: {e:?}"))?;
+                redis::cmd("XCLAIM")
+                    .arg(
+                        names
+                            .key(id.partition)
+                            .expect("a partition of the sequence"),
+                    )
+                    .arg(&names.group)
+                    .arg(&holder)
+                    .arg(0)
+                    .arg(id.local().to_string())
+                    .arg("IDLE")
+                    .arg(THRESHOLD_MS)
+                    .arg("JUSTID")
+                    .query::<redis::Value>(self.raw)
+                    .map_err(|e| format!("XCLAIM: {e}"))?;
             }
             other => unreachable!("{other:?} is not a fault"),
         }

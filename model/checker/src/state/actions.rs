@@ -214,16 +214,18 @@ impl State {
     }
 
     /// Whether a reclaim round in partition `p` may claim something: a
-    /// pending entry is gone from its stream, or has been idle for the
-    /// reclaim threshold.
+    /// pending entry has been idle for the reclaim threshold. A round looks
+    /// no further than XPENDING's IDLE filter otherwise, so an entry gone
+    /// from its stream is reported once it is idle too
+    /// ([`pelican_model::protocol::StreamOp::AutoClaim`]).
     fn reclaimable(&self, cfg: &Config, p: Partition) -> bool {
         let jobs = self.world.redis.part(p);
         match &jobs.group {
             None => false,
-            Some(g) => g.pel.iter().any(|(id, p)| {
-                !jobs.entries.contains_key(id)
-                    || NOW.ms_since(p.delivery_time) >= cfg.policy.reclaim_min_idle_ms
-            }),
+            Some(g) => g
+                .pel
+                .values()
+                .any(|p| NOW.ms_since(p.delivery_time) >= cfg.policy.reclaim_min_idle_ms),
         }
     }
 
