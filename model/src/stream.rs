@@ -82,6 +82,18 @@ pub struct AutoClaim<P> {
     pub deleted: Vec<EntryId>,
 }
 
+impl<P> AutoClaim<P> {
+    /// Nothing claimed, nothing deleted, the scan over (cursor `0-0`).
+    #[must_use]
+    pub fn scan_over() -> Self {
+        AutoClaim {
+            next: EntryId::ZERO,
+            claimed: Vec::new(),
+            deleted: Vec::new(),
+        }
+    }
+}
+
 /// XPENDING's summary form.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PendingSummary {

@@ -161,11 +161,7 @@ impl Redis {
                     jobs.xpending_range(idle, start.local(), EntryId::MAX, 1, None, *now)?;
                 match first.first() {
                     // Nothing idle from `start` on: the scan is over.
-                    None => Ok(AutoClaim {
-                        next: EntryId::ZERO,
-                        claimed: Vec::new(),
-                        deleted: Vec::new(),
-                    }),
+                    None => Ok(AutoClaim::scan_over()),
                     Some(row) => {
                         jobs.xautoclaim(consumer, *min_idle_ms, row.id, *count, false, *now)
                     }

@@ -436,7 +436,9 @@ impl RedisStream {
                     let first = match self.query(&first).await? {
                         Ok(Value::Array(rows)) => match rows.first() {
                             Some(row) => first_pending_id(row).ok_or(Unavailable)?,
-                            None => return Ok(Ok(nothing_idle())),
+                            None => {
+                                return Ok(Ok(StreamReply::AutoClaimed(AutoClaim::scan_over())));
+                            }
                         },
                         Ok(_) => return Err(Unavailable),
                         Err(e) => return Ok(Err(e)),
@@ -951,15 +953,6 @@ pub fn read_entries(v: Value) -> Vec<(EntryId, JobEntry)> {
         .collect()
 }
 
-/// A reclaim pass's answer when nothing is idle: no claims, the scan over.
-fn nothing_idle() -> StreamReply {
-    StreamReply::AutoClaimed(AutoClaim {
-        next: EntryId::ZERO,
-        claimed: Vec::new(),
-        deleted: Vec::new(),
-    })
-}
-
 /// The ID of a row of XPENDING's extended form, `[id, consumer, idle,
 /// deliveries]`.
 fn first_pending_id(row: &Value) -> Option<EntryId> {
@@ -972,7 +965,7 @@ fn first_pending_id(row: &Value) -> Option<EntryId> {
 /// XAUTOCLAIM's reply: `[next, [entry...], [deleted id...]]`.
 fn autoclaim_reply(v: Value) -> StreamReply {
     let Value::Array(parts) = v else {
-        return nothing_idle();
+        return StreamReply::AutoClaimed(AutoClaim::scan_over());
     };
     let next = parts
         .first()

@@ -312,15 +312,10 @@ impl ScaleDrain {
 }
 
 impl LiveFigures {
-    /// Records a drain's CPU split under `name` (see
+    /// Records a drain's CPU split and work under `name` (see
     /// [`LiveFigures::drain_cpu`]).
-    fn push_cpu(&mut self, name: &'static str, split: cpu::PerRun) {
-        push_named(&mut self.drain_cpu, name, split);
-    }
-
-    /// Records a drain's CPU split and work under `name`.
     fn push_drain(&mut self, name: &'static str, d: &Drained) {
-        self.push_cpu(name, d.cpu);
+        push_named(&mut self.drain_cpu, name, d.cpu);
         push_named(&mut self.drain_work, name, d.work.clone());
     }
 
@@ -1407,10 +1402,10 @@ mod tests {
         };
         let mut f = LiveFigures::default();
         assert!(f.json().get("cpu_us_per_run").is_none());
-        f.push_cpu("shipped", split(18.0));
-        f.push_cpu("unfenced", split(7.0));
-        f.push_cpu("shipped", split(20.0));
-        f.push_cpu("shipped", split(19.0));
+        super::push_named(&mut f.drain_cpu, "shipped", split(18.0));
+        super::push_named(&mut f.drain_cpu, "unfenced", split(7.0));
+        super::push_named(&mut f.drain_cpu, "shipped", split(20.0));
+        super::push_named(&mut f.drain_cpu, "shipped", split(19.0));
         let json = f.json();
         assert_eq!(json["cpu_us_per_run"]["shipped"]["postgres"], 19.0);
         assert_eq!(json["cpu_us_per_run"]["shipped"]["total"], 33.5);
