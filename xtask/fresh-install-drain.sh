@@ -12,6 +12,7 @@
 # Redis (REDIS_URL, default redis://127.0.0.1:6379); it uses a stream
 # prefix of its own.
 set -euo pipefail
+. "$(dirname "$0")/drain-common.sh"
 usage="usage: $0 PELICAN_BINARY RUNS [analyze]"
 bin=${1:?$usage}
 runs=${2:?$usage}
@@ -27,9 +28,7 @@ cleanup() {
   redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379}" del "$prefix:jobs" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-psql -q "$pg/postgres" -c "set client_min_messages = warning" -c "drop database if exists $db" -c "create database $db" >/dev/null
-export DATABASE_URL=$pg/$db PELICAN_STREAM=$prefix
-"$bin" migrate >/dev/null
+new_database "$bin"
 awk -v n="$runs" 'BEGIN { for (i = 0; i < n; i++) print "{\"kind\":\"noop\",\"input\":{\"i\":" i "}}" }' > "$work/runs.jsonl"
 "$bin" submit --from-file "$work/runs.jsonl" >/dev/null
 case "$analyze" in
@@ -41,14 +40,6 @@ stats=$(psql -tA "$DATABASE_URL" -c "select coalesce(max(greatest(last_analyze, 
 start=$(date +%s%N)
 "$bin" worker --id 1 --in-flight-max 4096 --batch-max 512 --log-level warn 2>"$work/worker.log" &
 worker=$!
-# runs_live holds the unfinished runs, so this count stays cheap.
-until [ "$(psql -tA "$DATABASE_URL" -c "select count(*) from runs where finished_at is null")" = 0 ]; do
-  if ! kill -0 "$worker" 2>/dev/null; then
-    echo "the worker exited before the runs were drained:" >&2
-    tail -n 20 "$work/worker.log" >&2
-    exit 1
-  fi
-  sleep 0.2
-done
+wait_drained "$worker" "$work/worker.log" 0.2
 end=$(date +%s%N)
 echo "$runs runs, runs analyzed before the drain: $stats; drained in $(( (end - start) / 1000000 )) ms, $(( runs * 1000000000 / (end - start) )) jobs/s"
