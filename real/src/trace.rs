@@ -272,10 +272,16 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
                             r.start(now, free);
                         }
                     }
+                    // One loop for the worker's life, as the driver keeps
+                    // it: the sweeper's cursor carries over from pass to
+                    // pass.
                     (RoleId::Maintenance(_), Start::Maintenance { task, .. }) => {
-                        let mut m = Maintenance::new(policy);
-                        m.start(task);
-                        machines.insert(role, Machine::Maintenance(Box::new(m)));
+                        let m = machines.entry(role.clone()).or_insert_with(|| {
+                            Machine::Maintenance(Box::new(Maintenance::new(policy)))
+                        });
+                        if let Machine::Maintenance(m) = m {
+                            m.start(task);
+                        }
                     }
                     (
                         RoleId::Submitter(_),

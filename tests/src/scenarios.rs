@@ -8,6 +8,7 @@
 mod events;
 mod operate;
 mod runs_api;
+mod steady;
 
 pub use operate::{
     the_deploy_kit_names_only_exported_metrics, worker_probes_follow_its_connections,
@@ -16,6 +17,10 @@ pub use operate::{
 pub use runs_api::{
     the_api_conforms_to_its_openapi_document, the_openapi_document_is_the_served_routes,
     the_queue_route_reports_lag_and_pending, the_runs_api_lists_pages_and_requeues,
+};
+
+pub use steady::{
+    a_redis_wipe_is_recovered_at_the_servers_pace, retention_keeps_pace_with_finished_runs,
 };
 
 pub use events::{

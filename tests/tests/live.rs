@@ -58,6 +58,8 @@ live! {
     the_deploy_kit_names_only_exported_metrics,
     redis_cluster_master_failover,
     partitions_spread_over_cluster_masters,
+    retention_keeps_pace_with_finished_runs,
+    a_redis_wipe_is_recovered_at_the_servers_pace,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -944,6 +944,14 @@ statements! {
                      lease_until = NULL, retry_at = NULL \
               WHERE run_id = $1 AND dispatch = $2 \
                 AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms()))",
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::integer[]) AS i(run_id, dispatch)) \
+              UPDATE runs r SET status = 'queued', dispatch = r.dispatch + 1, published_at = NULL, \
+                     lease_until = NULL, retry_at = NULL \
+                FROM input i \
+               WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch \
+                 AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms())) \
+              RETURNING r.run_id",
         show: [run, dispatch],
         model: |db| Rows(db.requeue_run(*run, *dispatch, db.clock)),
     }

@@ -11,12 +11,19 @@
 //!   it, or it was trimmed before delivery), they are re-dispatched (S1, S8).
 //!   A cursor walks the candidates a batch per pass, so none starves behind
 //!   others that stay candidates (a backlog older than the grace).
+//!
+//! A pass handles one batch of at most [`Policy::sweep_batch_max`] rows,
+//! each step of it for the whole batch at once; its [`PassReport`] says
+//! whether the batch was full, and the driver runs the next pass at once
+//! while it is (a backlog is worked off at the pace of the servers, not of
+//! the maintenance period). Passes of every task may overlap, in any
+//! order, on any worker: each step is a conditional statement.
 //! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
 //!   ago are deleted with everything kept about them.
 
 use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::db::Candidate;
-use crate::ids::RunId;
+use crate::ids::{EntryId, RunId};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -54,16 +61,67 @@ pub enum MaintenanceTask {
     Retention,
 }
 
+impl MaintenanceTask {
+    /// Every task, in the order a worker's maintenance round runs them.
+    pub const ALL: [MaintenanceTask; 4] = [
+        MaintenanceTask::Retries,
+        MaintenanceTask::Outbox,
+        MaintenanceTask::Sweep,
+        MaintenanceTask::Retention,
+    ];
+
+    /// Its name in logs and metrics labels.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaintenanceTask::Retries => "retries",
+            MaintenanceTask::Outbox => "outbox",
+            MaintenanceTask::Sweep => "sweep",
+            MaintenanceTask::Retention => "retention",
+        }
+    }
+}
+
+/// What one pass did: the driver's pace, and whether to go on at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PassReport {
+    /// Rows it moved on: retries promoted, runs published, runs
+    /// re-dispatched, runs deleted.
+    pub rows: u64,
+    /// Whether its query came back full ([`Policy::sweep_batch_max`] rows):
+    /// there may be more to do, and the next pass should follow at once.
+    /// (A sweep's full batch whose entries were all still in place is not:
+    /// the backlog is the readers' to take.)
+    pub full: bool,
+}
+
+/// A pass's phase. A listing's candidates are handled a group at a time:
+/// every command of a group is sent before any answer is read (the driver
+/// sends them as one pipeline or one statement), and the answers come back
+/// in the order of the commands.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Phase {
     Idle,
     Promoting,
     ListingOutbox,
-    Publishing(Candidate),
-    Marking(Candidate),
+    /// The XADDs of these candidates are out; `added` holds the answers so
+    /// far, in order.
+    Publishing {
+        group: Vec<Candidate>,
+        added: Vec<Option<EntryId>>,
+    },
+    /// This many marks are out.
+    Marking(usize),
     ListingOrphans,
-    Locating(Candidate),
-    Requeuing(Candidate),
+    /// The `Locate`s of these candidates are out (`answered` of them
+    /// answered); `gone` collects the ones to re-dispatch.
+    Locating {
+        group: Vec<Candidate>,
+        answered: usize,
+        gone: Vec<Candidate>,
+    },
+    /// This many re-dispatches are out.
+    Requeuing(usize),
     Deleting,
 }
 
@@ -72,11 +130,12 @@ enum Phase {
 pub struct Maintenance {
     policy: Policy,
     phase: Phase,
-    todo: VecDeque<Candidate>,
     outbox: VecDeque<Command>,
     /// The sweeper's cursor: the next pass lists candidates after this
     /// (`published_at` in ms, run id) ((0, 0): from the start).
     swept: (u64, RunId),
+    /// What the current (or last) pass did.
+    report: PassReport,
 }
 
 impl Maintenance {
@@ -86,9 +145,9 @@ impl Maintenance {
         Maintenance {
             policy: policy.clone(),
             phase: Phase::Idle,
-            todo: VecDeque::new(),
             outbox: VecDeque::new(),
             swept: (0, RunId(0)),
+            report: PassReport::default(),
         }
     }
 
@@ -98,11 +157,18 @@ impl Maintenance {
         self.phase == Phase::Idle && self.outbox.is_empty()
     }
 
+    /// What the last pass did (once idle).
+    #[must_use]
+    pub fn report(&self) -> PassReport {
+        self.report
+    }
+
     /// Starts a pass; ignored while one is running.
     pub fn start(&mut self, task: MaintenanceTask) {
         if self.phase != Phase::Idle {
             return;
         }
+        self.report = PassReport::default();
         let limit = self.policy.sweep_batch_max;
         let (phase, op) = match task {
             MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { limit }),
@@ -145,90 +211,162 @@ impl Maintenance {
         self.outbox.pop_front()
     }
 
-    fn send(&mut self, phase: Phase, c: Command) {
-        self.phase = phase;
-        self.outbox.push_back(c);
+    /// Sends `commands` as one group in `phase`, or goes idle if there
+    /// are none.
+    fn send_all(&mut self, phase: Phase, commands: impl IntoIterator<Item = Command>) {
+        let before = self.outbox.len();
+        self.outbox.extend(commands);
+        self.phase = if self.outbox.len() > before {
+            phase
+        } else {
+            Phase::Idle
+        };
     }
 
-    /// Moves to the next candidate of the current listing, or goes idle.
-    fn next(&mut self, now: Timestamp, publishing: bool) {
-        let Some(c) = self.todo.pop_front() else {
-            self.phase = Phase::Idle;
-            return;
-        };
-        if publishing {
-            let entry = JobEntry::Job {
-                run: c.run_id,
-                dispatch: c.dispatch,
-            };
-            self.send(
-                Phase::Publishing(c),
+    /// Publishes the outbox's candidates `cs`, all at once.
+    fn publish(&mut self, now: Timestamp, cs: Vec<Candidate>) {
+        let publishes: Vec<Command> = cs
+            .iter()
+            .map(|c| {
                 Command::Stream(StreamOp::Publish {
                     partition: self.policy.partition_of(c.run_id),
-                    entry,
+                    entry: JobEntry::Job {
+                        run: c.run_id,
+                        dispatch: c.dispatch,
+                    },
                     now,
-                }),
-            );
-        } else if let Some(id) = c.entry_id {
-            self.send(Phase::Locating(c), Command::Stream(StreamOp::Locate { id }));
+                })
+            })
+            .collect();
+        let phase = Phase::Publishing {
+            added: Vec::with_capacity(cs.len()),
+            group: cs,
+        };
+        self.send_all(phase, publishes);
+    }
+
+    /// Looks up the entries of the sweeper's candidates `cs`, all at once;
+    /// a candidate with no entry recorded is gone already.
+    fn locate(&mut self, cs: Vec<Candidate>) {
+        let (group, gone): (Vec<Candidate>, Vec<Candidate>) =
+            cs.into_iter().partition(|c| c.entry_id.is_some());
+        let locates: Vec<Command> = group
+            .iter()
+            .filter_map(|c| c.entry_id)
+            .map(|id| Command::Stream(StreamOp::Locate { id }))
+            .collect();
+        if locates.is_empty() {
+            self.requeue(gone);
         } else {
-            self.requeue(c);
+            let phase = Phase::Locating {
+                group,
+                answered: 0,
+                gone,
+            };
+            self.send_all(phase, locates);
         }
     }
 
-    fn requeue(&mut self, c: Candidate) {
-        let op = DbOp::RequeueRun {
-            run: c.run_id,
-            dispatch: c.dispatch,
-        };
-        self.send(Phase::Requeuing(c), Command::Db(op));
+    /// Re-dispatches the candidates `gone`, all at once.
+    fn requeue(&mut self, gone: Vec<Candidate>) {
+        let n = gone.len();
+        let requeues = gone.into_iter().map(|c| {
+            Command::Db(DbOp::RequeueRun {
+                run: c.run_id,
+                dispatch: c.dispatch,
+            })
+        });
+        self.send_all(Phase::Requeuing(n), requeues);
     }
 
-    /// Feeds the answer to the outstanding command.
+    /// Feeds the answer to the oldest outstanding command.
     pub fn handle(&mut self, now: Timestamp, input: Input) {
+        let limit = self.policy.sweep_batch_max;
         let phase = std::mem::replace(&mut self.phase, Phase::Idle);
         match (phase, input) {
-            (_, Input::Unavailable) => self.todo.clear(),
-            (Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
-                self.todo = cs.into();
-                self.next(now, true);
-            }
-            (Phase::Publishing(c), Input::Stream(Ok(StreamReply::Added(entry)))) => {
-                let op = DbOp::MarkPublished {
-                    run: c.run_id,
-                    dispatch: c.dispatch,
-                    entry,
+            (Phase::Promoting | Phase::Deleting, Input::Db(DbReply::Rows(n))) => {
+                self.report = PassReport {
+                    rows: n,
+                    full: n >= limit as u64,
                 };
-                self.send(Phase::Marking(c), Command::Db(op));
             }
-            (Phase::Marking(_), Input::Db(DbReply::Rows(_))) => {
-                self.next(now, true);
+            (Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
+                self.report.full = cs.len() >= limit;
+                self.publish(now, cs);
+            }
+            (Phase::Publishing { group, mut added }, input) => {
+                added.push(match input {
+                    Input::Stream(Ok(StreamReply::Added(entry))) => Some(entry),
+                    // Lost or refused: taken, but not marked; the sweeper
+                    // finds it after its grace.
+                    _ => None,
+                });
+                if added.len() < group.len() {
+                    self.phase = Phase::Publishing { group, added };
+                    return;
+                }
+                let marks: Vec<Command> = group
+                    .iter()
+                    .zip(added)
+                    .filter_map(|(c, entry)| {
+                        Some(Command::Db(DbOp::MarkPublished {
+                            run: c.run_id,
+                            dispatch: c.dispatch,
+                            entry: entry?,
+                        }))
+                    })
+                    .collect();
+                self.report.rows = marks.len() as u64;
+                self.send_all(Phase::Marking(marks.len()), marks);
             }
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
                 // A full batch: the next pass goes on after it; else from
                 // the start.
+                self.report.full = cs.len() >= limit;
                 self.swept = match cs.last() {
-                    Some(c) if cs.len() >= self.policy.sweep_batch_max => {
+                    Some(c) if self.report.full => {
                         (c.published_at.map_or(0, Timestamp::as_ms), c.run_id)
                     }
                     _ => (0, RunId(0)),
                 };
-                self.todo = cs.into();
-                self.next(now, false);
+                self.locate(cs);
             }
-            (Phase::Locating(c), Input::Stream(Ok(reply))) => {
-                if still_deliverable(&c, &reply) {
+            (
+                Phase::Locating {
+                    group,
+                    answered,
+                    mut gone,
+                },
+                input,
+            ) => {
+                let c = &group[answered];
+                match input {
                     // Still to be read, or the reclaimer's to take over.
-                    self.next(now, false);
+                    Input::Stream(Ok(reply)) if still_deliverable(c, &reply) => {}
+                    Input::Stream(Ok(_)) => gone.push(c.clone()),
+                    // Not known: left for a later pass.
+                    _ => {}
+                }
+                if answered + 1 < group.len() {
+                    let answered = answered + 1;
+                    self.phase = Phase::Locating {
+                        group,
+                        answered,
+                        gone,
+                    };
                 } else {
-                    self.requeue(c);
+                    // A full batch whose entries are all in place is a
+                    // backlog for the readers, not more to do at once: the
+                    // next sweep goes on from the cursor in its own time.
+                    self.report.rows = gone.len() as u64;
+                    self.report.full &= !gone.is_empty();
+                    self.requeue(gone);
                 }
             }
-            (Phase::Requeuing(_), Input::Db(DbReply::Rows(_))) => {
-                self.next(now, false);
-            }
-            (Phase::Promoting | Phase::Deleting, _) => {}
-            (_, _) => self.todo.clear(),
+            (Phase::Marking(left), _) if left > 1 => self.phase = Phase::Marking(left - 1),
+            (Phase::Requeuing(left), _) if left > 1 => self.phase = Phase::Requeuing(left - 1),
+            // The last answer of a pass, or a failed listing: the pass ends.
+            (_, _) => {}
         }
     }
 }

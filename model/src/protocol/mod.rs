@@ -58,7 +58,7 @@ mod submitter;
 
 pub use delivery::{AckReason, Delivery, DeliveryEnd, PendingReason, superseded};
 pub use limits::ProviderLimit;
-pub use maintenance::{Maintenance, MaintenanceTask, still_deliverable};
+pub use maintenance::{Maintenance, MaintenanceTask, PassReport, still_deliverable};
 pub use mutant::{Mutant, none_injected};
 pub use progress::{ProgressError, progress, progressed};
 pub use reclaimer::{Reclaimer, ReclaimerEvent};

@@ -6,6 +6,7 @@ use crate::status::{ErrorClass, JobOutcome, RunStatus};
 use crate::stream::Trim;
 use crate::time::Timestamp;
 use crate::world::{Issuer, World};
+use std::collections::BTreeSet;
 
 const T0: Timestamp = Timestamp(1_000_000);
 
@@ -868,4 +869,87 @@ fn partitions_keep_each_entry_in_its_own_stream() {
         world.redis.pending(id).map(|p| p.consumer.clone()),
         Some(WorkerId(1).consumer())
     );
+}
+
+/// A pass sends a whole batch's publications before reading any answer,
+/// then its marks; its report says how many it published and whether the
+/// batch was full, so the driver goes on until a pass is not.
+#[test]
+fn an_outbox_pass_publishes_a_batch_at_once_and_reports_it() {
+    let p = Policy {
+        sweep_batch_max: 2,
+        ..policy()
+    };
+    let mut world = World::at(T0);
+    for run in 1..=3 {
+        world.db.insert_run(RunId(run), "noop", "{}", 1);
+    }
+    let mut m = Maintenance::new(&p);
+    let mut reports = Vec::new();
+    for _ in 0..3 {
+        m.start(MaintenanceTask::Outbox);
+        loop {
+            let group: Vec<Command> = std::iter::from_fn(|| m.poll()).collect();
+            if group.is_empty() {
+                break;
+            }
+            let kinds: BTreeSet<&str> = group
+                .iter()
+                .map(|c| match c {
+                    Command::Db(op) => op.name(),
+                    _ => "stream",
+                })
+                .collect();
+            assert_eq!(kinds.len(), 1, "one kind of command a group: {group:?}");
+            for c in &group {
+                let input = exec(&mut world, c, Issuer::default());
+                m.handle(T0, input);
+            }
+        }
+        assert!(m.is_idle());
+        reports.push(m.report());
+    }
+    let report = |rows, full| PassReport { rows, full };
+    assert_eq!(
+        reports,
+        [report(2, true), report(1, false), report(0, false)]
+    );
+    assert_eq!(world.redis.part(0).len(), 3);
+    assert!(world.db.runs.values().all(|r| r.entry_id.is_some()));
+}
+
+/// The sweeper re-dispatches a whole batch of runs whose entries Redis
+/// lost, and reports the batch full only when it found some gone: a full
+/// batch of entries still in place is the readers' backlog.
+#[test]
+fn a_sweep_reports_full_only_when_it_found_entries_gone() {
+    let p = Policy {
+        sweep_batch_max: 2,
+        ..policy()
+    };
+    let mut world = World::at(T0);
+    for run in 1..=4 {
+        submit(&mut world, run);
+    }
+    world.db.clock = T0.add_ms(p.sweep_grace_ms);
+    let mut m = Maintenance::new(&p);
+    let mut pass = |world: &mut World| {
+        m.start(MaintenanceTask::Sweep);
+        while let Some(c) = m.poll() {
+            let input = exec(world, &c, Issuer::default());
+            m.handle(T0, input);
+        }
+        m.report()
+    };
+    let report = |rows, full| PassReport { rows, full };
+    // Runs 1 and 2: in place, a full batch, nothing to do at once.
+    assert_eq!(pass(&mut world), report(0, false));
+    world.redis_wiped();
+    // From the cursor: 3 and 4, gone; then nothing after them, and the
+    // cursor goes back to the start: 1 and 2, gone.
+    assert_eq!(pass(&mut world), report(2, true));
+    assert_eq!(pass(&mut world), report(0, false));
+    assert_eq!(pass(&mut world), report(2, true));
+    let dispatches: Vec<u32> = world.db.runs.values().map(|r| r.dispatch.0).collect();
+    assert_eq!(dispatches, [2, 2, 2, 2]);
 }

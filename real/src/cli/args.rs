@@ -440,9 +440,16 @@ pub(crate) struct WorkerArgs {
     /// maintenance pass closest to every quarter of this).
     #[arg(long, env = "PELICAN_SWEEP_GRACE_MS", default_value_t = 120_000)]
     pub(crate) sweep_grace_ms: u64,
-    /// Maintenance period (retries due, outbox, sweeper).
+    /// Maintenance period (retries due, outbox, sweeper, retention); a
+    /// task that finds a full batch goes on at once, for up to this long
+    /// a round, until it has caught up.
     #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
     pub(crate) maintenance_every_ms: u64,
+    /// Rows one maintenance pass takes at most: retries promoted, runs
+    /// published by the outbox, runs checked by the sweeper, runs deleted.
+    #[arg(long, env = "PELICAN_MAINTENANCE_BATCH_MAX", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) maintenance_batch_max: u32,
     /// How long an empty XREADGROUP blocks.
     #[arg(long, env = "PELICAN_READ_BLOCK_MS", default_value_t = 1_000)]
     pub(crate) read_block_ms: u64,
@@ -457,8 +464,8 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
     pub(crate) retention_ms: u64,
     /// Postgres retention: finished runs older than this are deleted, with
-    /// their attempts, dead letters and idempotency keys, in small batches
-    /// by the maintenance pass (0: keep every run).
+    /// their attempts, dead letters, events and steps, by the maintenance
+    /// pass (0: keep every run).
     #[arg(long, env = "PELICAN_KEEP_FINISHED_MS", default_value_t = 7 * 86_400_000)]
     pub(crate) keep_finished_ms: u64,
     /// Shift this worker's clock by this many ms (may be negative), to test

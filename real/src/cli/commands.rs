@@ -184,7 +184,7 @@ pub(crate) async fn worker(
         backoff_base_ms: a.backoff_base_ms,
         backoff_cap_ms: a.backoff_cap_ms,
         sweep_grace_ms: a.sweep_grace_ms,
-        sweep_batch_max: 64,
+        sweep_batch_max: a.maintenance_batch_max as usize,
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         keep_finished_ms: a.keep_finished_ms,
         unknown_retries_max: a.unknown_retries_max,

@@ -3,30 +3,43 @@
 use super::{DbClient, Io, Probe, RoleId, StreamClient};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, Submitter, SubmitterEnd,
-    Unavailable,
+    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, PassReport, Submitter,
+    SubmitterEnd, Unavailable,
 };
 use pelican_model::world::Issuer;
 
 /// Runs one maintenance pass of `task` to its end, on the worker's
-/// maintenance loop `m` (idle before and after).
+/// maintenance loop `m` (idle before and after), and says what it did.
+/// Each group of commands the pass sends at once goes out together
+/// ([`Io::run_each`]): a batch's publications as one pipeline, its marks
+/// as one statement.
 pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     io: &Io<S, D, P>,
     worker: WorkerId,
     m: &mut Maintenance,
     task: MaintenanceTask,
-) {
+) -> PassReport {
     let role = RoleId::Maintenance(worker);
     let by = Issuer::worker(worker);
     let start = io.now();
     io.probe
         .started(&role, &super::Start::Maintenance { now: start, task });
     m.start(task);
-    while let Some(command) = m.poll() {
-        let (at, input) = io.run_at(&role, command, by).await;
-        m.handle(at, input);
+    loop {
+        let group: Vec<(RoleId, Command, Issuer)> = std::iter::from_fn(|| m.poll())
+            .map(|c| (role.clone(), c, by))
+            .collect();
+        if group.is_empty() {
+            break;
+        }
+        for (at, input) in io.run_each(group).await {
+            m.handle(at, input);
+        }
     }
     debug_assert!(m.is_idle());
+    let report = m.report();
+    io.probe.maintained(worker, task, &report);
+    report
 }
 
 /// Submits run `run`, under the client's idempotency `key` if given:

@@ -3,8 +3,8 @@
 
 use pelican_model::ids::{EntryId, Fence, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Policy, StreamOp, StreamReply,
-    Unavailable,
+    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, MaintenanceTask, PassReport, Policy,
+    StreamOp, StreamReply, Unavailable,
 };
 use pelican_model::status::JobOutcome;
 use pelican_model::stream::StreamError;
@@ -193,6 +193,10 @@ pub trait Probe: Send + Sync + 'static {
     fn delivery_end(&self, worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
         let _ = (worker, entry, end);
     }
+    /// A maintenance pass of `worker` ended, having done `report`.
+    fn maintained(&self, worker: WorkerId, task: MaintenanceTask, report: &PassReport) {
+        let _ = (worker, task, report);
+    }
     /// The deleted pending IDs `worker`'s reclaimer still owes a recovery.
     fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
         let _ = (worker, held);
@@ -227,7 +231,7 @@ pub enum Start {
         /// When.
         now: Timestamp,
         /// Which pass.
-        task: pelican_model::protocol::MaintenanceTask,
+        task: MaintenanceTask,
     },
     /// `Submitter::new(policy, run, kind, input, key)`.
     Submit {
@@ -285,6 +289,10 @@ impl<A: Probe, B: Probe> Probe for (A, B) {
         self.0.delivery_end(worker, entry, end);
         self.1.delivery_end(worker, entry, end);
     }
+    fn maintained(&self, worker: WorkerId, task: MaintenanceTask, report: &PassReport) {
+        self.0.maintained(worker, task, report);
+        self.1.maintained(worker, task, report);
+    }
     fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
         self.0.reclaimer_holds(worker, held);
         self.1.reclaimer_holds(worker, held);
@@ -331,6 +339,11 @@ impl<P: Probe> Probe for Option<P> {
             p.delivery_end(worker, entry, end);
         }
     }
+    fn maintained(&self, worker: WorkerId, task: MaintenanceTask, report: &PassReport) {
+        if let Some(p) = self {
+            p.maintained(worker, task, report);
+        }
+    }
     fn reclaimer_holds(&self, worker: WorkerId, held: &BTreeSet<EntryId>) {
         if let Some(p) = self {
             p.reclaimer_holds(worker, held);
@@ -354,7 +367,9 @@ pub struct Config {
     pub call_timeout_ms: u64,
     /// Reclaimer period.
     pub reclaim_every_ms: u64,
-    /// Maintenance period (retry promotion, outbox, orphan sweep).
+    /// Maintenance period (retry promotion, outbox, orphan sweep,
+    /// retention); also the longest a task's passes run back to back
+    /// while they come back full, before the other tasks get their turn.
     pub maintenance_every_ms: u64,
     /// On shutdown, how long in-flight jobs may take to finish; the rest stay
     /// pending and are reclaimed by other workers.

@@ -233,8 +233,15 @@ async fn reclaim_loop<S, D, P, X>(
     }
 }
 
-/// Every `maintenance_every_ms`: promote due retries, publish the outbox;
-/// and every [`sweep_every_passes`] passes, sweep for orphaned runs.
+/// Every `maintenance_every_ms`, a round: promote due retries, publish the
+/// outbox, delete runs past their keep, and every [`sweep_every_passes`]
+/// rounds sweep for orphaned runs; then trim the streams.
+///
+/// A task whose pass came back full ([`PassReport::full`]) runs its next
+/// pass at once, for up to `maintenance_every_ms`; one still behind after
+/// that slice is due again in the next round, which then starts without
+/// the pause. So a backlog (a Redis wipe's, a burst of finished runs) is
+/// worked off at the pace of the servers, and no task starves the others.
 async fn maintenance_loop<S, D, P>(
     io: Arc<Io<S, D, P>>,
     worker: WorkerId,
@@ -248,17 +255,28 @@ async fn maintenance_loop<S, D, P>(
     let sweep_every = sweep_every_passes(&io.config);
     // One loop for the worker's life: the sweeper's cursor lives in it.
     let mut m = Maintenance::new(&io.config.policy);
-    for pass in 1_u64.. {
-        tokio::select! {
-            biased;
-            _ = stop.wait_for(|s| *s) => return,
-            () = tokio::time::sleep(every) => {}
+    let mut behind: BTreeSet<MaintenanceTask> = BTreeSet::new();
+    for round in 1_u64.. {
+        if behind.is_empty() {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(every) => {}
+            }
         }
-        super::maintain(&io, worker, &mut m, MaintenanceTask::Retries).await;
-        super::maintain(&io, worker, &mut m, MaintenanceTask::Outbox).await;
-        if pass % sweep_every == 0 {
-            super::maintain(&io, worker, &mut m, MaintenanceTask::Sweep).await;
-            super::maintain(&io, worker, &mut m, MaintenanceTask::Retention).await;
+        let sweep = round % sweep_every == 0 || behind.contains(&MaintenanceTask::Sweep);
+        behind.clear();
+        for task in MaintenanceTask::ALL {
+            if task == MaintenanceTask::Sweep && !sweep {
+                continue;
+            }
+            let slice = tokio::time::Instant::now() + every;
+            while super::maintain(&io, worker, &mut m, task).await.full {
+                if tokio::time::Instant::now() >= slice {
+                    behind.insert(task);
+                    break;
+                }
+            }
         }
         if io.config.retention_ms > 0 {
             let before = Timestamp(io.now().0.saturating_sub(io.config.retention_ms));
@@ -277,12 +295,13 @@ async fn maintenance_loop<S, D, P>(
 /// The sweeper looks for runs published, or left with an expired lease, more
 /// than `sweep_grace_ms` ago; its query reads the live runs (`runs_live`),
 /// a batch at a time from its cursor, and it calls Redis for each
-/// candidate. Running it every quarter of the grace delays a recovery by at
-/// most that quarter, and the sweeper is the last resort anyway (the
-/// reclaimer and the outbox recover the common cases). Retention runs on
-/// the same passes. The model lets maintenance tasks run in any order and
-/// as often as they like, so sweeping less often is one of the behaviours
-/// it checks.
+/// batch of candidates. Running it every quarter of the grace delays a
+/// recovery by at most that quarter, and the sweeper is the last resort
+/// anyway (the reclaimer and the outbox recover the common cases); a sweep
+/// that found a full batch goes on in the next round. Retention runs
+/// every round. The model lets maintenance tasks run in any order and as
+/// often as they like, so sweeping less often, or again at once, is one of
+/// the behaviours it checks.
 fn sweep_every_passes(config: &Config) -> u64 {
     (config.policy.sweep_grace_ms / 4 / config.maintenance_every_ms.max(1)).max(1)
 }

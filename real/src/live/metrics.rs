@@ -6,10 +6,11 @@
 use super::pg::PgDb;
 use super::redis::RedisStream;
 use crate::driver::{Probe, RoleId};
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
-    AckReason, DbOp, DbReply, DeliveryEnd, Input, PendingReason, StreamOp, StreamReply,
+    AckReason, DbOp, DbReply, DeliveryEnd, Input, MaintenanceTask, PassReport, PendingReason,
+    StreamOp, StreamReply,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::time::Timestamp;
@@ -110,6 +111,9 @@ pub struct MetricsProbe {
     /// By [`DeliveryEnd::name`].
     deliveries: Vec<(&'static str, Counter)>,
     unavailable: Counter,
+    /// By [`MaintenanceTask::ALL`]: (rows moved on, passes, whether the
+    /// last pass came back full).
+    maintenance: [(Counter, Counter, Gauge); 4],
     /// What `/readyz` answers.
     pub readiness: Arc<Readiness>,
 }
@@ -168,8 +172,17 @@ impl MetricsProbe {
                 )
             })
             .collect();
+        let maintenance = MaintenanceTask::ALL.map(|task| {
+            let name = task.as_str();
+            (
+                metrics::counter!("pelican_maintenance_rows_total", "task" => name),
+                metrics::counter!("pelican_maintenance_passes_total", "task" => name),
+                metrics::gauge!("pelican_maintenance_behind", "task" => name),
+            )
+        });
         MetricsProbe {
             attempts,
+            maintenance,
             duration: metrics::histogram!("pelican_attempt_duration_seconds"),
             writes,
             deliveries,
@@ -219,6 +232,17 @@ impl Probe for MetricsProbe {
         {
             counters[usize::from(*n > 0)].increment(1);
         }
+    }
+
+    fn maintained(&self, _worker: WorkerId, task: MaintenanceTask, report: &PassReport) {
+        let i = MaintenanceTask::ALL
+            .iter()
+            .position(|t| *t == task)
+            .expect("every task is listed");
+        let (rows, passes, behind) = &self.maintenance[i];
+        rows.increment(report.rows);
+        passes.increment(1);
+        behind.set(f64::from(u8::from(report.full)));
     }
 
     fn delivery_end(&self, _worker: WorkerId, _entry: EntryId, end: DeliveryEnd) {

@@ -1,0 +1,119 @@
+//! Housekeeping and recovery at the pace their work arrives: a backlog is
+//! worked off in batches, pass after pass, not a small batch per period.
+//! Each scenario gives the old pace (one batch of 64 per round) minutes of
+//! work, and the new one seconds: it waits far longer than the new pace
+//! needs and far less than the old one did.
+
+use super::{agent, sleep_ms};
+use crate::{Env, free_port};
+use pelican_model::ids::RunId;
+use pelican_model::status::RunStatus;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Runs a backlog scenario submits: enough that a batch of 64 per round
+/// would take over two minutes at one round every two seconds.
+const BACKLOG: usize = 5_000;
+
+/// Submits `n` no-op runs with `pelican submit --from-file`, and counts
+/// them as accepted.
+fn submit_noops(env: &mut Env, n: usize) {
+    let mut text = String::new();
+    for i in 0..n {
+        let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
+    }
+    let path = env.logs.join("backlog.jsonl");
+    std::fs::write(&path, text).expect("the test writes its lines");
+    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+    assert!(
+        out.status.success(),
+        "submit --from-file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<RunId> = env.db().runs.keys().copied().collect();
+    assert_eq!(runs.len(), n, "every line is a run");
+    for run in runs {
+        env.accepted.insert(run);
+        env.effects.insert(run, 0);
+    }
+}
+
+fn wait_within(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        sleep_ms(200);
+    }
+}
+
+/// The value of the series `name` (with its labels, as exposed) on the
+/// worker's `/metrics` at `listen`.
+fn metric(listen: &str, series: &str) -> Option<f64> {
+    let text = agent()
+        .get(&format!("http://{listen}/metrics"))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Retention deletes a backlog of finished runs in one maintenance round,
+/// batch after batch, and reports the rows it deleted.
+pub fn retention_keeps_pace_with_finished_runs(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    submit_noops(&mut env, BACKLOG);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let flags = [
+        "--keep-finished-ms",
+        "1",
+        "--maintenance-every-ms",
+        "2000",
+        "--metrics-listen",
+        &listen,
+    ];
+    let _w = env.worker(1, None, &flags);
+    wait_within(
+        "retention deletes every finished run",
+        Duration::from_secs(30),
+        || env.db().runs.is_empty(),
+    );
+    let deleted = metric(
+        &listen,
+        r#"pelican_maintenance_rows_total{task="retention"}"#,
+    );
+    assert_eq!(deleted, Some(BACKLOG as f64), "the pace metric counts them");
+    let behind = metric(&listen, r#"pelican_maintenance_behind{task="retention"}"#);
+    assert_eq!(behind, Some(0.0), "caught up");
+    env.accepted.clear();
+}
+
+/// Redis loses a backlog of queued runs: the sweeper re-dispatches them and
+/// the outbox publishes them again, a batch after another, each batch's
+/// publications as one pipeline, until every run has run once.
+pub fn a_redis_wipe_is_recovered_at_the_servers_pace(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    submit_noops(&mut env, BACKLOG);
+    env.redis.wipe();
+    let flags = ["--sweep-grace-ms", "1000", "--maintenance-every-ms", "2000"];
+    let _w = env.worker(1, None, &flags);
+    wait_within(
+        "every run of the wiped backlog succeeds",
+        Duration::from_secs(40),
+        || {
+            env.db()
+                .runs
+                .values()
+                .all(|r| r.status == RunStatus::Succeeded)
+        },
+    );
+    let db = env.check(&[]);
+    assert!(
+        db.runs
+            .values()
+            .all(|r| r.dispatch.0 == 2 && r.attempts == 1),
+        "each run re-dispatched once and run once"
+    );
+}
