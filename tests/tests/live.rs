@@ -60,6 +60,7 @@ live! {
     partitions_spread_over_cluster_masters,
     retention_keeps_pace_with_finished_runs,
     a_redis_wipe_is_recovered_at_the_servers_pace,
+    an_events_stream_ends_at_a_full_reads_terminal_event,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -820,6 +820,16 @@ const EVENTS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// The most events one read of an events stream takes.
 const EVENTS_READ_MAX: usize = 256;
 
+/// One event as an SSE event: `id` its number, `event` its kind, `data`
+/// its [`event_view`].
+fn sse_event(e: &RunEvent) -> Result<Event, std::convert::Infallible> {
+    Ok(Event::default()
+        .id(e.seq.to_string())
+        .event(e.kind.as_str())
+        .json_data(event_view(e))
+        .expect("an event serializes"))
+}
+
 /// One event as an SSE event's data.
 #[must_use]
 pub fn event_view(e: &RunEvent) -> wire::Event {
@@ -905,13 +915,14 @@ async fn run_events(
     if after == row.events && row.status.is_terminal() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    // (the next event number to send, whether the stream has ended)
+    // (the last event sent, whether it was terminal): a read that finds
+    // nothing after a terminal event ends the stream. A terminal event is
+    // the last of its run unless an operator requeues it, so a read that
+    // ends on one (even a full read) is followed by one more, which
+    // finds nothing or the requeue.
     let events = futures_util::stream::unfold((after, false), move |(after, ended)| {
         let db = db.clone();
         async move {
-            if ended {
-                return None;
-            }
             loop {
                 match db
                     .execute(&DbOp::ReadEvents {
@@ -923,25 +934,15 @@ async fn run_events(
                 {
                     Ok(DbReply::Events(batch)) if !batch.is_empty() => {
                         let last = batch.last().expect("not empty");
-                        let next = (
-                            last.seq,
-                            last.kind.is_terminal() && batch.len() < EVENTS_READ_MAX,
-                        );
-                        let sent: Vec<Result<Event, std::convert::Infallible>> = batch
-                            .iter()
-                            .map(|e| {
-                                Ok(Event::default()
-                                    .id(e.seq.to_string())
-                                    .event(e.kind.as_str())
-                                    .json_data(event_view(e))
-                                    .expect("an event serializes"))
-                            })
-                            .collect();
+                        let next = (last.seq, last.kind.is_terminal());
+                        let sent: Vec<Result<Event, std::convert::Infallible>> =
+                            batch.iter().map(sse_event).collect();
                         return Some((futures_util::stream::iter(sent), next));
                     }
+                    Ok(DbReply::Events(_)) if ended => return None,
                     Ok(DbReply::Events(_)) => {}
-                    other => {
-                        tracing::warn!(run = run.0, answer = ?other.err(), "reading events failed");
+                    Ok(_) | Err(_) => {
+                        tracing::warn!(run = run.0, "reading events failed");
                     }
                 }
                 tokio::time::sleep(EVENTS_POLL).await;

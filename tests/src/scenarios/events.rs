@@ -381,3 +381,47 @@ pub fn the_client_library_against_the_api(mutant: Option<&str>) {
     });
     env.check(&[]);
 }
+
+/// Waits for `child` to exit by itself within `limit`; kills it and panics
+/// otherwise.
+fn exits_within(child: &mut Child, what: &str, limit: Duration) {
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("the child is ours").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what}: still open after {limit:?}");
+        }
+        sleep_ms(100);
+    }
+}
+
+/// An events stream whose read ends exactly on the terminal event (the
+/// run's 256th event, a full read) ends, as one whose terminal event comes
+/// earlier in a read does. curl follows each from the first event and must
+/// be let go by the API with the whole log.
+pub fn an_events_stream_ends_at_a_full_reads_terminal_event(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api_on(TOKEN, 3, &[], free_port());
+    // queued, claimed, one progress event a call, succeeded.
+    let full = env.submit("effect", r#"{"calls":253}"#, 3);
+    let short = env.submit("effect", r#"{"calls":20}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    env.settle();
+    for (run, events) in [(full, 256), (short, 23)] {
+        let out = scratch_file(&format!("curl-{}.txt", run.0));
+        let mut c = curl(&base, run, 0, &out);
+        exits_within(
+            &mut c,
+            "the stream of a finished run",
+            Duration::from_secs(15),
+        );
+        let got = parse_sse(&std::fs::read_to_string(&out).expect("curl's output"));
+        let log = log_of(&env, run);
+        assert_eq!(log.len(), events, "{run}'s log");
+        assert_whole(&log, EventKind::Succeeded);
+        let got: Vec<u32> = got.iter().map(|(id, _, _)| *id).collect();
+        let want: Vec<u32> = log.iter().map(|e| e.seq).collect();
+        assert_eq!(got, want, "{run}: curl received the whole log");
+    }
+    env.check(&[]);
+}
