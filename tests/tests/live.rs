@@ -61,6 +61,7 @@ live! {
     retention_keeps_pace_with_finished_runs,
     a_redis_wipe_is_recovered_at_the_servers_pace,
     an_events_stream_ends_at_a_full_reads_terminal_event,
+    sigterm_ends_an_apis_events_streams,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -377,6 +377,11 @@ pub(crate) struct ApiArgs {
         default_value_t = 86_400_000
     )]
     pub(crate) submit_keys_keep_ms: u64,
+    /// On SIGTERM: stop accepting, end every events stream (its client
+    /// resumes from `Last-Event-ID` at another API), and give requests in
+    /// flight this long to finish before exiting.
+    #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
+    pub(crate) shutdown_grace_ms: u64,
 }
 
 #[derive(Args)]

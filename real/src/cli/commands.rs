@@ -301,7 +301,9 @@ pub(crate) async fn serve_api(
     let trace = trace_probe(a.trace_file.as_deref(), &config.policy, 0)?;
     let timeout = Duration::from_millis(config.call_timeout_ms);
     let bulk_max = a.bulk_max as usize;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let state = Arc::new(ApiState {
+        stopping,
         io: Io {
             stream: Batching::stream(clients.stream, bulk_max, timeout),
             db: Batching::db(clients.db, bulk_max, timeout),
@@ -322,10 +324,26 @@ pub(crate) async fn serve_api(
         state.clone(),
         Duration::from_millis(a.submit_keys_keep_ms),
     ));
-    axum::serve(listener, api::router(state, a.body_limit_bytes))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving the API")?;
+    let mut stopped = state.stopping.clone();
+    let server = axum::serve(listener, api::router(state, a.body_limit_bytes))
+        .with_graceful_shutdown(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+        .into_future();
+    let grace = Duration::from_millis(a.shutdown_grace_ms);
+    // The signal stops the server's accepting and ends the events streams
+    // (their stream watches `stopping`); what is still in flight a grace
+    // later is cut.
+    let signalled = async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server => served.context("serving the API")?,
+        () = signalled => tracing::warn!(grace_ms = a.shutdown_grace_ms,
+            "shutdown grace over: requests still in flight were cut"),
+    }
     Ok(())
 }
 

@@ -59,6 +59,9 @@ pub struct ApiState {
     pub read_token: Option<String>,
     /// The metrics recorder's handle.
     pub metrics: PrometheusHandle,
+    /// Turns true when the process is asked to stop: every events stream
+    /// ends (its client resumes elsewhere with `Last-Event-ID`).
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// An API error: a status and a message, answered as JSON.
@@ -949,7 +952,12 @@ async fn run_events(
             }
         }
     });
-    let events = futures_util::StreamExt::flatten(events);
+    let mut stopping = state.stopping.clone();
+    let stopped = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    let events =
+        futures_util::StreamExt::take_until(futures_util::StreamExt::flatten(events), stopped);
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())

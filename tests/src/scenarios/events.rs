@@ -425,3 +425,46 @@ pub fn an_events_stream_ends_at_a_full_reads_terminal_event(mutant: Option<&str>
     }
     env.check(&[]);
 }
+
+/// SIGTERM stops an API that has an events stream open: the stream ends
+/// (curl sees the end of its response), the process exits 0 well within
+/// its grace, and a client resuming with `Last-Event-ID` at the API's
+/// successor receives the rest of the log, each event once.
+pub fn sigterm_ends_an_apis_events_streams(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let port = free_port();
+    let (mut api, base) = env.api_on(TOKEN, 3, &[], port);
+    // Far longer than the API may take to stop.
+    let run = env.submit("sleep", r#"{"ms":60000}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    wait_for("the run is claimed", || log_of(&env, run).len() >= 2);
+    let first = scratch_file("curl-term-1.txt");
+    let mut c1 = curl(&base, run, 0, &first);
+    wait_for("curl receives the claim", || {
+        parse_sse(&std::fs::read_to_string(&first).unwrap_or_default()).len() >= 2
+    });
+    api.term();
+    let status = api.wait(Duration::from_secs(10));
+    assert!(status.success(), "exit 0; log:\n{}", api.log_text());
+    exits_within(
+        &mut c1,
+        "curl after the API stopped",
+        Duration::from_secs(5),
+    );
+    let before = parse_sse(&std::fs::read_to_string(&first).unwrap());
+    let last = before.last().map_or(0, |(id, _, _)| *id);
+    let (_api2, base) = env.api_on(TOKEN, 3, &[], port);
+    let second = scratch_file("curl-term-2.txt");
+    let mut c2 = curl(&base, run, last, &second);
+    let out = env.cli(&["cancel", &run.0.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    exits_within(&mut c2, "the resumed stream", Duration::from_secs(30));
+    let after = parse_sse(&std::fs::read_to_string(&second).unwrap());
+    let got: Vec<u32> = before.iter().chain(&after).map(|(id, _, _)| *id).collect();
+    let log = log_of(&env, run);
+    assert_whole(&log, EventKind::Cancelled);
+    let want: Vec<u32> = log.iter().map(|e| e.seq).collect();
+    assert_eq!(got, want, "each event once, across the two APIs");
+    env.settle();
+    env.check(&[]);
+}
