@@ -1004,12 +1004,16 @@ impl Db {
     }
 
     /// [`Statement::DlqRequeue`]: an operator's explicit re-run of a dead run, with
-    /// `extra_attempts` more attempts.
-    pub fn dlq_requeue(&mut self, run: RunId, extra_attempts: u32) -> u64 {
+    /// `extra_attempts` more attempts, a fresh budget of `budget_ms` from
+    /// now (`None`: no budget) and no unknown errors counted.
+    pub fn dlq_requeue(&mut self, run: RunId, extra_attempts: u32, budget_ms: Option<u64>) -> u64 {
+        let now = self.clock;
         match (self.runs.get_mut(&run), self.dead_letters.get_mut(&run)) {
             (Some(r), Some(d)) if r.status == RunStatus::Dead && !d.requeued => {
                 d.requeued = true;
                 r.attempts_max = r.attempts.saturating_add(extra_attempts);
+                r.deadline = budget_ms.map(|b| now.add_ms(b));
+                r.unknown_failures = 0;
                 redispatch(r);
                 let fence = r.active_fence;
                 self.log(run, EventKind::Requeued, fence, None, "");

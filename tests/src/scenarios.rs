@@ -15,8 +15,9 @@ pub use operate::{
 };
 
 pub use runs_api::{
-    the_api_conforms_to_its_openapi_document, the_openapi_document_is_the_served_routes,
-    the_queue_route_reports_lag_and_pending, the_runs_api_lists_pages_and_requeues,
+    requeue_gives_a_fresh_budget_and_unknown_count, the_api_conforms_to_its_openapi_document,
+    the_openapi_document_is_the_served_routes, the_queue_route_reports_lag_and_pending,
+    the_runs_api_lists_pages_and_requeues,
 };
 
 pub use steady::{

@@ -62,6 +62,7 @@ live! {
     a_redis_wipe_is_recovered_at_the_servers_pace,
     an_events_stream_ends_at_a_full_reads_terminal_event,
     sigterm_ends_an_apis_events_streams,
+    requeue_gives_a_fresh_budget_and_unknown_count,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

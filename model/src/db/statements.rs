@@ -1195,8 +1195,11 @@ statements! {
         model: |db| Rows(db.take_token(provider, *interval_ms, *burst)),
     }
 
-    /// An operator's re-run of a dead run, with `extra_attempts` more.
-    DlqRequeue { run: RunId, extra_attempts: u32 } => {
+    /// An operator's re-run of a dead run, with `extra_attempts` more, a
+    /// fresh elapsed budget of `budget_ms` from now (0: none; the
+    /// requeuer's for the run's kind) and its count of unknown errors
+    /// reset: it starts over as a new submission would.
+    DlqRequeue { run: RunId, extra_attempts: u32, budget_ms: u64 } => {
         name: "dlq_requeue",
         access: Write,
         reply: Rows,
@@ -1204,12 +1207,13 @@ statements! {
                 RETURNING run_id), \
               r AS (UPDATE runs SET status = 'queued', attempts_max = attempts + $2, dispatch = dispatch + 1, \
                      published_at = NULL, finished_at = NULL, lease_until = NULL, retry_at = NULL, \
+                     deadline_ms = pelican_now_ms() + NULLIF($3, 0), unknown_failures = 0, \
                      events = events + 1 \
                WHERE run_id IN (SELECT run_id FROM d) AND status = 'dead' \
                RETURNING run_id, events, attempts, active_fence) ",
               event_row!(), "SELECT run_id, events, 'requeued', attempts, active_fence, NULL, '' FROM r"),
         show: [run],
-        model: |db| Rows(db.dlq_requeue(*run, *extra_attempts)),
+        model: |db| Rows(db.dlq_requeue(*run, *extra_attempts, budget(*budget_ms))),
     }
 
     #[cfg(feature = "mutants")]

@@ -227,8 +227,16 @@ fn exhausted_runs_die_with_a_dead_letter() {
     );
     assert_eq!(d.attempts, vec![(AttemptNo(1), c.fence, None)]);
     // An explicit requeue runs it again, once.
-    assert_eq!(db.dlq_requeue(RunId(1), 2), 1);
-    assert_eq!(db.dlq_requeue(RunId(1), 2), 0);
+    db.runs.get_mut(&RunId(1)).unwrap().unknown_failures = 1;
+    db.clock = t(9_000);
+    assert_eq!(db.dlq_requeue(RunId(1), 2, Some(500)), 1);
+    assert_eq!(db.dlq_requeue(RunId(1), 2, Some(500)), 0);
+    let r = &db.runs[&RunId(1)];
+    assert_eq!(
+        (r.deadline, r.unknown_failures),
+        (Some(t(9_500)), 0),
+        "a fresh budget from the requeue, no unknown errors counted"
+    );
     let r = db.read_run(RunId(1)).unwrap();
     assert_eq!(
         (r.status, r.attempts_max, r.dispatch),

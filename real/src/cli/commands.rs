@@ -406,7 +406,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
         Cmd::Dlq(DlqCmd::Requeue {
             run,
             extra_attempts,
-        }) => dlq_requeue(c, &run, extra_attempts, json).await,
+        }) => dlq_requeue(c, &run, extra_attempts, handlers, json).await,
     }
 }
 
@@ -743,17 +743,31 @@ async fn dlq_list(c: &Connection, limit: usize, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `pelican dlq requeue`.
-async fn dlq_requeue(c: &Connection, run: &str, extra_attempts: u32, json: bool) -> Result<()> {
+/// `pelican dlq requeue`: with `extra_attempts` more, and a fresh budget
+/// as the run's kind has it here.
+async fn dlq_requeue(
+    c: &Connection,
+    run: &str,
+    extra_attempts: u32,
+    handlers: fn(&mut Registry),
+    json: bool,
+) -> Result<()> {
     let run = run_id(run)?;
     if extra_attempts == 0 {
         bail!("--extra-attempts must be at least 1");
     }
     let db = connect_db(c).await?;
+    let kind = match db.execute(&DbOp::ReadRun { run }).await? {
+        DbReply::Run(Some(r)) => r.kind,
+        DbReply::Run(None) => bail!("no run {}", run.0),
+        other => bail!("unexpected answer {other:?}"),
+    };
+    let budget_ms = c.kinds(handlers).get(&kind).and_then(|k| k.budget_ms);
     match db
         .execute(&DbOp::DlqRequeue {
             run,
             extra_attempts,
+            budget_ms: budget_ms.unwrap_or(0),
         })
         .await?
     {

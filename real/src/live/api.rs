@@ -1177,10 +1177,21 @@ async fn requeue_dead_letter(
         )));
     }
     let db = state.io.db.inner();
+    // A fresh budget, as the run's kind has it now: the requeue starts the
+    // run over as a new submission would.
+    let kind = match db.execute(&DbOp::ReadRun { run }).await {
+        Ok(DbReply::Run(Some(r))) => r.kind,
+        Ok(DbReply::Run(None)) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
+        }
+        _ => return Err(unavailable("Postgres")),
+    };
+    let budget_ms = state.io.config.policy.kind(&kind).budget_ms;
     match db
         .execute(&DbOp::DlqRequeue {
             run,
             extra_attempts,
+            budget_ms: budget_ms.unwrap_or(0),
         })
         .await
     {

@@ -457,7 +457,11 @@ pub fn sigterm_ends_an_apis_events_streams(mutant: Option<&str>) {
     let second = scratch_file("curl-term-2.txt");
     let mut c2 = curl(&base, run, last, &second);
     let out = env.cli(&["cancel", &run.0.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exits_within(&mut c2, "the resumed stream", Duration::from_secs(30));
     let after = parse_sse(&std::fs::read_to_string(&second).unwrap());
     let got: Vec<u32> = before.iter().chain(&after).map(|(id, _, _)| *id).collect();

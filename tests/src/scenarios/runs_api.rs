@@ -334,3 +334,74 @@ pub fn the_api_conforms_to_its_openapi_document(mutant: Option<&str>) {
     ]);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// A requeue starts a dead run over as a new submission would: a fresh
+/// elapsed budget for its kind (one run is requeued long after its budget
+/// ran out, over HTTP) and no unknown errors counted (another is requeued
+/// after an unknown error, with `pelican dlq requeue`). Both then succeed.
+pub fn requeue_gives_a_fresh_budget_and_unknown_count(mutant: Option<&str>) {
+    use pelican_model::protocol::KindPolicy;
+    let mut env = Env::mutated(mutant);
+    let budget = KindPolicy {
+        budget_ms: Some(1_500),
+        ..KindPolicy::default()
+    };
+    env.kinds = [("fail".to_owned(), budget)].into();
+    let args = env.kind_policy_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_api, base) = env.api_with_flags("tok", 1, &args);
+    // Dies on its one attempt; runs once more after the requeue.
+    let late = env.submit("fail", r#"{"class":"retryable","times":1}"#, 1);
+    // Attempts 1 and 2 fail with unknown errors under a worker that
+    // retries five: the first is retried and counted, the second finds no
+    // attempt left. After the requeue (2 more), under a worker that
+    // retries one, attempt 3's unknown error is retried only if the count
+    // started over, and attempt 4 succeeds.
+    let unknown = env.submit("fail", r#"{"class":"unknown","times":3}"#, 2);
+    env.unknown_retries_max = 5;
+    let mut w1 = env.worker(
+        1,
+        None,
+        &[&args[..], &["--unknown-retries-max", "5"]].concat(),
+    );
+    env.settle();
+    w1.term();
+    assert!(w1.wait(std::time::Duration::from_secs(20)).success());
+    let _w2 = env.worker(2, None, &args);
+    let db = env.db();
+    assert_eq!(
+        db.runs[&unknown].unknown_failures, 1,
+        "{:?}",
+        db.runs[&unknown]
+    );
+    for run in [late, unknown] {
+        assert_eq!(db.runs[&run].status, RunStatus::Dead, "{:?}", db.runs[&run]);
+    }
+    // Long past the budget the run was submitted with.
+    std::thread::sleep(std::time::Duration::from_millis(2_000));
+    let resp = agent()
+        .post(&format!("{base}/dead-letters/{}/requeue", late.0))
+        .header("Authorization", "Bearer tok")
+        .send_empty()
+        .expect("the API answers");
+    assert_eq!(resp.status().as_u16(), 200);
+    let id = unknown.0.to_string();
+    let mut cli: Vec<&str> = args.clone();
+    cli.extend(["dlq", "requeue", &id, "--extra-attempts", "2"]);
+    let out = env.cli(&cli);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.settle();
+    let db = env.check(&[]);
+    for (run, attempts) in [(late, 2), (unknown, 4)] {
+        let r = &db.runs[&run];
+        assert_eq!(
+            (r.status, r.attempts),
+            (RunStatus::Succeeded, attempts),
+            "{r:?}"
+        );
+    }
+}
