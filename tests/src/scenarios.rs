@@ -6,6 +6,7 @@
 //! against the scenario that exposes it (it must fail).
 
 mod events;
+mod hygiene;
 mod operate;
 mod runs_api;
 mod steady;
@@ -19,6 +20,8 @@ pub use runs_api::{
     the_openapi_document_is_the_served_routes, the_queue_route_reports_lag_and_pending,
     the_runs_api_lists_pages_and_requeues,
 };
+
+pub use hygiene::logs_carry_ids_and_names_never_values;
 
 pub use steady::{
     a_redis_wipe_is_recovered_at_the_servers_pace, retention_keeps_pace_with_finished_runs,

@@ -675,8 +675,18 @@ impl Cluster {
 
     /// Immediate shutdown (as a crash) and start again: committed data stays.
     pub fn restart(&self) {
-        self.pg_ctl("stop");
+        self.stop();
         std::thread::sleep(Duration::from_millis(500));
+        self.resume();
+    }
+
+    /// Stops the server (immediate shutdown): every session is cut.
+    pub fn stop(&self) {
+        self.pg_ctl("stop");
+    }
+
+    /// Starts the stopped server again, on the same port and data.
+    pub fn resume(&self) {
         self.pg_ctl("start");
     }
 }

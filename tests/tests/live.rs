@@ -63,6 +63,7 @@ live! {
     an_events_stream_ends_at_a_full_reads_terminal_event,
     sigterm_ends_an_apis_events_streams,
     requeue_gives_a_fresh_budget_and_unknown_count,
+    logs_carry_ids_and_names_never_values,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -452,7 +452,9 @@ fn batched_form(ops: &[DbOp]) -> Option<(Statement, &'static str)> {
 impl DbClient for PgDb {
     async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         self.execute(&op).await.map_err(|e| {
-            tracing::warn!(error = %e, op = ?op, worker = ?by.worker, "statement failed");
+            // The statement's name and ids (`describe`), never its values:
+            // inputs, results, steps' outputs and progress are users' data.
+            tracing::warn!(error = %e, op = %op.describe(), worker = ?by.worker, "statement failed");
             Unavailable
         })
     }
