@@ -21,7 +21,9 @@ pub use runs_api::{
     the_runs_api_lists_pages_and_requeues,
 };
 
-pub use hygiene::logs_carry_ids_and_names_never_values;
+pub use hygiene::{
+    logs_carry_ids_and_names_never_values, tokens_are_read_as_secret_stores_write_them,
+};
 
 pub use steady::{
     a_redis_wipe_is_recovered_at_the_servers_pace, retention_keeps_pace_with_finished_runs,

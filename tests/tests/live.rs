@@ -64,6 +64,7 @@ live! {
     sigterm_ends_an_apis_events_streams,
     requeue_gives_a_fresh_budget_and_unknown_count,
     logs_carry_ids_and_names_never_values,
+    tokens_are_read_as_secret_stores_write_them,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -167,6 +167,21 @@ fn parse_provider_limit(text: &str) -> Result<(String, ProviderLimit), String> {
     Ok((name, l))
 }
 
+/// A bearer token as a secret store writes it: without the white space
+/// around it (a Kubernetes secret made from a file ends with a newline),
+/// and not empty.
+fn parse_token(text: &str) -> Result<String, String> {
+    let token = text.trim();
+    if token.is_empty() {
+        return Err("the token is empty".into());
+    }
+    // (What the token holds is a secret: the error does not show it.)
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("a token holds printable ASCII only, without spaces inside".into());
+    }
+    Ok(token.to_owned())
+}
+
 /// `KIND:field=N,...` (see `--kind-policy`).
 fn parse_kind_policy(text: &str) -> Result<(String, KindPolicy), String> {
     let (kind, fields) = parse_fields(text, "kind")?;
@@ -289,7 +304,7 @@ pub(crate) enum Cmd {
         #[arg(long, env = "PELICAN_API_URL", default_value = "http://127.0.0.1:8080")]
         api_url: String,
         /// A bearer token of the API (the read-only one will do).
-        #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
+        #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
         api_token: Option<String>,
     },
     /// Cancel a run.
@@ -344,11 +359,11 @@ pub(crate) struct ApiArgs {
     pub(crate) listen: SocketAddr,
     /// Bearer token every route but /healthz requires. Without it the API
     /// refuses to start, unless --insecure-no-auth.
-    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
     pub(crate) api_token: Option<String>,
     /// A second bearer token that only the GET routes (runs, metrics)
     /// accept: for dashboards and scrapers.
-    #[arg(long, env = "PELICAN_API_READ_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "PELICAN_API_READ_TOKEN", hide_env_values = true, value_parser = parse_token)]
     pub(crate) api_read_token: Option<String>,
     /// Serve every route to anyone who can reach the API, without a token
     /// (local experiments only).

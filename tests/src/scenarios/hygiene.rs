@@ -71,3 +71,23 @@ fn sql(env: &Env, text: &str) {
         s.raw(&text).await.expect("the test's SQL runs");
     });
 }
+
+/// A token read from a file that ends with a newline (a Kubernetes secret
+/// made with `--from-file`) is the token without it; an empty one is
+/// refused at start.
+pub fn tokens_are_read_as_secret_stores_write_them(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("tok\n");
+    let status = agent()
+        .get(format!("{base}/runs"))
+        .header("Authorization", "Bearer tok")
+        .call()
+        .expect("the API answers")
+        .status()
+        .as_u16();
+    assert_eq!(status, 200, "the token without its newline");
+    let out = env.cli(&["api", "--api-token", " \n", "--listen", "127.0.0.1:1"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the token is empty"), "{stderr}");
+}
