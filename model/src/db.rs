@@ -83,6 +83,20 @@ pub struct RunRow {
     pub events: u32,
 }
 
+impl RunRow {
+    /// The row without its users' values ([`Statement::ReadRunHead`]):
+    /// input, result and error message empty.
+    #[must_use]
+    pub fn head(self) -> RunRow {
+        RunRow {
+            input: String::new(),
+            result: None,
+            error: self.error.map(|(class, _)| (class, String::new())),
+            ..self
+        }
+    }
+}
+
 fn first_event() -> u32 {
     1
 }

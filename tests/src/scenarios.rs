@@ -31,8 +31,8 @@ pub use steady::{
 
 pub use events::{
     a_late_attempts_progress_is_refused, an_events_stream_ends_at_a_full_reads_terminal_event,
-    run_events_survive_a_kill_and_a_reconnect, sigterm_ends_an_apis_events_streams,
-    the_client_library_against_the_api,
+    one_reader_feeds_every_events_stream, run_events_survive_a_kill_and_a_reconnect,
+    sigterm_ends_an_apis_events_streams, the_client_library_against_the_api,
 };
 
 use crate::{Cluster, Database, Env};

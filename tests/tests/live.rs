@@ -65,6 +65,7 @@ live! {
     requeue_gives_a_fresh_budget_and_unknown_count,
     logs_carry_ids_and_names_never_values,
     tokens_are_read_as_secret_stores_write_them,
+    one_reader_feeds_every_events_stream,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -679,6 +679,25 @@ statements! {
         model: |db| DbReply::Run(db.read_run(*run)),
     }
 
+    /// `run`'s row without the values its users gave and got: its input,
+    /// result and error message read as empty. What a watcher or a list
+    /// needs (status, attempts, event count) at a row's cost, whatever
+    /// the values' size.
+    ReadRunHead { run: RunId } => {
+        name: "read_run_head",
+        access: Read,
+        reply: Run,
+        sql: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
+              lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
+              '' AS error_message, unknown_failures, deadline_ms, events FROM runs WHERE run_id = $1",
+        many: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
+               lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
+               '' AS error_message, unknown_failures, deadline_ms, events FROM runs \
+               WHERE run_id = ANY($1::bigint[])",
+        show: [run],
+        model: |db| DbReply::Run(db.read_run(*run).map(RunRow::head)),
+    }
+
     /// The steps recorded for `run`: what a new attempt replays.
     ReadSteps { run: RunId } => {
         name: "read_steps",

@@ -397,6 +397,11 @@ pub(crate) struct ApiArgs {
     /// flight this long to finish before exiting.
     #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
     pub(crate) shutdown_grace_ms: u64,
+    /// Events streams (`GET /runs/{id}/events`) this process serves at
+    /// once; past it, 503 with Retry-After. One reader feeds them all.
+    #[arg(long, env = "PELICAN_EVENTS_STREAMS_MAX", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) events_streams_max: u32,
 }
 
 #[derive(Args)]

@@ -302,8 +302,11 @@ pub(crate) async fn serve_api(
     let timeout = Duration::from_millis(config.call_timeout_ms);
     let bulk_max = a.bulk_max as usize;
     let (stop, stopping) = tokio::sync::watch::channel(false);
+    let watchers =
+        crate::live::watchers::Watchers::start(clients.db.clone(), a.events_streams_max as usize);
     let state = Arc::new(ApiState {
         stopping,
+        watchers,
         io: Io {
             stream: Batching::stream(clients.stream, bulk_max, timeout),
             db: Batching::db(clients.db, bulk_max, timeout),

@@ -62,6 +62,8 @@ pub struct ApiState {
     /// Turns true when the process is asked to stop: every events stream
     /// ends (its client resumes elsewhere with `Last-Event-ID`).
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The one reader every events stream of this process is fed by.
+    pub watchers: Arc<super::watchers::Watchers>,
 }
 
 /// An API error: a status and a message, answered as JSON.
@@ -817,12 +819,6 @@ async fn queue(
     Ok(Json(view))
 }
 
-/// How often an events stream reads the run's new events.
-const EVENTS_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// The most events one read of an events stream takes.
-const EVENTS_READ_MAX: usize = 256;
-
 /// One event as an SSE event: `id` its number, `event` its kind, `data`
 /// its [`event_view`].
 fn sse_event(e: &RunEvent) -> Result<Event, std::convert::Infallible> {
@@ -918,39 +914,23 @@ async fn run_events(
     if after == row.events && row.status.is_terminal() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    // (the last event sent, whether it was terminal): a read that finds
-    // nothing after a terminal event ends the stream. A terminal event is
-    // the last of its run unless an operator requeues it, so a read that
-    // ends on one (even a full read) is followed by one more, which
-    // finds nothing or the requeue.
-    let events = futures_util::stream::unfold((after, false), move |(after, ended)| {
-        let db = db.clone();
-        async move {
-            loop {
-                match db
-                    .execute(&DbOp::ReadEvents {
-                        run,
-                        after,
-                        limit: EVENTS_READ_MAX,
-                    })
-                    .await
-                {
-                    Ok(DbReply::Events(batch)) if !batch.is_empty() => {
-                        let last = batch.last().expect("not empty");
-                        let next = (last.seq, last.kind.is_terminal());
-                        let sent: Vec<Result<Event, std::convert::Infallible>> =
-                            batch.iter().map(sse_event).collect();
-                        return Some((futures_util::stream::iter(sent), next));
-                    }
-                    Ok(DbReply::Events(_)) if ended => return None,
-                    Ok(DbReply::Events(_)) => {}
-                    Ok(_) | Err(_) => {
-                        tracing::warn!(run = run.0, "reading events failed");
-                    }
-                }
-                tokio::time::sleep(EVENTS_POLL).await;
-            }
-        }
+    // The process's one reader follows the run for this stream: no poll
+    // of the stream's own.
+    let Some(sub) = state.watchers.subscribe(run, after) else {
+        let mut e = ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this API has as many events streams open as it serves; retry, or at another".into(),
+        )
+        .into_response();
+        e.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        return Ok(e);
+    };
+    let events = futures_util::stream::unfold(sub, |mut sub| async move {
+        let batch = sub.events.recv().await?;
+        let sent: Vec<Result<Event, std::convert::Infallible>> =
+            batch.iter().map(sse_event).collect();
+        Some((futures_util::stream::iter(sent), sub))
     });
     let mut stopping = state.stopping.clone();
     let stopped = async move {

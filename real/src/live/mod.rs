@@ -5,6 +5,7 @@ pub mod api;
 pub mod metrics;
 pub mod pg;
 pub mod redis;
+pub mod watchers;
 
 pub use pg::{PgDb, PgSession, PgTools};
 pub use redis::{RedisAddr, RedisConn, RedisStream, StreamNames};

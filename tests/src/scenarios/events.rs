@@ -472,3 +472,83 @@ pub fn sigterm_ends_an_apis_events_streams(mutant: Option<&str>) {
     env.settle();
     env.check(&[]);
 }
+
+/// The series `name` (as exposed, with its labels) on the API's `/metrics`.
+fn api_metric(base: &str, series: &str) -> Option<f64> {
+    let text = super::agent()
+        .get(format!("{base}/metrics"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// One reader feeds every events stream of an API: sixty curl clients
+/// follow one running run while the reader's statements grow with its
+/// polls, not with the watchers (a poll a stream would be sixty times as
+/// many); the sixty-first stream is refused with 503 and Retry-After;
+/// and when the run ends, every stream ends with the whole log.
+pub fn one_reader_feeds_every_events_stream(mutant: Option<&str>) {
+    const STREAMS: usize = 60;
+    let mut env = Env::mutated(mutant);
+    let cap = STREAMS.to_string();
+    let (_api, base) = env.api_on(TOKEN, 3, &["--events-streams-max", &cap], free_port());
+    let run = env.submit("sleep", r#"{"ms":60000}"#, 3);
+    let _w = env.worker(1, None, &[]);
+    wait_for("the run is claimed", || log_of(&env, run).len() >= 2);
+    let mut curls: Vec<(Child, PathBuf)> = (0..STREAMS)
+        .map(|i| {
+            let out = scratch_file(&format!("curl-many-{i}.txt"));
+            (curl(&base, run, 0, &out), out)
+        })
+        .collect();
+    wait_for("every stream is open", || {
+        api_metric(&base, "pelican_events_streams") == Some(STREAMS as f64)
+    });
+    let resp = super::agent()
+        .get(format!("{base}/runs/{}/events", run.0))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .expect("the API answers");
+    assert_eq!(resp.status().as_u16(), 503, "one stream past the cap");
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let statements = || api_metric(&base, "pelican_events_statements_total").unwrap_or(0.0);
+    let before = statements();
+    sleep_ms(2_000);
+    let sent = statements() - before;
+    // 20 polls of 100 ms: a heads statement each, and an events read when
+    // the run has new ones (none here). Sixty streams polling on their own
+    // would have sent 1,200.
+    assert!(
+        sent <= 60.0,
+        "{sent} statements in 2 s for {STREAMS} streams"
+    );
+    let out = env.cli(&["cancel", &run.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.settle();
+    let log = log_of(&env, run);
+    assert_whole(&log, EventKind::Cancelled);
+    let want: Vec<u32> = log.iter().map(|e| e.seq).collect();
+    for (c, out) in &mut curls {
+        exits_within(c, "a stream of the cancelled run", Duration::from_secs(10));
+        let got: Vec<u32> = parse_sse(&std::fs::read_to_string(&*out).unwrap())
+            .iter()
+            .map(|(id, _, _)| *id)
+            .collect();
+        assert_eq!(got, want, "every stream received the whole log");
+    }
+    env.check(&[]);
+}

@@ -1,0 +1,201 @@
+//! One reader of run events per API process, shared by every open events
+//! stream: Postgres's load grows with the runs that change, not with the
+//! number of watchers.
+//!
+//! Every [`POLL`] the reader asks Postgres for the head of every watched
+//! run at once ([`DbOp::ReadRunHead`]'s batched form: its status and event
+//! count, none of its values), then reads the new events of the runs whose
+//! count moved past what some watcher has, one read per such run, and
+//! hands each watcher the events after its own position. A watcher whose
+//! queue is full (a slow client) keeps its position and is served again on
+//! a later poll; nothing waits for it. A watcher ends once it has been
+//! handed a terminal event that is its run's last, or its run is gone
+//! (retention deleted it).
+
+use super::pg::PgDb;
+use pelican_model::events::RunEvent;
+use pelican_model::ids::RunId;
+use pelican_model::protocol::{DbOp, DbReply};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore, mpsc};
+
+/// How often the reader polls the watched runs.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// The most events one read of a run takes (a watcher further behind gets
+/// the rest on the next polls).
+pub const READ_MAX: usize = 256;
+
+/// Batches a watcher may have queued before the reader skips it.
+const QUEUE: usize = 4;
+
+/// Runs whose heads one statement reads at most.
+const HEADS_MAX: usize = 5_000;
+
+/// One open events stream: where it is, and where its events go.
+struct Watcher {
+    /// The last event it was handed.
+    after: u32,
+    /// Whether that event was terminal.
+    terminal: bool,
+    tx: mpsc::Sender<Vec<RunEvent>>,
+}
+
+/// The watched runs and their watchers, and the cap on open streams.
+pub struct Watchers {
+    runs: Mutex<BTreeMap<RunId, Vec<Watcher>>>,
+    slots: Arc<Semaphore>,
+    /// A new watcher wakes the reader: its backlog comes at once.
+    wake: Notify,
+}
+
+/// What a watcher receives: batches of its run's events, in order,
+/// numbered without gaps from after its start; the channel closes when its
+/// stream is over. Holding it holds one of the process's stream slots.
+pub struct Subscription {
+    /// The batches.
+    pub events: mpsc::Receiver<Vec<RunEvent>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Watchers {
+    /// No watchers yet, at most `streams_max` at once; the reader runs on
+    /// `db` until the process ends.
+    #[must_use]
+    pub fn start(db: PgDb, streams_max: usize) -> Arc<Watchers> {
+        let w = Arc::new(Watchers {
+            runs: Mutex::new(BTreeMap::new()),
+            slots: Arc::new(Semaphore::new(streams_max)),
+            wake: Notify::new(),
+        });
+        tokio::spawn(read_loop(Arc::downgrade(&w), db));
+        w
+    }
+
+    /// Follows `run` from after event `after`; `None` when the process has
+    /// `streams_max` streams open already.
+    pub fn subscribe(&self, run: RunId, after: u32) -> Option<Subscription> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        let (tx, events) = mpsc::channel(QUEUE);
+        let w = Watcher {
+            after,
+            terminal: false,
+            tx,
+        };
+        self.lock().entry(run).or_default().push(w);
+        self.wake.notify_one();
+        Some(Subscription {
+            events,
+            _slot: slot,
+        })
+    }
+
+    /// Streams open now.
+    #[must_use]
+    pub fn open(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunId, Vec<Watcher>>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The watched runs, each with the earliest position of its watchers
+    /// (closed watchers dropped first).
+    fn positions(&self) -> Vec<(RunId, u32)> {
+        let mut runs = self.lock();
+        runs.retain(|_, ws| {
+            ws.retain(|w| !w.tx.is_closed());
+            !ws.is_empty()
+        });
+        runs.iter()
+            .map(|(run, ws)| (*run, ws.iter().map(|w| w.after).min().unwrap_or(0)))
+            .collect()
+    }
+
+    /// Hands `run`'s new events (those after the earliest watcher's
+    /// position; `events` is the run's count of events, `None` once it is
+    /// gone) to each of its watchers, and ends those that are done.
+    fn deliver(&self, run: RunId, batch: &[RunEvent], events: Option<u32>) {
+        let mut runs = self.lock();
+        let Some(ws) = runs.get_mut(&run) else { return };
+        ws.retain_mut(|w| {
+            let Some(events) = events else { return false };
+            let new: Vec<RunEvent> = batch.iter().filter(|e| e.seq > w.after).cloned().collect();
+            if let Some(last) = new.last() {
+                let (after, terminal) = (last.seq, last.kind.is_terminal());
+                match w.tx.try_send(new) {
+                    Ok(()) => (w.after, w.terminal) = (after, terminal),
+                    // Full: served again on a later poll. Closed: dropped.
+                    Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                }
+            }
+            // Done: its last event is terminal and is its run's last.
+            !(w.terminal && w.after >= events)
+        });
+        if ws.is_empty() {
+            runs.remove(&run);
+        }
+    }
+}
+
+/// The reader: every [`POLL`], or at once for a new watcher, while the
+/// process lives.
+async fn read_loop(watchers: std::sync::Weak<Watchers>, db: PgDb) {
+    loop {
+        let Some(w) = watchers.upgrade() else { return };
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = w.wake.notified() => {}
+        }
+        let watched = w.positions();
+        metrics::gauge!("pelican_events_streams").set(w.open() as f64);
+        for chunk in watched.chunks(HEADS_MAX) {
+            poll(&w, &db, chunk).await;
+        }
+    }
+}
+
+/// One poll of `watched` (run, earliest position): their heads in one
+/// statement, then the new events of each run that has some.
+async fn poll(w: &Watchers, db: &PgDb, watched: &[(RunId, u32)]) {
+    let heads: Vec<DbOp> = watched
+        .iter()
+        .map(|(run, _)| DbOp::ReadRunHead { run: *run })
+        .collect();
+    let statements = metrics::counter!("pelican_events_statements_total");
+    statements.increment(1);
+    let Ok(heads) = db.execute_batch(&heads).await else {
+        tracing::warn!(runs = watched.len(), "reading the watched runs failed");
+        return;
+    };
+    for (&(run, after), head) in watched.iter().zip(heads) {
+        let events = match head {
+            DbReply::Run(Some(r)) => r.events,
+            // Gone: retention deleted it.
+            _ => {
+                w.deliver(run, &[], None);
+                continue;
+            }
+        };
+        if events <= after {
+            w.deliver(run, &[], Some(events));
+            continue;
+        }
+        let read = DbOp::ReadEvents {
+            run,
+            after,
+            limit: READ_MAX,
+        };
+        statements.increment(1);
+        match db.execute(&read).await {
+            Ok(DbReply::Events(batch)) => w.deliver(run, &batch, Some(events)),
+            _ => tracing::warn!(run = run.0, "reading events failed"),
+        }
+    }
+}
