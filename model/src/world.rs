@@ -20,7 +20,7 @@ use crate::protocol::{
 };
 use crate::shared::Shared;
 use crate::status::RunStatus;
-use crate::stream::{AddId, AutoClaim, Stream, StreamError};
+use crate::stream::{AddId, AutoClaim, Stream, StreamError, Trim};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -173,9 +173,18 @@ impl Redis {
                     .map(|got| StreamReply::Touched(!got.is_empty()))
             }),
             StreamOp::Locate { id } => self.on(id.partition, |jobs| Ok(locate(jobs, id.local()))),
-            StreamOp::Retain { partition, before } => self.on(*partition, |jobs| {
-                Ok(StreamReply::Trimmed(retain(jobs, *before)))
-            }),
+            StreamOp::Retain { partition, before } => {
+                // Partition 0's retention trims the dead-letter stream too:
+                // its notices older than `before`.
+                let dead = if *partition == 0 {
+                    self.dead.xtrim(Trim::MinId(EntryId::new(before.0, 0)))
+                } else {
+                    0
+                };
+                self.on(*partition, |jobs| {
+                    Ok(StreamReply::Trimmed(retain(jobs, *before) + dead))
+                })
+            }
         }
     }
 
@@ -254,7 +263,7 @@ fn retention_cutoff_of(jobs: &Stream<JobEntry>, before: Timestamp) -> Option<Ent
 
 fn retain(jobs: &mut Stream<JobEntry>, before: Timestamp) -> u64 {
     match retention_cutoff_of(jobs, before) {
-        Some(cutoff) => jobs.xtrim(crate::stream::Trim::MinId(cutoff)),
+        Some(cutoff) => jobs.xtrim(Trim::MinId(cutoff)),
         None => 0,
     }
 }

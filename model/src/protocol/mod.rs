@@ -370,7 +370,10 @@ pub enum StreamOp {
     /// XTRIM jobs MINID cutoff, where the cutoff is the smallest of
     /// `before` (as an ID), the oldest pending ID and the first undelivered
     /// ID: only delivered, acknowledged entries older than `before` go.
-    /// Nothing is trimmed without the group.
+    /// Nothing is trimmed without the group. Partition 0's also trims the
+    /// dead-letter stream: XTRIM jobs:dead MINID `before` (its notices are
+    /// kept as long as the job streams' entries; Postgres keeps the dead
+    /// letters). The reply counts both.
     Retain {
         #[serde(default)]
         partition: Partition,

@@ -477,8 +477,23 @@ impl RedisStream {
             StreamOp::Retain {
                 partition, before, ..
             } => {
-                self.on(partition, async |key| self.retain(key, before).await)
-                    .await
+                let dead = if partition == 0 {
+                    let mut trim = redis::cmd("XTRIM");
+                    trim.arg(&n.dead)
+                        .arg("MINID")
+                        .arg(EntryId::new(before.0, 0).to_string());
+                    match self.query(&trim).await? {
+                        Ok(v) => int(&v).unwrap_or(0),
+                        Err(e) => return Ok(Err(e)),
+                    }
+                } else {
+                    0
+                };
+                let jobs = self.on(partition, async |key| self.retain(key, before).await);
+                Ok(jobs.await?.map(|r| match r {
+                    StreamReply::Trimmed(k) => StreamReply::Trimmed(k + dead),
+                    other => other,
+                }))
             }
         }
     }
