@@ -32,6 +32,7 @@ mod env;
 mod processes;
 pub mod scenarios;
 mod services;
+pub mod soak;
 mod stream;
 
 pub use audit::{Finding, stale_writes_in_traces};

@@ -4,6 +4,7 @@
 //!   `mutants` feature, so mutant runs use that build and the correct run the
 //!   default one).
 //! * `chaos`  — the chaos soak on live services (`pelican-chaos`).
+//! * `soak`   — the steady-state soak on live services (`pelican-soak`).
 //! * `bench`  — the model, simulator and live benchmarks (`pelican-bench`).
 //! * `verify` — the main job: the standard configuration must hold every
 //!   guarantee, completely explored, and every mutant must be caught.
@@ -38,6 +39,15 @@ commands:
             Redis and Postgres, a seeded nemesis (kill -9, SIGSTOP, Redis
             restarts and a wipe, Postgres restarts, trims, bad input), then
             S1-S10 and the protocol traces checked (default 20,000 jobs)
+  soak [--long] [--seconds S] [--rate N] [--json]
+            the steady-state soak: a real API and three workers at a steady
+            rate (100 runs/s for 2 minutes; --long: 200 runs/s for 20, on
+            the release build) with retention on a short keep, 200 SSE
+            watchers, a dashboard's polling, kill -9 of workers and of the
+            API, and a Redis wipe halfway; every sampled series (tables,
+            streams, PEL, connections, commits, memory, latencies) must stay
+            flat, nothing lost, no 5xx, the wipe recovered in time; the
+            samples in target/soak/report.json
   bench [--json] [--quick] [-- PELICAN-BENCH-OPTIONS]
             the benchmarks: the standard and standard_steps model checks,
             simulated seeds/s, and live drain, latency and recovery
@@ -75,6 +85,7 @@ fn main() -> ExitCode {
         "replay" => replay(rest),
         "conformance" => conformance(rest),
         "chaos" => chaos(rest),
+        "soak" => soak(rest),
         "bench" => bench(rest),
         "test" => test(rest),
         "lint" => lint(rest),
@@ -303,6 +314,30 @@ fn chaos_command(args: &[&str]) -> Result<Command, String> {
     }
     c.arg("--").args(args);
     Ok(c)
+}
+
+/// `pelican-soak` with `args`: the two-minute form on the live tests'
+/// debug build, the long one (`--long`) on the release build.
+fn soak_command(args: &[&str]) -> Result<Command, String> {
+    let long = args.contains(&"--long");
+    let bin = if long {
+        build_pelican(true, &[])?
+    } else {
+        live_binary(&[], "pelican")?
+    };
+    let mut c = cargo();
+    c.env("PELICAN_BIN", bin)
+        .args(["run", "--quiet", "--package", "pelican-tests"]);
+    if long {
+        c.arg("--release");
+    }
+    c.args(["--bin", "pelican-soak", "--"]).args(args);
+    Ok(c)
+}
+
+fn soak(args: &[String]) -> Result<(), String> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(&format!("soak {}", args.join(" ")), soak_command(&args)?)
 }
 
 fn chaos(args: &[String]) -> Result<(), String> {
@@ -628,6 +663,10 @@ fn test(args: &[String]) -> Result<(), String> {
     run(
         "chaos soak on a Redis Cluster, short: 1,000 jobs under kills, pauses, master failovers, a Postgres restart, trims and bad input",
         chaos_command(&["--short", "--redis-cluster", "--quiet"])?,
+    )?;
+    run(
+        "steady-state soak, 2 minutes at 100 runs/s: retention, 200 SSE watchers, kills of workers and the API, a Redis wipe; every series flat",
+        soak_command(&[])?,
     )?;
     // Debug: the live tests built its library already, and the suites wait
     // on the servers, not on the CPU (75 s here against 37 s for a release

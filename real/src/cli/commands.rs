@@ -51,7 +51,7 @@ pub(crate) struct Clients {
 pub(crate) async fn connect_db(c: &Connection) -> Result<PgDb> {
     PgDb::connect(
         &c.database_url,
-        16,
+        crate::live::pg::POOL_MAX,
         Duration::from_millis(c.call_timeout_ms),
     )
     .await

@@ -22,6 +22,10 @@ use std::time::Duration;
 
 mod rows;
 
+/// The connections each `pelican` process's pool opens at most (it opens
+/// them as its load needs, and keeps them).
+pub const POOL_MAX: u32 = 16;
+
 /// The Postgres client.
 #[derive(Clone, Debug)]
 pub struct PgDb {
@@ -134,18 +138,25 @@ impl PgDb {
     }
 
     /// Every row of every table, as the model's [`Db`](pelican_model::Db)
-    /// (for tests and operators' checks: the invariants run over it).
+    /// (for tests and operators' checks: the invariants run over it), all
+    /// read at one moment.
     ///
     /// # Errors
     /// A query failed or a stored value is not representable.
     pub async fn snapshot(&self) -> Result<pelican_model::Db, PgError> {
-        let p = &self.pool;
+        // One transaction, so that the tables agree with each other while
+        // the processes go on writing (retention deleting a run's rows,
+        // say): every read sees the same moment.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
         let mut db = pelican_model::Db::new();
         let runs = sqlx::query(
             "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, events FROM runs",
         )
-        .fetch_all(p)
+        .fetch_all(&mut *tx)
         .await?;
         for r in &runs {
             let row = rows::run_row(r)?;
@@ -155,7 +166,7 @@ impl PgDb {
         for r in &sqlx::query(
             "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq FROM attempts",
         )
-        .fetch_all(p)
+        .fetch_all(&mut *tx)
         .await?
         {
             let run = rows::run_id(r)?;
@@ -165,14 +176,14 @@ impl PgDb {
         for r in &sqlx::query(
             "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters",
         )
-        .fetch_all(p)
+        .fetch_all(&mut *tx)
         .await?
         {
             let (run, d) = rows::dead_letter(r)?;
             db.dead_letters.insert(run, d);
         }
         for r in &sqlx::query("SELECT key, run_id, request, created_at FROM submit_keys")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let key = pelican_model::db::SubmitKey {
@@ -186,7 +197,7 @@ impl PgDb {
             db.keys.insert(r.try_get("key")?, key);
         }
         for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let id: i32 = r.try_get("worker_id")?;
@@ -202,7 +213,7 @@ impl PgDb {
             );
         }
         for r in &sqlx::query("SELECT run_id, step, name, output, fence FROM steps")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let (step, row) = rows::step_row(r)?;
@@ -210,14 +221,14 @@ impl PgDb {
         }
         for r in
             &sqlx::query("SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events")
-                .fetch_all(p)
+                .fetch_all(&mut *tx)
                 .await?
         {
             let e = rows::event(r)?;
             db.events.insert((rows::run_id(r)?, e.seq), e);
         }
         for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let slot: i32 = r.try_get("slot")?;
@@ -234,7 +245,7 @@ impl PgDb {
             );
         }
         for r in &sqlx::query("SELECT provider, tat_ms FROM provider_rates")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let tat: i64 = r.try_get("tat_ms")?;
@@ -244,13 +255,14 @@ impl PgDb {
             );
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
-            .fetch_all(p)
+            .fetch_all(&mut *tx)
             .await?
         {
             let n: i64 = r.try_get("requests")?;
             db.effects
                 .insert(r.try_get("key")?, rows::unsigned("requests", n)?);
         }
+        tx.commit().await?;
         Ok(db)
     }
 
