@@ -526,12 +526,18 @@ macro_rules! event_row {
     };
 }
 
+/// Deletes the runs `picked` names, and their rows. The runs are found by
+/// `run_id = ANY (ARRAY(...))`, an index lookup whatever the batch: a join
+/// with `picked` is planned generically, for a batch of a tenth of the
+/// candidates whatever the `LIMIT`, as a hash join over a sequential scan
+/// of `runs` (406 ms of a 627 ms pass at 626,000 runs). The maintenance
+/// statements that update the runs a CTE picked do the same.
 macro_rules! delete_picked {
     () => {
-        "gone AS (DELETE FROM runs r USING picked p WHERE r.run_id = p.run_id RETURNING r.run_id), \
+        "gone AS (DELETE FROM runs r WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM picked)) \
+           RETURNING r.run_id), \
          a AS (DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM gone)), \
          d AS (DELETE FROM dead_letters WHERE run_id IN (SELECT run_id FROM gone)), \
-         k AS (DELETE FROM submit_keys WHERE run_id IN (SELECT run_id FROM gone)), \
          s AS (DELETE FROM steps WHERE run_id IN (SELECT run_id FROM gone)), \
          e AS (DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM gone)) \
          SELECT run_id FROM gone"
@@ -602,7 +608,7 @@ statements! {
         reply: Rows,
         sql: "WITH old AS MATERIALIZED (SELECT key FROM submit_keys \
                 WHERE created_at <= pelican_now_ms() - $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2) \
-              DELETE FROM submit_keys s USING old o WHERE s.key = o.key",
+              DELETE FROM submit_keys WHERE key = ANY (ARRAY(SELECT key FROM old))",
         show: [],
         model: |db| Rows(db.expire_keys(db.clock.sub_ms(*keep_ms), *limit)),
     }
@@ -911,7 +917,7 @@ statements! {
                 SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
                  ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED) \
               UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = NULL \
-                FROM due d WHERE r.run_id = d.run_id",
+               WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due))",
         show: [],
         model: |db| Rows(db.promote_retries(db.clock, *limit)),
     }
@@ -927,7 +933,8 @@ statements! {
                 SELECT run_id FROM runs WHERE status = 'queued' AND published_at IS NULL \
                  ORDER BY run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
               taken AS ( \
-                UPDATE runs r SET published_at = pelican_now_ms() FROM picked p WHERE r.run_id = p.run_id \
+                UPDATE runs r SET published_at = pelican_now_ms() \
+                 WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM picked)) \
                 RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
               SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
         show: [],
@@ -1135,7 +1142,9 @@ statements! {
     }
 
     /// Retention: delete up to `limit` runs finished `keep_ms` or longer
-    /// ago, with their attempts, dead letters, idempotency keys and steps.
+    /// ago, with their attempts, dead letters, steps and events. Their
+    /// idempotency keys stay for their own window ([`ExpireKeys`]): a
+    /// retry under one still answers its run, deleted or not.
     DeleteFinished { keep_ms: u64, limit: usize } => {
         name: "delete_finished",
         access: Write,
