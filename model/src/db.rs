@@ -1155,8 +1155,8 @@ impl Db {
     }
 
     /// Deletes up to `limit` runs whose `age` is at or before `before`,
-    /// oldest first (ties by run), with their attempts, dead letter,
-    /// idempotency keys and steps.
+    /// oldest first (ties by run), with their attempts, dead letter, steps
+    /// and events; their idempotency keys stay until they expire.
     fn delete_aged(
         &mut self,
         before: Timestamp,
@@ -1174,7 +1174,6 @@ impl Db {
             self.runs.remove(run);
             self.attempts.retain(|(r, _), _| r != run);
             self.dead_letters.remove(run);
-            self.keys.retain(|_, k| k.run != *run);
             self.steps.retain(|(r, _), _| r != run);
             self.events.retain(|(r, _), _| r != run);
         }

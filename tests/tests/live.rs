@@ -66,6 +66,7 @@ live! {
     logs_carry_ids_and_names_never_values,
     tokens_are_read_as_secret_stores_write_them,
     one_reader_feeds_every_events_stream,
+    retention_keeps_a_keys_window,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -73,8 +73,17 @@ fn retention_deletes_old_finished_runs_with_their_rows() {
         vec![RunId(3)],
         "run 3 is live"
     );
-    assert!(db.attempts.is_empty() && db.dead_letters.is_empty() && db.keys.is_empty());
+    assert!(db.attempts.is_empty() && db.dead_letters.is_empty());
     assert_eq!(db.effects.len(), 2, "the tool service's ledger is its own");
+    // Run 2's key outlives it, for its own window: a retry under it names
+    // run 2 (deleted), and makes no run.
+    assert_eq!(
+        db.insert_run_keyed(RunId(4), "noop", "{}", 1, None, "k2"),
+        (RunId(2), true)
+    );
+    assert!(!db.runs.contains_key(&RunId(4)));
+    assert_eq!(db.expire_keys(t(100), 10), 1, "until the key expires");
+    assert!(db.keys.is_empty());
 }
 
 #[test]

@@ -117,3 +117,42 @@ pub fn a_redis_wipe_is_recovered_at_the_servers_pace(mutant: Option<&str>) {
         "each run re-dispatched once and run once"
     );
 }
+
+/// Retention deletes a keyed run, not its `Idempotency-Key`: a retry under
+/// the key within its window names the deleted run and makes none, and
+/// another request under it is a conflict.
+pub fn retention_keeps_a_keys_window(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api("tok");
+    let flags = ["--keep-finished-ms", "1", "--maintenance-every-ms", "100"];
+    let _w = env.worker(1, None, &flags);
+    let submit = |input: serde_json::Value| {
+        let mut resp = agent()
+            .post(format!("{base}/runs"))
+            .header("Authorization", "Bearer tok")
+            .header("Idempotency-Key", "order-17")
+            .send_json(serde_json::json!({ "kind": "noop", "input": input }))
+            .expect("the API answers");
+        let body: serde_json::Value = resp.body_mut().read_json().unwrap_or_default();
+        (resp.status().as_u16(), body["run_id"].as_u64().map(RunId))
+    };
+    let (status, run) = submit(serde_json::json!({}));
+    assert_eq!(status, 202);
+    let run = run.expect("a run id");
+    wait_within("retention deletes the run", Duration::from_secs(30), || {
+        !env.db().runs.contains_key(&run)
+    });
+    assert_eq!(
+        submit(serde_json::json!({})),
+        (200, Some(run)),
+        "the key's run, deleted"
+    );
+    assert_eq!(
+        submit(serde_json::json!({ "x": 1 })).0,
+        422,
+        "another request"
+    );
+    sleep_ms(500);
+    assert!(env.db().runs.is_empty(), "no second run");
+    env.check(&[]);
+}
