@@ -419,6 +419,13 @@ fn bench(args: &[String]) -> Result<(), String> {
             ],
         ),
     )?;
+    // The steady-state soak first: its summary joins the report.
+    let soak_args: &[&str] = if quick {
+        &["--long", "--seconds", "120", "--json"]
+    } else {
+        &["--long", "--json"]
+    };
+    let soak = last_line("live: the steady-state soak", soak_command(soak_args)?)?;
     let report = dir.join("report.json");
     let mut live = cargo();
     live.env("PELICAN_BIN", &bin).args([
@@ -433,6 +440,8 @@ fn bench(args: &[String]) -> Result<(), String> {
         "--json",
         "--sim-json",
         &sim,
+        "--soak-json",
+        &soak,
         "--report",
     ]);
     live.arg(&report);

@@ -63,6 +63,7 @@ use std::collections::BTreeMap;
 
 pub mod baseline;
 pub mod cpu;
+pub mod steady;
 pub mod work;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

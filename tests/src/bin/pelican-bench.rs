@@ -3,6 +3,7 @@
 //! the model checker's and the simulator's figures.
 
 use clap::Parser;
+use pelican_tests::bench::steady::{self, SteadyPlan};
 use pelican_tests::bench::{BenchPlan, run};
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -72,6 +73,21 @@ struct Args {
     /// only with the baselines).
     #[arg(long, default_value_t = BenchPlan::default().statement_runs)]
     statement_runs: u32,
+    /// Runs behind the steady-state figures: retention against the drain,
+    /// and a wiped backlog's recovery (0: skip every steady-state figure).
+    #[arg(long, default_value_t = 1_000_000)]
+    steady_runs: u32,
+    /// Events streams open on one API in the watchers' figure.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=18_000))]
+    watchers: u32,
+    /// Measure the steady-state figures alone (no drains, latency or
+    /// recovery).
+    #[arg(long)]
+    steady_only: bool,
+    /// The steady-state soak's JSON line (`pelican-soak --json`), to join
+    /// into the report.
+    #[arg(long)]
+    soak_json: Option<String>,
     /// The model checker's JSON line, to join into the report.
     #[arg(long)]
     model_json: Option<String>,
@@ -130,8 +146,31 @@ fn main() -> ExitCode {
         statement_runs: a.statement_runs,
         ..BenchPlan::default()
     };
+    let soak = match parse("soak", a.soak_json.as_deref()) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("pelican-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let steady_plan = SteadyPlan {
+        runs: a.steady_runs,
+        watchers: a.watchers,
+        in_flight: a.in_flight,
+        batch_max: a.batch_max,
+    };
+    if a.steady_only {
+        let steady = steady::run(&steady_plan);
+        println!("{steady}");
+        return ExitCode::SUCCESS;
+    }
     let live = run(&plan).json();
-    let summary = json!({
+    let steady = if a.steady_runs > 0 {
+        steady::run(&steady_plan)
+    } else {
+        Value::Null
+    };
+    let mut summary = json!({
         "model_seconds": model["seconds"],
         "model_unique_states": model["unique_states"],
         "model_states_per_s": model["states_per_s"].as_f64().map(f64::round),
@@ -165,6 +204,11 @@ fn main() -> ExitCode {
         "worker_peak_rss_mib_1m_queued": live["worker_peak_rss_mib_1m_queued"],
         "live_jobs_per_s_redis_cluster_3_masters": live["live_jobs_per_s_redis_cluster_3_masters"],
     });
+    for part in [&steady, &soak] {
+        if let (Some(into), Some(from)) = (summary.as_object_mut(), part.as_object()) {
+            into.extend(from.clone());
+        }
+    }
     let target = |key: &str, ok: bool, goal: &str| {
         let v = &summary[key];
         let mark = if v.is_null() {
@@ -359,6 +403,7 @@ fn main() -> ExitCode {
             live[key].to_string()
         );
     }
+    print_steady(&summary);
     if let Some(path) = &a.report {
         let full = json!({ "summary": summary, "model": model, "model_standard_steps": model_steps, "sim": sim, "live": live });
         let text = serde_json::to_string_pretty(&full).expect("JSON prints");
@@ -372,4 +417,50 @@ fn main() -> ExitCode {
         println!("{summary}");
     }
     ExitCode::SUCCESS
+}
+
+/// The steady-state figures against their targets: retention deletes at
+/// least as fast as a worker drains; a wiped backlog is back in the stream
+/// within 2 minutes; Postgres's commits do not grow with the watchers.
+fn print_steady(summary: &Value) {
+    let num = |key: &str| summary[key].as_f64();
+    let line = |key: &str, goal: String, ok: Option<bool>| {
+        let mark = match ok {
+            None => "not measured",
+            Some(true) => "met",
+            Some(false) => "NOT met",
+        };
+        eprintln!(
+            "  {key:<32} {:>10}   target {goal:<22} {mark}",
+            summary[key].to_string()
+        );
+    };
+    let drain = num("retention_drain_per_s");
+    line(
+        "retention_deletes_per_s",
+        format!(">= {} (the drain)", drain.unwrap_or(f64::NAN)),
+        num("retention_deletes_per_s")
+            .zip(drain)
+            .map(|(d, r)| d >= r),
+    );
+    line(
+        "wipe_back_in_stream_s",
+        format!("<= 120 ({} runs)", summary["steady_runs"]),
+        num("wipe_back_in_stream_s").map(|s| s <= 120.0),
+    );
+    let idle = num("pg_commits_per_s_0_watchers");
+    line(
+        "pg_commits_per_s_watched",
+        format!("~ {} (none open)", idle.unwrap_or(f64::NAN)),
+        num("pg_commits_per_s_watched")
+            .zip(idle)
+            .map(|(w, i)| w <= i * 1.2 + 20.0),
+    );
+    for key in [
+        "wipe_all_run_s",
+        "api_rss_mib_watched",
+        "soak_wipe_recovery_s",
+    ] {
+        eprintln!("  {key:<32} {:>10}", summary[key].to_string());
+    }
 }
