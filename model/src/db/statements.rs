@@ -1143,7 +1143,7 @@ statements! {
 
     /// Retention: delete up to `limit` runs finished `keep_ms` or longer
     /// ago, with their attempts, dead letters, steps and events. Their
-    /// idempotency keys stay for their own window ([`ExpireKeys`]): a
+    /// idempotency keys stay for their own window ([`Statement::ExpireKeys`]): a
     /// retry under one still answers its run, deleted or not.
     DeleteFinished { keep_ms: u64, limit: usize } => {
         name: "delete_finished",

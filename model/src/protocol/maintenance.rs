@@ -343,7 +343,7 @@ impl Maintenance {
                 match input {
                     // Still to be read, or the reclaimer's to take over.
                     Input::Stream(Ok(reply)) if still_deliverable(c, &reply) => {}
-                    Input::Stream(Ok(_)) => gone.push(c.clone()),
+                    Input::Stream(Ok(_)) => gone.push(*c),
                     // Not known: left for a later pass.
                     _ => {}
                 }
