@@ -180,6 +180,28 @@ impl Env {
         run
     }
 
+    /// Submits `n` no-op runs (inputs `{"i": 0}` on) with `pelican submit
+    /// --from-file`, as an operator would load a backlog.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn submit_noops_from_file(&self, n: usize) {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(n * 40);
+        for i in 0..n {
+            let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
+        }
+        let path = self.logs.join("noops.jsonl");
+        std::fs::write(&path, text).expect("the log dir is writable");
+        let out = self.cli(&["submit", "--from-file", &path.to_string_lossy()]);
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            out.status.success(),
+            "submit --from-file: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `--kind-policy KIND:field=N,...` for each of [`Env::kinds`].
     #[must_use]
     pub fn kind_policy_args(&self) -> Vec<String> {

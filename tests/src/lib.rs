@@ -104,6 +104,30 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// An HTTP client for the soaks' load: every status is an answer, not an
+/// error, and no request waits longer than 10 s.
+#[must_use]
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+/// The series `series` (its name and labels, as exposed) on the
+/// Prometheus text at `url`, read with `token` if given.
+#[must_use]
+pub fn metric(url: &str, token: Option<&str>, series: &str) -> Option<f64> {
+    let mut req = agent().get(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    let text = req.call().ok()?.body_mut().read_to_string().ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
 /// `x` rounded to `digits` decimals (for reports).
 #[must_use]
 pub fn round(x: f64, digits: i32) -> f64 {

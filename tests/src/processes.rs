@@ -245,9 +245,12 @@ impl Env {
     ) -> (Proc, String) {
         let mut c = self.command();
         c.args(["api", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--api-token", token, "--body-limit-bytes", "4096"])
-            .args(["--attempts-max", &attempts_max.to_string()])
-            .args(flags);
+            .args(["--api-token", token])
+            .args(["--attempts-max", &attempts_max.to_string()]);
+        if !flags.contains(&"--body-limit-bytes") {
+            c.args(["--body-limit-bytes", "4096"]);
+        }
+        c.args(flags);
         let trace = self
             .logs
             .join(format!("{:02}-api.trace.jsonl", self.procs.len()));

@@ -67,6 +67,7 @@ live! {
     tokens_are_read_as_secret_stores_write_them,
     one_reader_feeds_every_events_stream,
     retention_keeps_a_keys_window,
+    a_keyed_bulk_is_one_statement,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

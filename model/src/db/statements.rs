@@ -593,6 +593,27 @@ statements! {
                 SELECT $1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0) FROM k WHERE k.run_id = $1 \
                 ON CONFLICT (run_id) DO NOTHING) \
               SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
+        // Keys distinct within a batch (the submitter sends a key again
+        // only after its first run's answer), taken in the keys' order so
+        // that two batches sharing keys lock them in the same order. Each
+        // row answers for its command's run (`run_id`) with the key's run
+        // (`key_run`).
+        many: "WITH input AS ( \
+                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms, key)), \
+              k AS ( \
+                INSERT INTO submit_keys AS s (key, run_id, request, created_at) \
+                SELECT key, run_id, octet_length(kind) || ':' || kind || input, pelican_now_ms() \
+                  FROM input ORDER BY key COLLATE \"C\" \
+                ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
+                RETURNING s.key, s.run_id AS key_run, s.request), \
+              inserted AS ( \
+                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
+                SELECT i.run_id, i.kind, i.input, 'queued', 1, 0, 0, i.attempts_max, pelican_now_ms() + NULLIF(i.budget_ms, 0) \
+                  FROM input i JOIN k ON k.key = i.key AND k.key_run = i.run_id ORDER BY i.run_id \
+                ON CONFLICT (run_id) DO NOTHING) \
+              SELECT i.run_id, k.key_run, k.request = octet_length(i.kind) || ':' || i.kind || i.input AS same \
+                FROM input i JOIN k ON k.key = i.key",
         show: [run, key],
         model: |db| {
             let budget = budget(*budget_ms);

@@ -5,7 +5,6 @@
 
 use crate::{Cluster, Database, Env, Proc, rt};
 use serde_json::{Value, json};
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 /// What to measure.
@@ -30,23 +29,6 @@ fn fresh() -> (Cluster, Env) {
     let mut env = Env::with_database(url, Some(db), None);
     env.trace = false;
     (cluster, env)
-}
-
-/// Submits `n` no-op runs with `pelican submit --from-file`.
-fn submit(env: &Env, n: u32) {
-    let mut text = String::with_capacity(n as usize * 40);
-    for i in 0..n {
-        let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
-    }
-    let path = env.logs.join("steady-runs.jsonl");
-    std::fs::write(&path, text).expect("the bench writes its lines");
-    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
-    assert!(
-        out.status.success(),
-        "submit --from-file: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::remove_file(&path);
 }
 
 /// A connection pool of one to the bench's database.
@@ -103,7 +85,7 @@ fn worker(env: &mut Env, plan: &SteadyPlan, extra: &[&str]) -> Proc {
 pub fn retention(plan: &SteadyPlan) -> (f64, f64) {
     let (_cluster, mut env) = fresh();
     let pg = pool(&env);
-    submit(&env, plan.runs);
+    env.submit_noops_from_file(plan.runs as usize);
     let start = Instant::now();
     let mut w = worker(&mut env, plan, &["--keep-finished-ms", "0"]);
     let drained = until_zero(&pg, LIVE, start, Duration::from_secs(600));
@@ -129,7 +111,7 @@ pub fn retention(plan: &SteadyPlan) -> (f64, f64) {
 pub fn wipe(plan: &SteadyPlan) -> (f64, f64) {
     let (_cluster, mut env) = fresh();
     let pg = pool(&env);
-    submit(&env, plan.runs);
+    env.submit_noops_from_file(plan.runs as usize);
     env.redis.wipe();
     // The grace counts from each run's publication: let it pass for all.
     std::thread::sleep(Duration::from_secs(2));

@@ -84,13 +84,7 @@ pub(super) struct Shared {
     pub(super) stop: AtomicBool,
 }
 
-pub(super) fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into()
-}
+pub(super) use crate::agent;
 
 /// Submits jobs `lane, lane + lanes, …` through the API on their pace, and
 /// cancels the ones the workload cancels. Job `i` goes out under the

@@ -473,18 +473,9 @@ pub fn sigterm_ends_an_apis_events_streams(mutant: Option<&str>) {
     env.check(&[]);
 }
 
-/// The series `name` (as exposed, with its labels) on the API's `/metrics`.
+/// The series (as exposed, with its labels) on the API's `/metrics`.
 fn api_metric(base: &str, series: &str) -> Option<f64> {
-    let text = super::agent()
-        .get(format!("{base}/metrics"))
-        .header("Authorization", format!("Bearer {TOKEN}"))
-        .call()
-        .ok()?
-        .body_mut()
-        .read_to_string()
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    crate::metric(&format!("{base}/metrics"), Some(TOKEN), series)
 }
 
 /// One reader feeds every events stream of an API: sixty curl clients

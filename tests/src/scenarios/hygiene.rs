@@ -91,3 +91,55 @@ pub fn tokens_are_read_as_secret_stores_write_them(mutant: Option<&str>) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("the token is empty"), "{stderr}");
 }
+
+/// A keyed bulk submission goes to Postgres as one insert, not one a run:
+/// 2,000 keyed items are all accepted, and Postgres counts a handful of
+/// commits for them (its own statistics, read once every session has
+/// reported: one a statement, where one a run made 2,000).
+pub fn a_keyed_bulk_is_one_statement(mutant: Option<&str>) {
+    const ITEMS: usize = 2_000;
+    let mut env = Env::mutated(mutant);
+    let flags = ["--bulk-max", "5000", "--body-limit-bytes", "1048576"];
+    let (_api, base) = env.api_with_flags("tok", 3, &flags);
+    let commits = |env: &Env| {
+        // Sessions report their counts at most every second when busy,
+        // and within ten when idle.
+        std::thread::sleep(std::time::Duration::from_secs(11));
+        let url = env.database_url.clone();
+        crate::rt().block_on(async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .expect("the test's Postgres answers");
+            let n: i64 = sqlx::query_scalar(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("the statistics answer");
+            n
+        })
+    };
+    let items: Vec<serde_json::Value> = (0..ITEMS)
+        .map(|i| json!({ "kind": "noop", "input": { "i": i }, "key": format!("bulk-{i}") }))
+        .collect();
+    let before = commits(&env);
+    let mut resp = agent()
+        .post(format!("{base}/runs"))
+        .header("Authorization", "Bearer tok")
+        .send_json(serde_json::Value::Array(items))
+        .expect("the API answers");
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: serde_json::Value = resp.body_mut().read_json().expect("JSON");
+    let codes: Vec<u64> = body["runs"]
+        .as_array()
+        .expect("one answer an item")
+        .iter()
+        .filter_map(|a| a["code"].as_u64())
+        .collect();
+    assert_eq!(codes, vec![202; ITEMS], "every item accepted");
+    let spent = commits(&env) - before;
+    assert!(spent < 50, "{spent} commits for a keyed bulk of {ITEMS}");
+    assert_eq!(env.db().runs.len(), ITEMS);
+}

@@ -8,7 +8,6 @@ use super::{agent, sleep_ms};
 use crate::{Env, free_port};
 use pelican_model::ids::RunId;
 use pelican_model::status::RunStatus;
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 /// Runs a backlog scenario submits: enough that a batch of 64 per round
@@ -18,18 +17,7 @@ const BACKLOG: usize = 5_000;
 /// Submits `n` no-op runs with `pelican submit --from-file`, and counts
 /// them as accepted.
 fn submit_noops(env: &mut Env, n: usize) {
-    let mut text = String::new();
-    for i in 0..n {
-        let _ = writeln!(text, r#"{{"kind":"noop","input":{{"i":{i}}}}}"#);
-    }
-    let path = env.logs.join("backlog.jsonl");
-    std::fs::write(&path, text).expect("the test writes its lines");
-    let out = env.cli(&["submit", "--from-file", &path.to_string_lossy()]);
-    assert!(
-        out.status.success(),
-        "submit --from-file: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.submit_noops_from_file(n);
     let runs: Vec<RunId> = env.db().runs.keys().copied().collect();
     assert_eq!(runs.len(), n, "every line is a run");
     for run in runs {
@@ -46,18 +34,10 @@ fn wait_within(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
-/// The value of the series `name` (with its labels, as exposed) on the
-/// worker's `/metrics` at `listen`.
+/// The series (as exposed, with its labels) on the worker's `/metrics` at
+/// `listen`.
 fn metric(listen: &str, series: &str) -> Option<f64> {
-    let text = agent()
-        .get(&format!("http://{listen}/metrics"))
-        .call()
-        .ok()?
-        .body_mut()
-        .read_to_string()
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    crate::metric(&format!("http://{listen}/metrics"), None, series)
 }
 
 /// Retention deletes a backlog of finished runs in one maintenance round,

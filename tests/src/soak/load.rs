@@ -3,6 +3,7 @@
 //! answered.
 
 use super::{Plan, TOKEN};
+use crate::agent;
 use pelican_model::ids::RunId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -73,14 +74,6 @@ pub fn job(plan: &Plan, i: u64) -> (&'static str, Value, Option<u64>) {
             Some(rng.random_range(50..400)),
         ),
     }
-}
-
-pub(super) fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into()
 }
 
 /// Submits jobs `lane, lane + lanes, …` at the plan's rate until told to

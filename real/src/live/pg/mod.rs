@@ -392,7 +392,9 @@ async fn run_batch(conn: &mut sqlx::PgConnection, ops: &[DbOp]) -> Result<Vec<Db
         let mut params: Vec<Vec<Param>> = ops.iter().map(DbOp::params).collect();
         let runs: Vec<RunId> = params.iter().map(|p| batch_key(p)).collect();
         let mut seen = BTreeSet::new();
-        if statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)) {
+        if (statement.access() == Access::Read || runs.iter().all(|r| seen.insert(*r)))
+            && distinct_keys(ops)
+        {
             params.sort_by_key(|p| batch_key(p));
             match run_many(&mut *conn, statement.shape(), sql, params, &runs).await {
                 Err(PgError::Sql(e)) if is_refusal(&e) => {
@@ -441,6 +443,18 @@ async fn run_many(
 /// exception: text holding a NUL byte is 22021), having applied nothing.
 fn is_refusal(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22")))
+}
+
+/// Whether no idempotency key comes twice in `ops`: a fused keyed insert
+/// takes each key once (a second would be the first's run, in order, which
+/// one statement cannot say), so a batch that repeats one runs statement
+/// by statement.
+fn distinct_keys(ops: &[DbOp]) -> bool {
+    let mut keys = BTreeSet::new();
+    ops.iter().all(|op| match op {
+        DbOp::InsertRunKeyed { key, .. } => keys.insert(key.as_str()),
+        _ => true,
+    })
 }
 
 /// The run a command of a batched form answers for: its first parameter.

@@ -251,6 +251,15 @@ pub(super) fn reply_of(shape: Shape, row: Option<&PgRow>) -> Result<DbReply, PgE
         Shape::Rows => DbReply::Rows(u64::from(row.is_some())),
         Shape::Claimed => DbReply::Claimed(row.map(claimed_job).transpose()?),
         Shape::Run => DbReply::Run(row.map(run_row).transpose()?),
+        // The batched keyed insert: the row of the command's run names the
+        // key's run.
+        Shape::Keyed => {
+            let row = row.ok_or_else(|| corrupt("submit_keys", "no row"))?;
+            DbReply::Keyed {
+                run: RunId(unsigned("key_run", row.try_get("key_run")?)?),
+                same: row.try_get("same")?,
+            }
+        }
         other => unreachable!("no batched form answers {other:?}"),
     })
 }
