@@ -79,6 +79,7 @@ pub fn migrator() -> Migrator {
         migration(12, "sweeper index", sql::SCHEMA_SWEEP),
         migration(13, "live counts", sql::SCHEMA_COUNTS),
         migration(14, "success on the run", sql::SCHEMA_SUCCESS_ON_RUN),
+        migration(15, "retention without a foreign key", sql::SCHEMA_RETENTION),
     ])
 }
 
