@@ -105,7 +105,9 @@ impl Watchers {
     }
 
     /// The watched runs, each with the earliest position of its watchers
-    /// (closed watchers dropped first).
+    /// that can take a batch now (closed watchers dropped first): a client
+    /// that stopped reading holds no other watcher of its run back. A run
+    /// none of whose watchers can take one waits for the next poll.
     fn positions(&self) -> Vec<(RunId, u32)> {
         let mut runs = self.lock();
         runs.retain(|_, ws| {
@@ -113,7 +115,10 @@ impl Watchers {
             !ws.is_empty()
         });
         runs.iter()
-            .map(|(run, ws)| (*run, ws.iter().map(|w| w.after).min().unwrap_or(0)))
+            .filter_map(|(run, ws)| {
+                let ready = ws.iter().filter(|w| w.tx.capacity() > 0);
+                Some((*run, ready.map(|w| w.after).min()?))
+            })
             .collect()
     }
 
@@ -197,5 +202,76 @@ async fn poll(w: &Watchers, db: &PgDb, watched: &[(RunId, u32)]) {
             Ok(DbReply::Events(batch)) => w.deliver(run, &batch, Some(events)),
             _ => tracing::warn!(run = run.0, "reading events failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pelican_model::events::EventKind;
+    use pelican_model::ids::{AttemptNo, Fence};
+
+    fn hub() -> Watchers {
+        Watchers {
+            runs: Mutex::new(BTreeMap::new()),
+            slots: Arc::new(Semaphore::new(8)),
+            wake: Notify::new(),
+        }
+    }
+
+    fn events(from: u32, to: u32, last: EventKind) -> Vec<RunEvent> {
+        (from..=to)
+            .map(|seq| RunEvent {
+                seq,
+                kind: if seq == to { last } else { EventKind::Progress },
+                attempt: AttemptNo(1),
+                fence: Fence(1),
+                class: None,
+                data: String::new(),
+            })
+            .collect()
+    }
+
+    /// A client that stops reading holds its run's other watchers back
+    /// from nothing: the reader reads from the earliest position of the
+    /// watchers that can take a batch.
+    #[test]
+    fn a_stuck_watcher_does_not_hold_the_others_back() {
+        let w = hub();
+        let run = RunId(1);
+        let _stuck = w.subscribe(run, 0).expect("a slot");
+        let mut ahead = w.subscribe(run, 500).expect("a slot");
+        for n in 0..QUEUE as u32 {
+            let batch = events(n * 10 + 1, n * 10 + 10, EventKind::Progress);
+            w.deliver(run, &batch, Some(600));
+        }
+        assert_eq!(w.positions(), [(run, 500)], "only the watcher with room");
+        let batch = events(501, 600, EventKind::Succeeded);
+        w.deliver(run, &batch, Some(600));
+        let got = ahead.events.try_recv().expect("its events");
+        assert_eq!((got[0].seq, got.len()), (501, 100));
+        assert_eq!(w.open(), 1, "it ended on its run's terminal, last event");
+        assert!(w.positions().is_empty(), "the stuck one has no room");
+    }
+
+    /// A stream ends when handed a terminal event that is its run's last,
+    /// not before: a full read that ends on one is followed by a look at
+    /// the run's count; and when its run is deleted.
+    #[test]
+    fn a_stream_ends_on_its_runs_last_terminal_event_or_its_deletion() {
+        let w = hub();
+        let mut sub = w.subscribe(RunId(1), 0).expect("a slot");
+        w.deliver(RunId(1), &events(1, 256, EventKind::Dead), Some(257));
+        assert_eq!(w.open(), 1, "a requeue came after the dead event");
+        w.deliver(RunId(1), &events(257, 257, EventKind::Requeued), Some(257));
+        assert_eq!(w.open(), 1);
+        w.deliver(RunId(1), &[], None);
+        assert_eq!(w.open(), 0, "deleted");
+        let mut seen = 0;
+        while let Ok(b) = sub.events.try_recv() {
+            seen += b.len();
+        }
+        assert_eq!(seen, 257);
+        assert!(sub.events.try_recv().is_err());
     }
 }
