@@ -11,6 +11,9 @@
 //!   it, or it was trimmed before delivery), they are re-dispatched (S1, S8).
 //!   A cursor walks the candidates a batch per pass, so none starves behind
 //!   others that stay candidates (a backlog older than the grace).
+//! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
+//!   ago are deleted with everything kept about them but their idempotency
+//!   keys, which keep their own window.
 //!
 //! A pass handles one batch of at most [`Policy::sweep_batch_max`] rows,
 //! each step of it for the whole batch at once; its [`PassReport`] says
@@ -18,8 +21,6 @@
 //! while it is (a backlog is worked off at the pace of the servers, not of
 //! the maintenance period). Passes of every task may overlap, in any
 //! order, on any worker: each step is a conditional statement.
-//! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
-//!   ago are deleted with everything kept about them.
 
 use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
 use crate::db::Candidate;

@@ -7,7 +7,9 @@ use crate::jobs::Registry;
 use crate::live::api::{self, ApiState};
 use crate::live::metrics::MetricsProbe;
 use crate::live::{PgDb, PgTools, RedisAddr, RedisStream, StreamNames};
-use crate::{Batching, Config, Entropy, Io, NoProbe, Probe, Worker, cancel, submit};
+use crate::{
+    Batching, Config, Entropy, Io, NoProbe, Probe, Requeued, Worker, cancel, requeue_dead, submit,
+};
 use anyhow::{Context, Result, bail};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, StreamReply, SubmitterEnd};
@@ -759,22 +761,10 @@ async fn dlq_requeue(
     if extra_attempts == 0 {
         bail!("--extra-attempts must be at least 1");
     }
+    let policy = c.config(Policy::default().attempts_max, handlers)?.policy;
     let db = connect_db(c).await?;
-    let kind = match db.execute(&DbOp::ReadRun { run }).await? {
-        DbReply::Run(Some(r)) => r.kind,
-        DbReply::Run(None) => bail!("no run {}", run.0),
-        other => bail!("unexpected answer {other:?}"),
-    };
-    let budget_ms = c.kinds(handlers).get(&kind).and_then(|k| k.budget_ms);
-    match db
-        .execute(&DbOp::DlqRequeue {
-            run,
-            extra_attempts,
-            budget_ms: budget_ms.unwrap_or(0),
-        })
-        .await?
-    {
-        DbReply::Rows(1) => {
+    match requeue_dead(&db, &policy, run, extra_attempts).await {
+        Ok(Requeued::Yes) => {
             let answer = pelican_client::wire::Changed {
                 run_id: run,
                 status: RunStatus::Queued,
@@ -783,7 +773,11 @@ async fn dlq_requeue(
             output::show(json, &answer, output::changed);
             Ok(())
         }
-        _ => bail!("run {} is not dead (or was requeued already)", run.0),
+        Ok(Requeued::NotDead) => bail!("run {} is not dead (or was requeued already)", run.0),
+        Ok(Requeued::NoRun) => bail!("no run {}", run.0),
+        Err(_) => {
+            bail!("Postgres did not answer; the requeue may have happened, and is safe to repeat")
+        }
     }
 }
 

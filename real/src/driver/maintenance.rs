@@ -3,7 +3,7 @@
 use super::{DbClient, Io, Probe, RoleId, StreamClient};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, PassReport, Submitter,
+    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, PassReport, Policy, Submitter,
     SubmitterEnd, Unavailable,
 };
 use pelican_model::world::Issuer;
@@ -180,5 +180,47 @@ pub async fn cancel<S: StreamClient, D: DbClient, P: Probe>(
     {
         Input::Db(DbReply::Rows(n)) => Ok(n == 1),
         _ => Err(Unavailable),
+    }
+}
+
+/// What an operator's requeue of a dead run came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeued {
+    /// Queued again.
+    Yes,
+    /// The run exists but is not dead awaiting a requeue.
+    NotDead,
+    /// No such run.
+    NoRun,
+}
+
+/// An operator's requeue of dead run `run`: `extra_attempts` more, and a
+/// fresh budget as `policy` gives the run's kind (read without its
+/// values), with its count of unknown errors reset: the run starts over
+/// as a new submission would.
+///
+/// # Errors
+/// `Unavailable` when Postgres did not answer; the requeue may or may not
+/// have happened, and is safe to repeat (a second finds it not dead).
+pub async fn requeue_dead<D: DbClient>(
+    db: &D,
+    policy: &Policy,
+    run: RunId,
+    extra_attempts: u32,
+) -> Result<Requeued, Unavailable> {
+    let by = Issuer::default();
+    let kind = match db.call(DbOp::ReadRunHead { run }, by).await? {
+        DbReply::Run(Some(r)) => r.kind,
+        DbReply::Run(None) => return Ok(Requeued::NoRun),
+        _ => return Err(Unavailable),
+    };
+    let op = DbOp::DlqRequeue {
+        run,
+        extra_attempts,
+        budget_ms: policy.kind(&kind).budget_ms.unwrap_or(0),
+    };
+    match db.call(op, by).await? {
+        DbReply::Rows(1) => Ok(Requeued::Yes),
+        _ => Ok(Requeued::NotDead),
     }
 }

@@ -23,7 +23,9 @@ mod maintenance;
 mod worker;
 
 pub use batch::Batching;
-pub use maintenance::{NewRun, cancel, maintain, new_run_ids, submit, submit_many};
+pub use maintenance::{
+    NewRun, Requeued, cancel, maintain, new_run_ids, requeue_dead, submit, submit_many,
+};
 pub use worker::Worker;
 
 /// A boxed future, for trait objects.

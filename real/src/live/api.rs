@@ -24,7 +24,10 @@
 use super::metrics;
 use super::pg::PgDb;
 use super::redis::RedisStream;
-use crate::driver::{Batching, Io, NewRun as Submission, cancel, new_run_ids, submit, submit_many};
+use crate::driver::{
+    Batching, Io, NewRun as Submission, Requeued, cancel, new_run_ids, requeue_dead, submit,
+    submit_many,
+};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -898,7 +901,7 @@ async fn run_events(
     };
     let after = last_seen.or(query.after).unwrap_or(0);
     let db = state.io.db.inner().clone();
-    let row = match db.execute(&DbOp::ReadRun { run }).await {
+    let row = match db.execute(&DbOp::ReadRunHead { run }).await {
         Ok(DbReply::Run(Some(r))) => r,
         Ok(DbReply::Run(None)) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
@@ -1087,7 +1090,7 @@ pub fn dead_letter_view(run: RunId, d: &pelican_model::db::DeadLetter) -> wire::
 /// `conflict`'s message for the run's status, 404 for an unknown run, 503
 /// when Postgres does not answer.
 async fn refused(db: &PgDb, run: RunId, conflict: impl FnOnce(RunStatus) -> String) -> ApiError {
-    match db.execute(&DbOp::ReadRun { run }).await {
+    match db.execute(&DbOp::ReadRunHead { run }).await {
         Ok(DbReply::Run(Some(r))) => ApiError(StatusCode::CONFLICT, conflict(r.status)),
         Ok(DbReply::Run(None)) => ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)),
         _ => unavailable("Postgres"),
@@ -1157,25 +1160,8 @@ async fn requeue_dead_letter(
         )));
     }
     let db = state.io.db.inner();
-    // A fresh budget, as the run's kind has it now: the requeue starts the
-    // run over as a new submission would.
-    let kind = match db.execute(&DbOp::ReadRun { run }).await {
-        Ok(DbReply::Run(Some(r))) => r.kind,
-        Ok(DbReply::Run(None)) => {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
-        }
-        _ => return Err(unavailable("Postgres")),
-    };
-    let budget_ms = state.io.config.policy.kind(&kind).budget_ms;
-    match db
-        .execute(&DbOp::DlqRequeue {
-            run,
-            extra_attempts,
-            budget_ms: budget_ms.unwrap_or(0),
-        })
-        .await
-    {
-        Ok(DbReply::Rows(1)) => {
+    match requeue_dead(db, &state.io.config.policy, run, extra_attempts).await {
+        Ok(Requeued::Yes) => {
             tracing::info!(%run, extra_attempts, "dead run requeued");
             Ok(Json(wire::Changed {
                 run_id: run,
@@ -1183,7 +1169,9 @@ async fn requeue_dead_letter(
                 extra_attempts: Some(extra_attempts),
             }))
         }
-        Ok(_) => Err(refused(db, run, |status| {
+        Ok(Requeued::NoRun) => Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0))),
+        // Read again for the status it has now.
+        Ok(Requeued::NotDead) => Err(refused(db, run, |status| {
             format!("run {} is {status}, not dead awaiting a requeue", run.0)
         })
         .await),
