@@ -17,7 +17,7 @@ use pelican_model::ids::{Dispatch, EntryId, Partition, RunId};
 use pelican_model::protocol::{DeadEntry, JobEntry, QueueState, StreamOp, StreamReply};
 use pelican_model::status::ErrorClass;
 use pelican_model::time::Timestamp;
-use pelican_model::world::Redis;
+use pelican_model::world::{Issuer, Redis};
 use pelican_real::live::{RedisAddr, RedisStream, StreamNames};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -412,18 +412,34 @@ impl Sides<'_> {
     /// sides: the entry, whether pending, whether delivered. The locates
     /// read only, so they go out together, pipelined on the multiplexed
     /// connection: one at a time, their round trips were most of the suite.
+    /// They go again as one batch (the sweeper's pipeline), which must
+    /// answer the same.
     async fn compare_state(&mut self) -> Result<(), String> {
+        use pelican_real::StreamClient;
         let ops: Vec<StreamOp> = (0..=self.ids.len())
             .map(|entry| StreamOp::Locate { id: self.id(entry) })
             .collect();
         let live = self.live;
         let answers =
             futures_util::future::join_all(ops.iter().map(|op| live.execute(op.clone()))).await;
-        for (op, got) in ops.iter().zip(answers) {
+        let batch = ops
+            .iter()
+            .map(|op| (op.clone(), Issuer::default()))
+            .collect();
+        let batched = live
+            .call_batch(batch)
+            .await
+            .map_err(|e| format!("the locates as one batch: {e}"))?;
+        for ((op, got), in_batch) in ops.iter().zip(answers).zip(batched) {
             let got = got.map_err(|e| format!("{op:?}: {e}"))?;
             let want = self.model.execute(op);
             if want != got {
                 return Err(format!("then {op:?}: model {want:?}, Redis {got:?}"));
+            }
+            if want != in_batch {
+                return Err(format!(
+                    "then {op:?} in a batch: model {want:?}, Redis {in_batch:?}"
+                ));
             }
         }
         Ok(())
