@@ -1204,6 +1204,15 @@ impl Db {
             {
                 *t = Timestamp::ZERO;
             }
+    /// Mutant twin of [`Db::delete_finished`] (`ForgetKeys`): deletes the
+    /// runs' idempotency keys with them, inside their window.
+    #[cfg(feature = "mutants")]
+    pub fn delete_finished_keys(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
+        let gone = self.delete_finished(before, limit);
+        self.keys.retain(|_, k| !gone.contains(&k.run));
+        gone
+    }
+
         }
         for (_, until) in self.slots.values_mut() {
             *until = Timestamp::ZERO;

@@ -1,4 +1,4 @@
-//! The guarantees S1–S13 ([`Guarantee`]) as functions over a [`World`] or
+//! The guarantees S1–S14 ([`Guarantee`]) as functions over a [`World`] or
 //! its database.
 //!
 //! Step guarantees (S2, S3, S4, S5, S7, S8) are checked as commands execute
@@ -116,6 +116,9 @@ guarantees! {
     /// history, numbered without gaps, with no event written by an attempt
     /// that did not hold the run.
     S13 = 13, "run events";
+    /// Submit once: submissions under one idempotency key make one run for
+    /// as long as the key is kept, whatever retention did with the run.
+    S14 = 14, "submit once";
 }
 
 impl Guarantee {
@@ -471,6 +474,7 @@ mod tests {
                 "S11 durable steps",
                 "S12 provider limits",
                 "S13 run events",
+                "S14 submit once",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

@@ -366,6 +366,9 @@ pub enum Violation {
     EventsRewritten(RunId),
     /// S13: an attempt that did not hold the run wrote one of its events.
     EventFromFencedOff(RunId),
+    /// S14: a submission under a key still kept made a run other than the
+    /// key's first (`.0`).
+    KeyForgotten(RunId),
 }
 
 impl Violation {
@@ -386,6 +389,7 @@ impl Violation {
             Violation::StepRerun(..) | Violation::StepReplaced(..) => Guarantee::S11,
             Violation::SlotOverbooked(_) | Violation::RateExceeded(_) => Guarantee::S12,
             Violation::EventsRewritten(_) | Violation::EventFromFencedOff(_) => Guarantee::S13,
+            Violation::KeyForgotten(_) => Guarantee::S14,
         }
     }
 }
@@ -421,6 +425,10 @@ pub struct World {
     /// most [`TOKENS_KEPT`] (S12).
     #[serde(default)]
     pub tokens: BTreeMap<String, Vec<Timestamp>>,
+    /// Each idempotency key a submission made, with its first run, until
+    /// [`DbOp::ExpireKeys`] forgets it (S14).
+    #[serde(default)]
+    pub keys: BTreeMap<String, RunId>,
     /// Every violation seen.
     pub violations: BTreeSet<Violation>,
 }
@@ -487,7 +495,11 @@ impl World {
         // Retention: every live run must survive it (S1).
         let deletes = matches!(op, DbOp::DeleteFinished { .. });
         #[cfg(feature = "mutants")]
-        let deletes = deletes || matches!(op, DbOp::DeletePublished { .. });
+        let deletes = deletes
+            || matches!(
+                op,
+                DbOp::DeletePublished { .. } | DbOp::DeleteFinishedKeys { .. }
+            );
         let set_based = deletes
             || matches!(
                 op,
@@ -521,6 +533,7 @@ impl World {
             _ => None,
         };
         let reply = self.db.execute(op);
+        self.check_keys(op, &reply);
         if let (Some(run), DbReply::Claimed(Some(job))) = (target, &reply)
             && job.claimed.budget_left_ms.is_some_and(|left| left <= 0)
         {
@@ -682,6 +695,31 @@ impl World {
         if held.len() > slots as usize {
             self.violations
                 .insert(Violation::SlotOverbooked(provider.clone()));
+        }
+    }
+
+    /// S14 after `op` answered `reply`: a kept key answers its first run.
+    /// A key the database expired ([`DbOp::ExpireKeys`]) is forgotten here
+    /// too; a key that vanished any other way is found out by its next
+    /// submission.
+    fn check_keys(&mut self, op: &DbOp, reply: &DbReply) {
+        match (op, reply) {
+            (DbOp::InsertRunKeyed { key, .. }, DbReply::Keyed { run, .. }) => {
+                match self.keys.get(key) {
+                    Some(first) if first != run => {
+                        self.violations.insert(Violation::KeyForgotten(*first));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.keys.insert(key.clone(), *run);
+                    }
+                }
+            }
+            (DbOp::ExpireKeys { .. }, _) => {
+                let db = &self.db;
+                self.keys.retain(|key, _| db.keys.contains_key(key));
+            }
+            _ => {}
         }
     }
 

@@ -371,7 +371,7 @@ async fn api_main(
                             let run = NewRun {
                                 kind: p.kind.clone(),
                                 input: p.input.clone(),
-                                key: None,
+                                key: Some(key_of(p.run)),
                             };
                             (p.run, run)
                         })
@@ -384,6 +384,13 @@ async fn api_main(
                             match end {
                                 SubmitterEnd::Accepted { published } => {
                                     o.world.accepted.insert(p.run);
+                                    if p.run.0 % 3 == 0 {
+                                        madsim::task::spawn(retry_under_key(
+                                            io.clone(),
+                                            oracle.clone(),
+                                            p.clone(),
+                                        ));
+                                    }
                                     if p.run.0 % 2 == 1 {
                                         madsim::task::spawn(watch_events(
                                             io.clone(),
@@ -400,9 +407,7 @@ async fn api_main(
                                 end @ (SubmitterEnd::Refused
                                 | SubmitterEnd::Existing(_)
                                 | SubmitterEnd::KeyConflict(_)) => {
-                                    unreachable!(
-                                        "unkeyed submissions of valid text answer no {end:?}"
-                                    )
+                                    unreachable!("a run's own key and valid text answer no {end:?}")
                                 }
                                 SubmitterEnd::Unavailable => {
                                     o.count("submit_retries");
@@ -430,6 +435,52 @@ async fn api_main(
                 });
             }
         }
+    }
+}
+
+/// Run `run`'s idempotency key: every planned submission carries one.
+fn key_of(run: RunId) -> String {
+    format!("key-{}", run.0)
+}
+
+/// A client's late retry of `p`'s submission under its key, with a fresh
+/// run id, once retention has deleted the run: the key still answers the
+/// run (S14, checked by the world as the insert executes). Retried while
+/// unanswered; a second run it made is accepted like any other.
+async fn retry_under_key<S, D, P>(io: Arc<Io<S, D, P>>, oracle: Shared, p: Planned)
+where
+    S: pelican_real::StreamClient,
+    D: pelican_real::DbClient,
+    P: Probe,
+{
+    while !lock(&oracle).world.retired.contains_key(&p.run) {
+        madsim::time::sleep(Duration::from_millis(500)).await;
+    }
+    let fresh = RunId(p.run.0 + 1_000_000);
+    let run = NewRun {
+        kind: p.kind.clone(),
+        input: p.input.clone(),
+        key: Some(key_of(p.run)),
+    };
+    for _ in 0..8 {
+        let end = submit_many(&*io, &[(fresh, run.clone())]).await;
+        {
+            let mut o = lock(&oracle);
+            match end.first() {
+                Some(SubmitterEnd::Unavailable) => o.count("key_retries_unanswered"),
+                Some(SubmitterEnd::Accepted { .. }) => {
+                    o.effects_expected
+                        .insert(fresh, effects_of(&p.kind, &p.input));
+                    o.world.accepted.insert(fresh);
+                    return;
+                }
+                _ => {
+                    o.count("key_retries_answered");
+                    return;
+                }
+            }
+        }
+        madsim::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

@@ -183,5 +183,6 @@ mod mutants {
         mutant_retain_live => RetainLive,
         mutant_step_rerun => StepRerun,
         mutant_unknown_retried => UnknownRetried,
+        mutant_forget_keys => ForgetKeys,
     }
 }

@@ -75,6 +75,7 @@ mutants! {
     overbooked: "Overbooked" => a_dead_workers_permit_frees_after_its_hold,
     zombie_progress: "ZombieProgress" => a_late_attempts_progress_is_refused,
     reclaim_one_partition: "ReclaimOnePartition" => partitions_spread_over_cluster_masters,
+    forget_keys: "ForgetKeys" => retention_keeps_a_keys_window,
 }
 
 /// The mutants' statements answer as their model twins: first on every

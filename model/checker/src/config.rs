@@ -454,7 +454,7 @@ impl Config {
     /// Postgres refuses, WorkerClock a worker whose clock runs ahead (and
     /// a reclaim threshold of 0: a lapsed attempt is taken over only
     /// through its own entry, which must reach the skewed worker),
-    /// RetainLive retention that runs, StepRerun and ZombieProgress jobs
+    /// RetainLive and ForgetKeys retention that runs, StepRerun and ZombieProgress jobs
     /// with steps (whose record reports progress first),
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
     /// kind with a budget, Overbooked jobs under a provider's limits,
@@ -496,7 +496,9 @@ impl Config {
             self.limits = true;
         }
         #[cfg(feature = "mutants")]
-        if mutant == Some(Mutant::RetainLive) && self.policy.keep_finished_ms == 0 {
+        if matches!(mutant, Some(Mutant::RetainLive | Mutant::ForgetKeys))
+            && self.policy.keep_finished_ms == 0
+        {
             self.policy.keep_finished_ms = 1;
         }
         #[cfg(feature = "mutants")]

@@ -200,6 +200,7 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<10>,
     holds::<11>,
     holds::<12>,
+    holds::<13>,
 ];
 
 /// Whether some run has consecutive attempts that satisfy
@@ -271,7 +272,7 @@ const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
 
 /// The `sometimes` properties, each with the configurations that explore it
 /// (at most 32: [`PelicanModel::explored`] has a bit for each).
-const SOMETIMES: [Sometimes; 17] = [
+const SOMETIMES: [Sometimes; 18] = [
     Sometimes {
         name: "reclaim takes over a stalled attempt",
         explored: ALWAYS_EXPLORED,
@@ -388,6 +389,11 @@ const SOMETIMES: [Sometimes; 17] = [
         name: "entry of a deleted run acknowledged",
         explored: |cfg| cfg.policy.keep_finished_ms > 0,
         reached: |_, s| s.seen.retired_delivered,
+    },
+    Sometimes {
+        name: "a retry under a key answers its deleted run",
+        explored: |cfg| cfg.policy.keep_finished_ms > 0,
+        reached: |_, s| s.seen.key_outlived_run,
     },
 ];
 

@@ -459,5 +459,6 @@ mod mutants {
         mutant_overbooked: Overbooked on standard;
         mutant_zombie_progress: ZombieProgress on standard;
         mutant_reclaim_one_partition: ReclaimOnePartition on standard;
+        mutant_forget_keys: ForgetKeys on retention;
     }
 }

@@ -67,6 +67,7 @@ pub fn describe(s: &State, action: Action) -> String {
             run(n),
             fate(f)
         ),
+        Action::Resubmit(n) => format!("api: POST /runs again under {}'s key", run(n)),
         Action::Cancel(n) => format!("api: POST /runs/{}/cancel", run(n)),
         Action::Fetch(w, p, f) => format!("w{w}: XREADGROUP > in partition {p}{}", fate(f)),
         Action::Reclaim(w, f) => format!("w{w}: reclaim round{}", fate(f)),

@@ -1392,6 +1392,20 @@ mod tests {
             #[cfg(feature = "mutants")]
             let times = self.times || s == Statement::ClaimAt;
             #[cfg(not(feature = "mutants"))]
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `DeleteFinished` (`ForgetKeys`): deletes the runs'
+    /// idempotency keys with them.
+    DeleteFinishedKeys { keep_ms: u64, limit: usize } => {
+        name: "delete_finished_keys",
+        access: Write,
+        reply: Rows,
+        sql: concat!(pick_finished!(),
+              "k AS (DELETE FROM submit_keys WHERE run_id = ANY (ARRAY(SELECT run_id FROM picked))), ",
+              delete_picked!()),
+        show: [],
+        model: |db| Rows(db.delete_finished_keys(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
+    }
+
             let times = self.times;
             assert!(
                 times,

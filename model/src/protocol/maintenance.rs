@@ -196,6 +196,8 @@ impl Maintenance {
                 #[cfg(feature = "mutants")]
                 let op = if crate::injects!(self.policy, RetainLive) {
                     DbOp::DeletePublished { keep_ms, limit }
+                } else if crate::injects!(self.policy, ForgetKeys) {
+                    DbOp::DeleteFinishedKeys { keep_ms, limit }
                 } else {
                     op
                 };

@@ -113,6 +113,9 @@ mutants! {
     /// The reclaimer scans the first partition only: deliveries that a dead
     /// worker held in the others stay pending.
     ReclaimOnePartition,
+    /// Retention deletes a run's idempotency keys with the run: a retry
+    /// under one, within its window, makes a second run.
+    ForgetKeys,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -261,7 +261,8 @@ pub(super) fn verdict(
                 | Guarantee::S10
                 | Guarantee::S11
                 | Guarantee::S12
-                | Guarantee::S13 => {
+                | Guarantee::S13
+                | Guarantee::S14 => {
                     report.other_broken += 1;
                 }
             },

@@ -16,6 +16,9 @@ pub enum Action {
     /// The API handles `POST /runs` for run `n` in one step: INSERT, XADD
     /// (whose fate this is: a lost publish is left to the outbox), mark.
     Submit(u8, Fate),
+    /// With retention: `POST /runs` for run `n` again under its key, once
+    /// retention has deleted the run (S14), in one step.
+    Resubmit(u8),
     /// `POST /runs/{n}/cancel`.
     Cancel(u8),
     /// Worker `w` reads new entries of a partition (XREADGROUP COUNT 1),
@@ -90,6 +93,9 @@ impl State {
             let n = i as u8;
             if *api == ApiRun::NotYet {
                 out.extend(publish.iter().map(|f| Action::Submit(n, *f)));
+            }
+            if *api == ApiRun::Done && self.world.retired.contains_key(&run_id(n)) {
+                out.push(Action::Resubmit(n));
             }
             if b.cancels > 0
                 && self

@@ -5,10 +5,10 @@ use super::symmetry::permutations;
 use super::{Action, ApiRun, Fate, Job, Proc, Source, State, WorkerProc, run_id};
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
-use pelican_model::ids::{EntryId, Partition, WorkerId};
+use pelican_model::ids::{EntryId, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ProviderLimit,
-    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, progress, progressed,
+    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, SubmitterEnd, progress, progressed,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
@@ -67,6 +67,7 @@ impl State {
     fn apply(&mut self, cfg: &Config, action: Action) {
         match action {
             Action::Submit(n, fate) => self.submit(cfg, n, fate),
+            Action::Resubmit(n) => self.resubmit(cfg, n),
             Action::Cancel(n) => self.cancel(n),
             Action::Fetch(w, p, fate) => self.fetch(cfg, w, p, fate),
             Action::Reclaim(w, fate) => self.reclaim(cfg, w, fate),
@@ -402,8 +403,33 @@ impl State {
         }
     }
 
+    /// Run `n`'s idempotency key: with retention, every submission
+    /// carries one (S14); without, none.
+    fn key(cfg: &Config, n: u8) -> Option<String> {
+        (cfg.policy.keep_finished_ms > 0).then(|| format!("key-{n}"))
+    }
+
+    /// The API answers a retry of run `n`'s submission under its key with
+    /// a fresh run id, as a client's retry gets; the key must answer run
+    /// `n` (S14, checked by the world as the insert executes).
+    fn resubmit(&mut self, cfg: &Config, n: u8) {
+        let fresh = RunId(run_id(n).0 + 100);
+        let mut s = Submitter::new(&cfg.policy, fresh, "", "", Self::key(cfg, n).as_deref());
+        while let Some(c) = s.poll() {
+            let input = self.execute(&c, Issuer::default(), Fate::Reply);
+            s.handle(NOW, input);
+            if s.is_accepted() {
+                self.world.accepted.insert(s.run());
+            }
+        }
+        if s.end() == Some(SubmitterEnd::Existing(run_id(n))) {
+            self.seen.key_outlived_run = true;
+        }
+        self.api[usize::from(n)] = ApiRun::Retried;
+    }
+
     fn submit(&mut self, cfg: &Config, n: u8, mut fate: Fate) {
-        let mut s = Submitter::new(&cfg.policy, run_id(n), "", "", None);
+        let mut s = Submitter::new(&cfg.policy, run_id(n), "", "", Self::key(cfg, n).as_deref());
         while let Some(c) = s.poll() {
             let this = publish_fate(&c, &mut fate);
             let input = self.execute(&c, Issuer::default(), this);

@@ -186,9 +186,10 @@ impl State {
             spent_claims,
             permits,
             tokens,
+            keys,
             violations,
         } = world;
-        (spent_claims, permits, tokens).hash(h);
+        (spent_claims, permits, tokens, keys).hash(h);
         h.write_u64(redis.memo(|r| finish(r, hash_redis_unlabeled)));
         h.write_u64(db.memo(|db| finish(db, hash_db_unlabeled)));
         h.write_u64(entries.memo(|e| finish(e, Hash::hash)));

@@ -94,6 +94,9 @@ pub enum ApiRun {
     NotYet,
     /// Answered.
     Done,
+    /// Submitted again under its idempotency key, after retention deleted
+    /// the run (S14), and answered.
+    Retried,
 }
 
 /// Things that happened that the `sometimes` properties look for and that
@@ -120,4 +123,6 @@ pub struct Seen {
     pub unknown_capped: bool,
     /// A claim found its run's budget spent and failed it.
     pub budget_exhausted: bool,
+    /// A retry under a key answered the key's run, deleted by retention.
+    pub key_outlived_run: bool,
 }
