@@ -268,9 +268,9 @@ pub struct Db {
     #[serde(default)]
     pub slots: BTreeMap<(String, u32), (String, Timestamp)>,
     /// `provider_rates`: provider → the theoretical arrival time of its
-    /// next request (GCRA).
+    /// next request (GCRA), in nanoseconds since the epoch.
     #[serde(default)]
-    pub rates: BTreeMap<String, Timestamp>,
+    pub rates: BTreeMap<String, u64>,
     /// `run_events`: the events that are not an attempt row's, by (run,
     /// number).
     #[serde(default)]
@@ -472,17 +472,17 @@ impl Db {
     }
 
     /// [`Statement::TakeToken`]: one request of `provider` at a rate of one
-    /// per `interval_ms`, `burst` at once (GCRA). Answers 1 and advances
+    /// per `interval_ns`, `burst` at once (GCRA). Answers 1 and advances
     /// the provider's theoretical arrival time, or 0 (too soon).
-    pub fn take_token(&mut self, provider: &str, interval_ms: u64, burst: u32) -> u64 {
-        let now = self.clock;
+    pub fn take_token(&mut self, provider: &str, interval_ns: u64, burst: u32) -> u64 {
+        let now = self.clock.as_ms().saturating_mul(1_000_000);
         let tat = self.rates.get(provider).copied().unwrap_or(now).max(now);
-        let tolerance = u64::from(burst.saturating_sub(1)).saturating_mul(interval_ms);
-        if tat.0 - now.0 > tolerance {
+        let tolerance = u64::from(burst.saturating_sub(1)).saturating_mul(interval_ns);
+        if tat - now > tolerance {
             return 0;
         }
         self.rates
-            .insert(provider.to_owned(), tat.add_ms(interval_ms));
+            .insert(provider.to_owned(), tat.saturating_add(interval_ns));
         1
     }
 
@@ -1218,7 +1218,7 @@ impl Db {
             *until = Timestamp::ZERO;
         }
         for tat in self.rates.values_mut() {
-            *tat = Timestamp::ZERO;
+            *tat = 0;
         }
     }
 }

@@ -678,10 +678,10 @@ impl World {
             }
             DbOp::TakeToken {
                 provider,
-                interval_ms,
+                interval_ns,
                 burst,
-            } if granted && *interval_ms > 0 => {
-                self.token_granted(provider, *interval_ms, *burst);
+            } if granted && *interval_ns > 0 => {
+                self.token_granted(provider, *interval_ns, *burst);
                 return;
             }
             _ => return,
@@ -724,9 +724,9 @@ impl World {
     }
 
     /// A token of `provider` was granted now: over every span ending now
-    /// that the kept grants cover, at most `burst + span / interval_ms`
+    /// that the kept grants cover, at most `burst + span / interval_ns`
     /// calls started (the bound of the GCRA that grants them).
-    fn token_granted(&mut self, provider: &str, interval_ms: u64, burst: u32) {
+    fn token_granted(&mut self, provider: &str, interval_ns: u64, burst: u32) {
         let now = self.db.clock;
         let grants = self.tokens.entry(provider.to_owned()).or_default();
         grants.push(now);
@@ -738,7 +738,7 @@ impl World {
             .iter()
             .rev()
             .zip(1u64..)
-            .any(|(t, n)| n > burst + now.ms_since(*t) / interval_ms);
+            .any(|(t, n)| n > burst + now.ms_since(*t).saturating_mul(1_000_000) / interval_ns);
         if too_many {
             self.violations
                 .insert(Violation::RateExceeded(provider.to_owned()));

@@ -381,12 +381,12 @@ impl JobContext {
             let release = ProviderLimit::release(provider, &holder);
             permit.held = Some((self.store.clone(), release, by));
         }
-        if let (Some(take), Some(interval_ms)) = (limit.take_token(provider), limit.interval_ms()) {
+        if let (Some(take), Some(interval_ns)) = (limit.take_token(provider), limit.interval_ns()) {
             loop {
                 match self.ledger_call(take.clone(), by).await {
                     Some(DbReply::Rows(1)) => break,
                     Some(DbReply::Rows(_)) => {
-                        tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+                        tokio::time::sleep(Duration::from_nanos(interval_ns)).await;
                     }
                     _ => return Err(unanswered()),
                 }

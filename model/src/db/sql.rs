@@ -390,3 +390,34 @@ COMMENT ON COLUMN attempts.outcome_seq IS
 pub const SCHEMA_RETENTION: &str = r#"
 ALTER TABLE dead_letters DROP CONSTRAINT IF EXISTS dead_letters_run_id_fkey;
 "#;
+
+/// Migration 16: exact rates, and the deployment's settings. A rate limit's GCRA state was kept in
+/// milliseconds, its interval `floor(1000 / per_second)`: 501 calls a
+/// second ran at 1,000. It is kept in nanoseconds now (`tat_ns`, by
+/// `pelican_now_ns()`, the same clock as `pelican_now_ms()`), the interval
+/// rounded up, so a rate is never exceeded and is slower than stated by
+/// less than a millionth. [`TakeToken`] still writes `tat_ms`, the floor
+/// of `tat_ns`, and reads the later of the two: workers of schema 15,
+/// while a fleet is upgraded, respect the new state and are respected.
+///
+/// [`TakeToken`]: super::Statement::TakeToken
+///
+/// And the deployment's settings: its partition count, stored by the first
+/// process to connect ([`AgreePartitions`]) and changed only by `pelican
+/// partitions --set` ([`SetPartitions`]). A process started with another
+/// count refuses to start: it would strand runs in partitions it does not
+/// read, or publish to partitions no worker reads.
+///
+/// [`AgreePartitions`]: super::Statement::AgreePartitions
+/// [`SetPartitions`]: super::Statement::SetPartitions
+pub const SCHEMA_EXACT_RATES: &str = r#"
+CREATE TABLE IF NOT EXISTS deployment (
+    key text PRIMARY KEY,
+    value bigint NOT NULL
+);
+ALTER TABLE provider_rates ADD COLUMN IF NOT EXISTS tat_ns bigint;
+CREATE OR REPLACE FUNCTION pelican_now_ns() RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE AS $$
+  SELECT coalesce(nullif(current_setting('pelican.now_ms', true), '')::bigint * 1000000,
+                  (extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000)
+$$;
+"#;

@@ -1242,14 +1242,19 @@ statements! {
 
     /// One request of `provider` at one per `interval_ms`, `burst` at once
     /// (GCRA on the provider's row, locked by the upsert): 1, or 0 when it
-    /// is too soon.
-    TakeToken { provider: String, interval_ms: u64, burst: u32 } => {
+    /// is too soon. The state is `tat_ns`; `tat_ms` (its floor) is kept
+    /// for workers of schema 15 and earlier, whose writes count here too.
+    TakeToken { provider: String, interval_ns: u64, burst: u32 } => {
         name: "take_token",
         access: Write,
         reply: Rows,
-        sql: "INSERT INTO provider_rates AS r (provider, tat_ms) VALUES ($1, pelican_now_ms() + $2) \
-              ON CONFLICT (provider) DO UPDATE SET tat_ms = GREATEST(r.tat_ms, pelican_now_ms()) + $2 \
-               WHERE GREATEST(r.tat_ms, pelican_now_ms()) - pelican_now_ms() <= ($3 - 1) * $2",
+        sql: "INSERT INTO provider_rates AS r (provider, tat_ms, tat_ns) \
+              VALUES ($1, (pelican_now_ns() + $2) / 1000000, pelican_now_ns() + $2) \
+              ON CONFLICT (provider) DO UPDATE \
+                SET tat_ns = GREATEST(r.tat_ns, r.tat_ms * 1000000, pelican_now_ns()) + $2, \
+                    tat_ms = (GREATEST(r.tat_ns, r.tat_ms * 1000000, pelican_now_ns()) + $2) / 1000000 \
+               WHERE GREATEST(r.tat_ns, r.tat_ms * 1000000, pelican_now_ns()) - pelican_now_ns() \
+                     <= ($3 - 1) * $2",
         show: [provider],
         model: |db| Rows(db.take_token(provider, *interval_ms, *burst)),
     }

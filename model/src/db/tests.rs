@@ -408,10 +408,38 @@ fn slots_are_held_until_released_or_their_hold_runs_out() {
 /// The rate limit is a GCRA: `burst` calls at once after a quiet spell,
 /// then one per interval.
 #[test]
+fn a_rate_is_kept_as_stated() {
+    use crate::protocol::ProviderLimit;
+    let limit = |n| ProviderLimit {
+        per_second: Some(n),
+        ..ProviderLimit::default()
+    };
+    for n in [1, 3, 7, 333, 501, 999, 1_000] {
+        let mut db = Db::new();
+        db.clock = t(1_000_000);
+        let Some(DbOp::TakeToken { interval_ns, .. }) = limit(n).take_token("p") else {
+            panic!("a rate limit of {n} takes tokens");
+        };
+        // Ten seconds, asked every millisecond, with a burst of two (the
+        // tolerance that absorbs the asking's millisecond steps): 10n
+        // calls, and the burst's one more.
+        let mut granted = 0;
+        for ms in 0..10_000 {
+            db.clock = t(1_000_000 + ms);
+            granted += db.take_token("p", interval_ns, 2);
+        }
+        assert!(
+            granted.abs_diff(10 * u64::from(n) + 1) <= 1,
+            "{n}/s granted {granted} in 10 s"
+        );
+    }
+}
+
+#[test]
 fn tokens_come_at_the_rate_after_a_burst() {
     let mut db = Db::new();
     db.clock = t(10_000);
-    let granted = |db: &mut Db| db.take_token("p", 100, 3);
+    let granted = |db: &mut Db| db.take_token("p", 100_000_000, 3);
     assert_eq!(
         [granted(&mut db), granted(&mut db), granted(&mut db)],
         [1, 1, 1]
@@ -423,7 +451,7 @@ fn tokens_come_at_the_rate_after_a_burst() {
     assert_eq!(granted(&mut db), 1, "one interval later");
     assert_eq!(granted(&mut db), 0);
     db.clock = t(20_000);
-    assert_eq!(db.take_token("q", 100, 1), 1, "providers apart");
+    assert_eq!(db.take_token("q", 100_000_000, 1), 1, "providers apart");
     assert_eq!(
         [granted(&mut db), granted(&mut db), granted(&mut db)],
         [1, 1, 1]

@@ -5,7 +5,8 @@
 //! of N is N slots (`provider_slots`); a permit holds one until it is
 //! released or its hold runs out, so a worker that dies holding one frees it
 //! after [`ProviderLimit::hold_ms`], never before. A rate limit is one row of
-//! GCRA state (`provider_rates`): a call may start when the provider's
+//! GCRA state (`provider_rates`, in nanoseconds, so that any rate is kept
+//! as stated): a call may start when the provider's
 //! theoretical arrival time is at most `(burst - 1) * interval` ahead of now.
 //! Limits bound load on the provider; they never change what a run writes.
 
@@ -125,11 +126,13 @@ impl ProviderLimit {
         }
     }
 
-    /// The time between calls at the stated rate (`None`: no rate limit).
+    /// The time between calls at the stated rate, in nanoseconds, rounded
+    /// up: never faster than stated, and slower by less than a millionth
+    /// (`None`: no rate limit).
     #[must_use]
-    pub fn interval_ms(&self) -> Option<u64> {
+    pub fn interval_ns(&self) -> Option<u64> {
         self.per_second
-            .map(|n| (1_000 / u64::from(n.clamp(1, Self::PER_SECOND_MAX))).max(1))
+            .map(|n| 1_000_000_000u64.div_ceil(u64::from(n.clamp(1, Self::PER_SECOND_MAX))))
     }
 
     /// The statement that takes a token of `provider`'s rate limit (`None`:
@@ -138,7 +141,7 @@ impl ProviderLimit {
     pub fn take_token(&self, provider: &str) -> Option<DbOp> {
         Some(DbOp::TakeToken {
             provider: provider.to_owned(),
-            interval_ms: self.interval_ms()?,
+            interval_ns: self.interval_ns()?,
             burst: self.burst.max(1),
         })
     }

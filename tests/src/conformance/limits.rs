@@ -62,7 +62,7 @@ fn ensure(slots: u32) -> DbOp {
 fn token(burst: u32) -> DbOp {
     DbOp::TakeToken {
         provider: "p".into(),
-        interval_ms: 1_000,
+        interval_ns: 1_000_000_000,
         burst,
     }
 }

@@ -310,6 +310,6 @@ impl State {
             .slots
             .values()
             .any(|(_, until)| until.as_ms() > 0)
-            || self.world.db.rates.values().any(|tat| tat.as_ms() > 0)
+            || self.world.db.rates.values().any(|tat| *tat > 0)
     }
 }

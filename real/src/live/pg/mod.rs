@@ -256,15 +256,15 @@ impl PgDb {
                 ),
             );
         }
-        for r in &sqlx::query("SELECT provider, tat_ms FROM provider_rates")
-            .fetch_all(&mut *tx)
-            .await?
+        for r in &sqlx::query(
+            "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates",
+        )
+        .fetch_all(&mut *tx)
+        .await?
         {
-            let tat: i64 = r.try_get("tat_ms")?;
-            db.rates.insert(
-                r.try_get("provider")?,
-                pelican_model::time::Timestamp(rows::unsigned("tat_ms", tat)?),
-            );
+            let tat: i64 = r.try_get("tat_ns")?;
+            db.rates
+                .insert(r.try_get("provider")?, rows::unsigned("tat_ns", tat)?);
         }
         for r in &sqlx::query("SELECT key, requests FROM effects")
             .fetch_all(&mut *tx)
