@@ -285,6 +285,9 @@ impl Db {
     /// An empty database (after migrations).
     #[must_use]
     pub fn new() -> Self {
+    /// `deployment`'s partition count, once a process stored it.
+    #[serde(default)]
+    pub partitions: Option<u32>,
         Self::default()
     }
 
@@ -1083,6 +1086,22 @@ impl Db {
             .map(|(r, d)| (*r, d.clone()))
             .collect()
     }
+    /// [`Statement::AgreePartitions`]: the stored partition count, or
+    /// `partitions`, stored.
+    pub fn agree_partitions(&mut self, partitions: u32) -> u32 {
+        *self.partitions.get_or_insert(partitions)
+    }
+
+    /// [`Statement::SetPartitions`]: `partitions` stored (1), unless fewer
+    /// than the stored count (0).
+    pub fn set_partitions(&mut self, partitions: u32) -> u64 {
+        if self.partitions.is_some_and(|p| p > partitions) {
+            return 0;
+        }
+        self.partitions = Some(partitions);
+        1
+    }
+
 
     /// [`Statement::ListRuns`]: up to `limit` runs after `after`, by run,
     /// whose status is `status` and kind `kind` (`""`: any).

@@ -68,6 +68,7 @@ live! {
     one_reader_feeds_every_events_stream,
     retention_keeps_a_keys_window,
     a_keyed_bulk_is_one_statement,
+    a_partition_count_is_the_deployments,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -157,6 +157,8 @@ pub enum Shape {
     Runs,
     /// Counts by minute and status ([`DbReply::PerMinute`]).
     PerMinute,
+    /// One row's `value` ([`DbReply::Rows`]).
+    Value,
 }
 
 /// The answer to a [`DbOp`].
@@ -1057,6 +1059,43 @@ statements! {
         name: "next_run_id",
         access: Write,
         reply: NewRun,
+    /// The deployment's partition count: the one stored, or `partitions`,
+    /// stored, when none is yet (the first process to connect after
+    /// `pelican migrate` sets it). A process whose own count differs
+    /// refuses to start.
+    AgreePartitions { partitions: u32 } => {
+        name: "agree_partitions",
+        access: Write,
+        reply: Value,
+        sql: "INSERT INTO deployment (key, value) VALUES ('partitions', $1) \
+              ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING value",
+        show: [partitions],
+        model: |db| Rows(u64::from(db.agree_partitions(*partitions))),
+    }
+
+    /// The deployment's stored partition count (0: none stored yet).
+    ReadPartitions => {
+        name: "read_partitions",
+        access: Read,
+        reply: Value,
+        sql: "SELECT coalesce((SELECT value FROM deployment WHERE key = 'partitions'), 0) AS value",
+        show: [],
+        model: |db| Rows(u64::from(db.partitions.unwrap_or(0))),
+    }
+
+    /// `pelican partitions --set`: the deployment's partition count becomes
+    /// `partitions` (1) unless that is fewer than the stored count (0):
+    /// entries in a dropped partition would be read by no worker.
+    SetPartitions { partitions: u32 } => {
+        name: "set_partitions",
+        access: Write,
+        reply: Rows,
+        sql: "INSERT INTO deployment AS d (key, value) VALUES ('partitions', $1) \
+              ON CONFLICT (key) DO UPDATE SET value = $1 WHERE d.value <= $1",
+        show: [partitions],
+        model: |db| Rows(db.set_partitions(*partitions)),
+    }
+
         sql: "SELECT nextval('run_ids')",
         show: [],
         model: |db| DbReply::NewRun(db.next_run_id()),

@@ -43,7 +43,7 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub(crate) struct Connection {
     /// Redis URL; with `--redis-cluster`, the URLs of some of the
     /// cluster's nodes, separated by commas.
@@ -75,9 +75,9 @@ pub(crate) struct Connection {
     pub(crate) group: String,
     /// Job stream partitions: runs spread over this many stream keys, each
     /// with its consumer group, whose hash tags put them on different
-    /// slots of a Redis Cluster. Give the API and the workers the same;
-    /// raise it, never lower it (entries of a dropped partition are
-    /// stranded).
+    /// slots of a Redis Cluster. The deployment's count is stored in
+    /// Postgres by the first process to connect; a process started with
+    /// another refuses to start. `pelican partitions --set N` raises it.
     #[arg(
         long,
         env = "PELICAN_PARTITIONS",
@@ -321,6 +321,16 @@ pub(crate) enum Cmd {
     /// Print the HTTP API's OpenAPI document (as `GET /openapi.json`
     /// serves it); needs no server.
     Openapi,
+    /// Show the deployment's partition count, stored in Postgres by the
+    /// first process to connect; every process must be started with it.
+    Partitions {
+        /// Grow the deployment to N partitions: their consumer groups are
+        /// made, then the count is stored. Restart every API and worker
+        /// with `--partitions N`. Fewer is refused: entries in a dropped
+        /// partition would be read by no worker.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        set: Option<u16>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -46,8 +46,8 @@ pub(crate) fn run_id(s: &str) -> Result<RunId> {
 }
 
 pub(crate) struct Clients {
-    stream: RedisStream,
-    db: PgDb,
+    pub(crate) stream: RedisStream,
+    pub(crate) db: PgDb,
 }
 
 pub(crate) async fn connect_db(c: &Connection) -> Result<PgDb> {
@@ -60,7 +60,17 @@ pub(crate) async fn connect_db(c: &Connection) -> Result<PgDb> {
     .with_context(|| format!("connecting to Postgres at {}", redact(&c.database_url)))
 }
 
+/// Connects to Postgres and Redis, with this process's partition count
+/// agreed with the deployment's ([`super::deployment::agree`]).
 pub(crate) async fn connect(c: &Connection, read_block_ms: u64) -> Result<Clients> {
+    let clients = connect_unagreed(c, read_block_ms).await?;
+    super::deployment::agree(&clients.db, c.partitions).await?;
+    Ok(clients)
+}
+
+/// [`connect`] without the partition count's agreement: for `migrate`,
+/// before the deployment's table exists, and for `partitions`.
+pub(crate) async fn connect_unagreed(c: &Connection, read_block_ms: u64) -> Result<Clients> {
     let db = connect_db(c).await?;
     let stream = RedisStream::connect(
         &RedisAddr::new(&c.redis_url, c.redis_cluster),
@@ -369,6 +379,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
     let json = cli.json;
     match cli.command {
         Cmd::Migrate => migrate(c).await,
+        Cmd::Partitions { set } => super::deployment::partitions(c, set).await,
         Cmd::Api(a) => serve_api(c, a, handlers).await,
         Cmd::Worker(a) => worker(c, a, handlers).await,
         Cmd::Submit {
@@ -417,8 +428,9 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
 
 /// `pelican migrate`: the schema, then the consumer group.
 async fn migrate(c: &Connection) -> Result<()> {
-    let clients = connect(c, 0).await?;
+    let clients = connect_unagreed(c, 0).await?;
     clients.db.migrate().await?;
+    super::deployment::agree(&clients.db, c.partitions).await?;
     let io = io(clients, Config::default(), NoProbe);
     for partition in 0..c.partitions {
         match io.stream.execute(StreamOp::EnsureGroup { partition }).await {

@@ -20,6 +20,7 @@
 
 mod args;
 mod commands;
+mod deployment;
 mod output;
 
 use crate::jobs::Registry;

@@ -231,7 +231,7 @@ pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
         "DELETE FROM attempts; DELETE FROM dead_letters; DELETE FROM runs; \
          DELETE FROM effects; DELETE FROM submit_keys; DELETE FROM workers; \
          DELETE FROM steps; DELETE FROM provider_slots; DELETE FROM provider_rates; \
-         DELETE FROM run_events; \
+         DELETE FROM run_events; DELETE FROM deployment; \
          SELECT setval('run_ids', 1, false), \
          setval(pg_get_serial_sequence('workers', 'worker_id'), 1, false)",
     )
@@ -331,6 +331,9 @@ pub(super) fn same_rows(model: &Db, live: &Db) -> Result<(), String> {
     }
     if model.rates != live.rates {
         return differ("provider rates", &model.rates, &live.rates);
+    }
+    if model.partitions != live.partitions {
+        return differ("deployment", &model.partitions, &live.partitions);
     }
     Ok(())
 }

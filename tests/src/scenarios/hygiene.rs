@@ -143,3 +143,53 @@ pub fn a_keyed_bulk_is_one_statement(mutant: Option<&str>) {
     assert!(spent < 50, "{spent} commits for a keyed bulk of {ITEMS}");
     assert_eq!(env.db().runs.len(), ITEMS);
 }
+
+/// The partition count is the deployment's: a process started with
+/// another refuses to start and says which to use; `pelican partitions
+/// --set` grows the count and refuses to shrink it; a worker of the grown
+/// count drains a run published under the old one; and a process of the
+/// old count is then refused.
+pub fn a_partition_count_is_the_deployments(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (n, m) = (env.partitions.to_string(), (env.partitions + 1).to_string());
+    let (_api, _base) = env.api("tok");
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let out = env.cli(&["partitions"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        n,
+        "stored by the API"
+    );
+    let out = env.cli(&[
+        "worker",
+        "--id",
+        "9",
+        "--read-block-ms",
+        "200",
+        "--partitions",
+        &m,
+    ]);
+    assert!(!out.status.success(), "a worker of another count started");
+    let said = format!("this deployment has {n} partitions");
+    assert!(text(&out).contains(&said), "{}", text(&out));
+    let out = env.cli(&["partitions", "--set", &m]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = env.cli(&["partitions", "--set", &n]);
+    assert!(!out.status.success(), "the count shrank");
+    assert!(text(&out).contains("fewer is refused"), "{}", text(&out));
+    let run = env.submit("noop", "{}", 3);
+    let _w = env.worker(1, None, &["--partitions", &m]);
+    let db = env.settle();
+    assert!(db.runs[&run].status.is_terminal());
+    let out = env.cli(&["submit", "noop"]);
+    assert!(!out.status.success(), "a submission under the old count");
+    assert!(text(&out).contains(&format!("this deployment has {m} partitions")));
+    env.check(&[]);
+}

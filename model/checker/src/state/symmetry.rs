@@ -323,8 +323,9 @@ fn hash_db_unlabeled(db: &Db, h: &mut FpHasher) {
         slots,
         rates,
         events: run_events,
+        partitions,
     } = db;
-    (registered, steps, slots, rates, run_events).hash(h);
+    (registered, steps, slots, rates, run_events, partitions).hash(h);
     clock.hash(h);
     (
         runs,

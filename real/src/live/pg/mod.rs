@@ -80,6 +80,11 @@ pub fn migrator() -> Migrator {
         migration(13, "live counts", sql::SCHEMA_COUNTS),
         migration(14, "success on the run", sql::SCHEMA_SUCCESS_ON_RUN),
         migration(15, "retention without a foreign key", sql::SCHEMA_RETENTION),
+        migration(
+            16,
+            "exact rates and deployment settings",
+            sql::SCHEMA_EXACT_RATES,
+        ),
     ])
 }
 
@@ -207,6 +212,14 @@ impl PgDb {
                 )?),
             };
             db.keys.insert(r.try_get("key")?, key);
+        }
+        if let Some(r) = sqlx::query("SELECT value FROM deployment WHERE key = 'partitions'")
+            .fetch_optional(&mut *tx)
+            .await?
+        {
+            let n: i64 = r.try_get("value")?;
+            db.partitions =
+                Some(u32::try_from(n).map_err(|_| rows::corrupt("partitions", n.to_string()))?);
         }
         for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
             .fetch_all(&mut *tx)

@@ -189,6 +189,10 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
     let one = rows.first();
     Ok(match shape {
         Shape::Rows => DbReply::Rows(affected),
+        Shape::Value => {
+            let row = one.ok_or_else(|| corrupt("value", "no row"))?;
+            DbReply::Rows(unsigned("value", row.try_get("value")?)?)
+        }
         Shape::Applied => {
             let row = one.ok_or_else(|| corrupt("applied", "no row"))?;
             DbReply::Rows(u64::from(row.try_get::<bool, _>("applied")?))
