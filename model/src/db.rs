@@ -84,6 +84,24 @@ pub struct RunRow {
 }
 
 impl RunRow {
+    /// The most of an error message a page of runs shows
+    /// ([`RunRow::summary`]), in characters.
+    pub const SUMMARY_MESSAGE_MAX: usize = 256;
+
+    /// The row as a page of runs has it ([`Statement::ListRuns`]): input and
+    /// result empty, the error message cut to its first
+    /// [`RunRow::SUMMARY_MESSAGE_MAX`] characters.
+    #[must_use]
+    pub fn summary(self) -> RunRow {
+        let cut = |m: String| m.chars().take(Self::SUMMARY_MESSAGE_MAX).collect();
+        RunRow {
+            input: String::new(),
+            result: None,
+            error: self.error.map(|(class, m)| (class, cut(m))),
+            ..self
+        }
+    }
+
     /// The row without its users' values ([`Statement::ReadRunHead`]):
     /// input, result and error message empty.
     #[must_use]
@@ -267,6 +285,9 @@ pub struct Db {
     /// none) and until when.
     #[serde(default)]
     pub slots: BTreeMap<(String, u32), (String, Timestamp)>,
+    /// `deployment`'s partition count, once a process stored it.
+    #[serde(default)]
+    pub partitions: Option<u32>,
     /// `provider_rates`: provider → the theoretical arrival time of its
     /// next request (GCRA), in nanoseconds since the epoch.
     #[serde(default)]
@@ -285,9 +306,6 @@ impl Db {
     /// An empty database (after migrations).
     #[must_use]
     pub fn new() -> Self {
-    /// `deployment`'s partition count, once a process stored it.
-    #[serde(default)]
-    pub partitions: Option<u32>,
         Self::default()
     }
 
@@ -743,6 +761,26 @@ impl Db {
         log
     }
 
+    /// [`Statement::ReadEvents`]: [`Db::read_events`], each event after the
+    /// first kept only while the data before it is under `bytes_max`.
+    #[must_use]
+    pub fn read_events_bounded(
+        &self,
+        run: RunId,
+        after: u32,
+        limit: usize,
+        bytes_max: u64,
+    ) -> Vec<RunEvent> {
+        let mut before = 0u64;
+        let mut log = self.read_events(run, after, limit);
+        log.retain(|e| {
+            let keep = before == 0 || before < bytes_max;
+            before = before.saturating_add(e.data.len() as u64);
+            keep
+        });
+        log
+    }
+
     /// [`Statement::Complete`]: the attempt holding `fence` succeeded. Its
     /// success is the run's row alone ([`RunRow::outcome_of`]), its event
     /// the row's last number ([`Db::read_events`]).
@@ -1048,6 +1086,22 @@ impl Db {
         WorkerId(n)
     }
 
+    /// [`Statement::AgreePartitions`]: the stored partition count, or
+    /// `partitions`, stored.
+    pub fn agree_partitions(&mut self, partitions: u32) -> u32 {
+        *self.partitions.get_or_insert(partitions)
+    }
+
+    /// [`Statement::SetPartitions`]: `partitions` stored (1), unless fewer
+    /// than the stored count (0).
+    pub fn set_partitions(&mut self, partitions: u32) -> u64 {
+        if self.partitions.is_some_and(|p| p > partitions) {
+            return 0;
+        }
+        self.partitions = Some(partitions);
+        1
+    }
+
     /// [`Statement::NextRunId`]: a run id never handed out before.
     pub fn next_run_id(&mut self) -> RunId {
         self.run_ids += 1;
@@ -1086,22 +1140,6 @@ impl Db {
             .map(|(r, d)| (*r, d.clone()))
             .collect()
     }
-    /// [`Statement::AgreePartitions`]: the stored partition count, or
-    /// `partitions`, stored.
-    pub fn agree_partitions(&mut self, partitions: u32) -> u32 {
-        *self.partitions.get_or_insert(partitions)
-    }
-
-    /// [`Statement::SetPartitions`]: `partitions` stored (1), unless fewer
-    /// than the stored count (0).
-    pub fn set_partitions(&mut self, partitions: u32) -> u64 {
-        if self.partitions.is_some_and(|p| p > partitions) {
-            return 0;
-        }
-        self.partitions = Some(partitions);
-        1
-    }
-
 
     /// [`Statement::ListRuns`]: up to `limit` runs after `after`, by run,
     /// whose status is `status` and kind `kind` (`""`: any).
@@ -1166,6 +1204,15 @@ impl Db {
         self.delete_aged(before, limit, |r| r.finished_at)
     }
 
+    /// Mutant twin of [`Db::delete_finished`] (`ForgetKeys`): deletes the
+    /// runs' idempotency keys with them, inside their window.
+    #[cfg(feature = "mutants")]
+    pub fn delete_finished_keys(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
+        let gone = self.delete_finished(before, limit);
+        self.keys.retain(|_, k| !gone.contains(&k.run));
+        gone
+    }
+
     /// Mutant twin of [`Db::delete_finished`] (`RetainLive`): ages every
     /// run by its publication, finished or not.
     #[cfg(feature = "mutants")]
@@ -1223,15 +1270,6 @@ impl Db {
             {
                 *t = Timestamp::ZERO;
             }
-    /// Mutant twin of [`Db::delete_finished`] (`ForgetKeys`): deletes the
-    /// runs' idempotency keys with them, inside their window.
-    #[cfg(feature = "mutants")]
-    pub fn delete_finished_keys(&mut self, before: Timestamp, limit: usize) -> Vec<RunId> {
-        let gone = self.delete_finished(before, limit);
-        self.keys.retain(|_, k| !gone.contains(&k.run));
-        gone
-    }
-
         }
         for (_, until) in self.slots.values_mut() {
             *until = Timestamp::ZERO;

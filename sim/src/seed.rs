@@ -498,10 +498,13 @@ where
     let mut seen: Vec<pelican_model::events::RunEvent> = Vec::new();
     loop {
         let after = seen.last().map_or(0, |e| e.seq);
+        // Few events a read, and few bytes: the reader follows a log
+        // across reads that stop at either bound.
         let read = DbOp::ReadEvents {
             run,
             after,
             limit: 4,
+            bytes_max: 8,
         };
         if let Ok(DbReply::Events(batch)) = io.db.call(read, Default::default()).await
             && !batch.is_empty()

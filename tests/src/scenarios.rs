@@ -1256,6 +1256,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
                     run: r,
                     after: 0,
                     limit: 100,
+                    bytes_max: u64::MAX,
                 },
             ] {
                 let got = pg.execute(&op).await.expect("Postgres answers");

@@ -177,11 +177,19 @@ fn a_success_is_read_from_the_runs_row() {
                 run,
                 after: 0,
                 limit: 100,
+                bytes_max: u64::MAX,
             }),
             one(DbOp::ReadEvents {
                 run,
                 after: 3,
                 limit: 1,
+                bytes_max: u64::MAX,
+            }),
+            one(DbOp::ReadEvents {
+                run,
+                after: 0,
+                limit: 100,
+                bytes_max: 1,
             }),
         ]
     };
@@ -288,6 +296,7 @@ fn a_success_written_by_the_previous_release_reads_the_same() {
                 run: RunId(1),
                 after: 0,
                 limit: 100,
+                bytes_max: u64::MAX,
             },
         ] {
             let got = pg.execute(&op).await.expect("Postgres answers");

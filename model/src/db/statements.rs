@@ -811,22 +811,27 @@ statements! {
 
     /// Up to `limit` events of `run` numbered above `after`, in order
     /// ([`crate::events`]): event 1 and a success are the run's row, each
-    /// claim an attempt's row, the others rows of `run_events`.
-    ReadEvents { run: RunId, after: u32, limit: usize } => {
+    /// claim an attempt's row, the others rows of `run_events`. Each event
+    /// after the first is read only if the data before it is under
+    /// `bytes_max`: a read holds at most `bytes_max` plus one event's data.
+    ReadEvents { run: RunId, after: u32, limit: usize, bytes_max: u64 } => {
         name: "read_events",
         access: Read,
         reply: Events,
         sql: "SELECT seq, kind, attempt, fence, class, data FROM ( \
-                SELECT 1 AS seq, 'queued' AS kind, 0 AS attempt, 0::bigint AS fence, NULL::text AS class, \
-                       '' AS data FROM runs WHERE run_id = $1 \
-                UNION ALL SELECT claimed_seq, 'claimed', attempt, fence, NULL, worker FROM attempts \
-                 WHERE run_id = $1 AND claimed_seq IS NOT NULL \
-                UNION ALL SELECT events, 'succeeded', attempts, active_fence, NULL, '' FROM runs \
-                 WHERE run_id = $1 AND status = 'succeeded' AND events > 1 \
-                UNION ALL SELECT seq, kind, attempt, fence, class, data FROM run_events WHERE run_id = $1) e \
-              WHERE seq > $2 ORDER BY seq LIMIT $3",
+                SELECT *, sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before FROM ( \
+                  SELECT seq, kind, attempt, fence, class, data FROM ( \
+                    SELECT 1 AS seq, 'queued' AS kind, 0 AS attempt, 0::bigint AS fence, NULL::text AS class, \
+                           '' AS data FROM runs WHERE run_id = $1 \
+                    UNION ALL SELECT claimed_seq, 'claimed', attempt, fence, NULL, worker FROM attempts \
+                     WHERE run_id = $1 AND claimed_seq IS NOT NULL \
+                    UNION ALL SELECT events, 'succeeded', attempts, active_fence, NULL, '' FROM runs \
+                     WHERE run_id = $1 AND status = 'succeeded' AND events > 1 \
+                    UNION ALL SELECT seq, kind, attempt, fence, class, data FROM run_events WHERE run_id = $1) e \
+                  WHERE seq > $2 ORDER BY seq LIMIT $3) l) b \
+              WHERE before < $4 OR before = 0 ORDER BY seq",
         show: [run, after],
-        model: |db| DbReply::Events(db.read_events(*run, *after, *limit)),
+        model: |db| DbReply::Events(db.read_events_bounded(*run, *after, *limit, *bytes_max)),
     }
 
     /// The attempt holding `fence` succeeded with `result`: the run's row
@@ -1054,11 +1059,6 @@ statements! {
         model: |db| DbReply::NewWorker(db.register_worker(host, *pid, db.clock)),
     }
 
-    /// A fresh run id.
-    NextRunId => {
-        name: "next_run_id",
-        access: Write,
-        reply: NewRun,
     /// The deployment's partition count: the one stored, or `partitions`,
     /// stored, when none is yet (the first process to connect after
     /// `pelican migrate` sets it). A process whose own count differs
@@ -1096,6 +1096,11 @@ statements! {
         model: |db| Rows(db.set_partitions(*partitions)),
     }
 
+    /// A fresh run id.
+    NextRunId => {
+        name: "next_run_id",
+        access: Write,
+        reply: NewRun,
         sql: "SELECT nextval('run_ids')",
         show: [],
         model: |db| DbReply::NewRun(db.next_run_id()),
@@ -1139,18 +1144,22 @@ statements! {
     }
 
     /// Up to `limit` runs after `after`, by run, of status `status` and
-    /// kind `kind` (each `''`: any), for `GET /runs` (keyset pagination).
+    /// kind `kind` (each `''`: any), for `GET /runs` (keyset pagination):
+    /// each as [`RunRow::summary`] has it, without the values a page does
+    /// not show, so a page of 1,000 reads no input or result.
     ListRuns { status: String, kind: String, after: RunId, limit: usize } => {
         name: "list_runs",
         access: Read,
         reply: Runs,
-        sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, \
-              unknown_failures, deadline_ms, events FROM runs \
+        sql: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
+              lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
+              left(error_message, 256) AS error_message, unknown_failures, deadline_ms, events FROM runs \
               WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
               ORDER BY run_id LIMIT $4",
         show: [after],
-        model: |db| DbReply::Runs(db.list_runs(status, kind, *after, *limit)),
+        model: |db| DbReply::Runs(
+            db.list_runs(status, kind, *after, *limit).into_iter().map(RunRow::summary).collect(),
+        ),
     }
 
     /// How many runs have each status.
@@ -1279,7 +1288,7 @@ statements! {
         model: |db| Rows(db.release_slot(provider, holder)),
     }
 
-    /// One request of `provider` at one per `interval_ms`, `burst` at once
+    /// One request of `provider` at one per `interval_ns`, `burst` at once
     /// (GCRA on the provider's row, locked by the upsert): 1, or 0 when it
     /// is too soon. The state is `tat_ns`; `tat_ms` (its floor) is kept
     /// for workers of schema 15 and earlier, whose writes count here too.
@@ -1295,7 +1304,7 @@ statements! {
                WHERE GREATEST(r.tat_ns, r.tat_ms * 1000000, pelican_now_ns()) - pelican_now_ns() \
                      <= ($3 - 1) * $2",
         show: [provider],
-        model: |db| Rows(db.take_token(provider, *interval_ms, *burst)),
+        model: |db| Rows(db.take_token(provider, *interval_ns, *burst)),
     }
 
     /// An operator's re-run of a dead run, with `extra_attempts` more, a
@@ -1384,6 +1393,20 @@ statements! {
     }
 
     #[cfg(feature = "mutants")]
+    /// Mutant twin of `DeleteFinished` (`ForgetKeys`): deletes the runs'
+    /// idempotency keys with them.
+    DeleteFinishedKeys { keep_ms: u64, limit: usize } => {
+        name: "delete_finished_keys",
+        access: Write,
+        reply: Rows,
+        sql: concat!(pick_finished!(),
+              "k AS (DELETE FROM submit_keys WHERE run_id = ANY (ARRAY(SELECT run_id FROM picked))), ",
+              delete_picked!()),
+        show: [],
+        model: |db| Rows(db.delete_finished_keys(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
+    }
+
+    #[cfg(feature = "mutants")]
     /// Mutant twin (`RetryInPel`): records the failure, leaves the run
     /// running.
     RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
@@ -1436,20 +1459,6 @@ mod tests {
             #[cfg(feature = "mutants")]
             let times = self.times || s == Statement::ClaimAt;
             #[cfg(not(feature = "mutants"))]
-    #[cfg(feature = "mutants")]
-    /// Mutant twin of `DeleteFinished` (`ForgetKeys`): deletes the runs'
-    /// idempotency keys with them.
-    DeleteFinishedKeys { keep_ms: u64, limit: usize } => {
-        name: "delete_finished_keys",
-        access: Write,
-        reply: Rows,
-        sql: concat!(pick_finished!(),
-              "k AS (DELETE FROM submit_keys WHERE run_id = ANY (ARRAY(SELECT run_id FROM picked))), ",
-              delete_picked!()),
-        show: [],
-        model: |db| Rows(db.delete_finished_keys(db.clock.sub_ms(*keep_ms), *limit).len() as u64),
-    }
-
             let times = self.times;
             assert!(
                 times,

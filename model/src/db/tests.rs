@@ -458,3 +458,30 @@ fn tokens_come_at_the_rate_after_a_burst() {
     );
     assert_eq!(granted(&mut db), 0, "a quiet spell refills only the burst");
 }
+
+/// A read of events stops once the data before an event reaches its bound
+/// (the first event always comes), and the next read goes on from there:
+/// a reader never holds more than the bound and one event.
+#[test]
+fn an_events_read_is_bounded_by_its_bytes() {
+    let mut db = db_with(1, 3);
+    let c = db
+        .claim(RunId(1), Dispatch(1), e(1), "w1", t(0), 1_000)
+        .expect("claimed");
+    let big = "x".repeat(600);
+    for _ in 0..4 {
+        assert_eq!(db.append_event(RunId(1), c.fence, &big), 1);
+    }
+    let seqs = |after, bytes| -> Vec<u32> {
+        db.read_events_bounded(RunId(1), after, 100, bytes)
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    };
+    // queued (0 bytes), claimed ("w1"), then 600-byte progress events.
+    assert_eq!(seqs(0, u64::MAX), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(seqs(0, 1_000), [1, 2, 3, 4], "602 bytes before the fourth");
+    assert_eq!(seqs(4, 1_000), [5, 6]);
+    assert_eq!(seqs(2, 1), [3], "the first comes whatever its size");
+    assert_eq!(seqs(0, 0), [1, 2], "nothing before them");
+}

@@ -28,6 +28,11 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// the rest on the next polls).
 pub const READ_MAX: usize = 256;
 
+/// The most event data one read of a run takes past its first event: a
+/// read holds at most this plus one event (a progress value is at most
+/// `--value-bytes-max`), not `READ_MAX` of the largest.
+pub const READ_BYTES_MAX: u64 = 1 << 20;
+
 /// Batches a watcher may have queued before the reader skips it.
 const QUEUE: usize = 4;
 
@@ -196,6 +201,7 @@ async fn poll(w: &Watchers, db: &PgDb, watched: &[(RunId, u32)]) {
             run,
             after,
             limit: READ_MAX,
+            bytes_max: READ_BYTES_MAX,
         };
         statements.increment(1);
         match db.execute(&read).await {
