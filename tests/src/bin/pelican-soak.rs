@@ -29,10 +29,57 @@ struct Args {
     /// Print the summary as JSON on the last stdout line.
     #[arg(long)]
     json: bool,
+    /// Draw the series as PNGs in DIR (with gnuplot).
+    #[arg(long, value_name = "DIR")]
+    plots: Option<std::path::PathBuf>,
+    /// Run no soak: draw the samples of the report at PATH into --plots.
+    #[arg(long, value_name = "PATH", requires = "plots")]
+    plot_from: Option<std::path::PathBuf>,
+}
+
+/// Draws `samples` into `dir`, saying what it wrote.
+fn draw(samples: &[pelican_tests::soak::Sample], wipe_s: f64, dir: &std::path::Path) -> bool {
+    match pelican_tests::soak::plot(samples, wipe_s, dir) {
+        Ok(files) => {
+            for f in files {
+                eprintln!("soak: drew {}", f.display());
+            }
+            true
+        }
+        Err(e) => {
+            eprintln!("soak: {e}");
+            false
+        }
+    }
+}
+
+/// `--plot-from`: the samples and the wipe's time of a written report.
+fn redraw(path: &std::path::Path, dir: &std::path::Path) -> ExitCode {
+    let read = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()));
+    let report = match read {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("soak: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let samples: Vec<pelican_tests::soak::Sample> =
+        serde_json::from_value(report["samples"].clone()).unwrap_or_default();
+    let wipe_s = report["wipe_at_s"].as_f64().unwrap_or(0.0);
+    if draw(&samples, wipe_s, dir) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let (Some(from), Some(dir)) = (&args.plot_from, &args.plots) {
+        return redraw(from, dir);
+    }
     let base = if args.long {
         Plan::long()
     } else {
@@ -62,6 +109,9 @@ fn main() -> ExitCode {
     let text = serde_json::to_string_pretty(&report).expect("the report serializes");
     if let Err(e) = std::fs::write(&args.report, text) {
         eprintln!("soak: cannot write {}: {e}", args.report.display());
+    }
+    if let Some(dir) = &args.plots {
+        draw(&report.samples, report.wipe_at_s, dir);
     }
     if args.json {
         println!(

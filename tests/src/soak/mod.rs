@@ -21,9 +21,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 mod load;
+mod plot;
 mod sample;
 
 pub use load::{Load, job};
+pub use plot::plot;
 pub use sample::{Sample, Sampler, TABLES, connections_ceiling, noise, not_flat, quantile};
 
 /// The API's bearer token in the soak.

@@ -21,7 +21,7 @@ pub const TABLES: [&str; 8] = [
 ];
 
 /// One sample: seconds into the soak, and each series' value.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Seconds since the load started.
     pub t_s: f64,
