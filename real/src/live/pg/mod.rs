@@ -105,15 +105,31 @@ impl PgDb {
     /// ms). The generic plan of every other statement is the same lookup or
     /// scan a custom one would be, without planning it on every call.
     ///
-    /// And with `enable_bitmapscan = off`. A generic plan takes a range
-    /// bound by parameters for a few rows, and for a few rows a bitmap scan
-    /// and a sort look cheaper than an index scan in order that stops at
-    /// the `LIMIT`: the sweeper's listing (`OrphanCandidates`) read every
-    /// candidate up to its cutoff to keep a batch of them, 46 ms a pass
-    /// (median, up to 121 ms) with 200,000 runs wiped from Redis, 9.6 s of
-    /// the 25 s it took to put them back in the stream; 17 s without
-    /// (`auto_explain`). Every statement of Pelican's finds its rows
-    /// through an index in the index's order, or by key.
+    /// And with `enable_bitmapscan = off` and `enable_seqscan = off`:
+    /// every statement of Pelican's finds its rows by key or through an
+    /// index in the index's order, and the planner, without the statistics
+    /// of a table filled faster than autovacuum analyzes it, may not see it
+    /// (`auto_explain`):
+    ///
+    /// * A generic plan takes a range bound by parameters for a few rows,
+    ///   and for a few rows a bitmap scan and a sort look cheaper than an
+    ///   index scan in order that stops at the `LIMIT`: the sweeper's
+    ///   listing (`OrphanCandidates`) read every candidate up to its cutoff
+    ///   to keep a batch of them, 46 ms a pass (median, up to 121 ms) with
+    ///   200,000 runs wiped from Redis, 9.6 s of the 25 s it took to put
+    ///   them back in the stream; 17 s without.
+    /// * Without statistics a column is taken for 200 distinct values:
+    ///   retention's delete of a batch's attempts by `run_id = ANY(...)`
+    ///   was a sequential scan of `attempts`, 2.7 s a pass of 1,000 at
+    ///   764,000 rows, though `attempts_pkey` leads with `run_id`.
+    ///
+    /// A query with no index to use still scans (an operator's count of
+    /// every run by status, say): the settings only price the scan out
+    /// where an index serves. And with `jit = off`: a plan that still
+    /// holds a scan priced out costs more than `jit_above_cost`, and its
+    /// compilation took 122 ms of every 64th statement's count trigger
+    /// (the merge of `run_count_deltas`); no statement of Pelican's runs
+    /// long enough for compiled expressions to pay.
     ///
     /// # Errors
     /// The URL is invalid or the server cannot be reached.
@@ -125,6 +141,8 @@ impl PgDb {
         let options = url.parse::<sqlx::postgres::PgConnectOptions>()?.options([
             ("plan_cache_mode", "force_generic_plan"),
             ("enable_bitmapscan", "off"),
+            ("enable_seqscan", "off"),
+            ("jit", "off"),
         ]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
