@@ -23,7 +23,8 @@ pub use runs_api::{
 
 pub use hygiene::{
     a_keyed_bulk_is_one_statement, a_partition_count_is_the_deployments,
-    logs_carry_ids_and_names_never_values, tokens_are_read_as_secret_stores_write_them,
+    logs_carry_ids_and_names_never_values, the_api_bounds_slow_heads_and_connections,
+    tokens_are_read_as_secret_stores_write_them,
 };
 
 pub use steady::{

@@ -69,6 +69,7 @@ live! {
     retention_keeps_a_keys_window,
     a_keyed_bulk_is_one_statement,
     a_partition_count_is_the_deployments,
+    the_api_bounds_slow_heads_and_connections,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -412,6 +412,18 @@ pub(crate) struct ApiArgs {
     #[arg(long, env = "PELICAN_EVENTS_STREAMS_MAX", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) events_streams_max: u32,
+    /// Connections served at once; the next is accepted when one closes.
+    /// Give it room for the events streams (each holds one) and the
+    /// clients that poll.
+    #[arg(long, env = "PELICAN_CONNECTIONS_MAX", default_value_t = 16_384,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) connections_max: u32,
+    /// How long a connection may take to send a request's head, from when
+    /// the server is ready to read it: a client that trickles one, or
+    /// idles between requests, is closed then.
+    #[arg(long, env = "PELICAN_HEADER_READ_TIMEOUT_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) header_read_timeout_ms: u64,
 }
 
 #[derive(Args)]

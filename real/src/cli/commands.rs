@@ -339,12 +339,17 @@ pub(crate) async fn serve_api(
         state.clone(),
         Duration::from_millis(a.submit_keys_keep_ms),
     ));
-    let mut stopped = state.stopping.clone();
-    let server = axum::serve(listener, api::router(state, a.body_limit_bytes))
-        .with_graceful_shutdown(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })
-        .into_future();
+    let bounds = crate::live::serve::Bounds {
+        connections_max: a.connections_max as usize,
+        header_read: Duration::from_millis(a.header_read_timeout_ms),
+    };
+    let stopped = state.stopping.clone();
+    let server = crate::live::serve::serve(
+        listener,
+        api::router(state, a.body_limit_bytes),
+        bounds,
+        stopped,
+    );
     let grace = Duration::from_millis(a.shutdown_grace_ms);
     // The signal stops the server's accepting and ends the events streams
     // (their stream watches `stopping`); what is still in flight a grace
@@ -355,7 +360,7 @@ pub(crate) async fn serve_api(
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        served = server => served.context("serving the API")?,
+        () = server => {}
         () = signalled => tracing::warn!(grace_ms = a.shutdown_grace_ms,
             "shutdown grace over: requests still in flight were cut"),
     }

@@ -5,6 +5,7 @@ pub mod api;
 pub mod metrics;
 pub mod pg;
 pub mod redis;
+pub mod serve;
 pub mod watchers;
 
 pub use pg::{PgDb, PgSession, PgTools};

@@ -1,11 +1,12 @@
 //! What an operator relies on without thinking of it: logs that name runs
 //! and statements but never hold users' values, tokens read as a secret
-//! store writes them, names unique across hosts, and the streams and
-//! consumer lists kept from growing.
+//! store writes them, one partition count for the whole deployment, and
+//! an API that bounds what a client can hold open.
 
 use super::{agent, wait_for};
 use crate::Env;
 use serde_json::json;
+use std::time::Duration;
 
 /// A value no log line may hold.
 const MARK: &str = "users-value-7f3a9c";
@@ -64,7 +65,7 @@ fn sql(env: &Env, text: &str) {
     let url = env.database_url.clone();
     let text = text.to_owned();
     crate::rt().block_on(async move {
-        let db = pelican_real::live::PgDb::connect(&url, 1, std::time::Duration::from_secs(5))
+        let db = pelican_real::live::PgDb::connect(&url, 1, Duration::from_secs(5))
             .await
             .expect("the test's Postgres answers");
         let mut s = db.session().await.expect("a session");
@@ -104,7 +105,7 @@ pub fn a_keyed_bulk_is_one_statement(mutant: Option<&str>) {
     let commits = |env: &Env| {
         // Sessions report their counts at most every second when busy,
         // and within ten when idle.
-        std::thread::sleep(std::time::Duration::from_secs(11));
+        std::thread::sleep(Duration::from_secs(11));
         let url = env.database_url.clone();
         crate::rt().block_on(async move {
             let pool = sqlx::postgres::PgPoolOptions::new()
@@ -191,5 +192,75 @@ pub fn a_partition_count_is_the_deployments(mutant: Option<&str>) {
     let out = env.cli(&["submit", "noop"]);
     assert!(!out.status.success(), "a submission under the old count");
     assert!(text(&out).contains(&format!("this deployment has {m} partitions")));
+    env.check(&[]);
+}
+
+/// The API bounds what a client can hold open. A connection that sends
+/// its request head too slowly is closed after `--header-read-timeout-ms`,
+/// and so is one that idles after a request; past `--connections-max`
+/// connections, the next is served only once one closes.
+pub fn the_api_bounds_slow_heads_and_connections(mutant: Option<&str>) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api_with_flags("tok", 3, &["--header-read-timeout-ms", "500"]);
+    let addr = base.trim_start_matches("http://").to_owned();
+    let closed_within = |mut tcp: TcpStream, secs: u64| -> bool {
+        tcp.set_read_timeout(Some(Duration::from_secs(secs)))
+            .expect("a timeout");
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    );
+                }
+            }
+        }
+    };
+    let mut slow = TcpStream::connect(&addr).expect("the API accepts");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: pelican\r\n")
+        .expect("half a head");
+    assert!(
+        closed_within(slow, 5),
+        "a head half sent held its connection"
+    );
+    let mut idle = TcpStream::connect(&addr).expect("the API accepts");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: pelican\r\n\r\n")
+        .expect("a request");
+    assert!(closed_within(idle, 5), "an idle connection was kept");
+    let (_capped, base) = env.api_with_flags(
+        "tok",
+        3,
+        &[
+            "--connections-max",
+            "2",
+            "--header-read-timeout-ms",
+            "20000",
+        ],
+    );
+    let addr = base.trim_start_matches("http://").to_owned();
+    // /healthz answered while waiting for the API is done; two idle
+    // connections take both places.
+    std::thread::sleep(Duration::from_millis(300));
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(&addr).expect("the API accepts"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let quick: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(1)))
+        .build()
+        .into();
+    let health = format!("{base}/healthz");
+    assert!(
+        quick.get(&health).call().is_err(),
+        "a third connection was served while two were held"
+    );
+    drop(held);
+    wait_for("a place frees", || quick.get(&health).call().is_ok());
     env.check(&[]);
 }
