@@ -1,7 +1,8 @@
 //! Housekeeping and recovery at scale, each on throwaway servers of its
 //! own: how fast retention deletes against how fast a worker drains, how
-//! soon a wiped backlog is back in the stream, and what an API's events
-//! watchers cost Postgres.
+//! soon a wiped backlog is back in the stream, how fast the outbox and the
+//! promotion of due retries go, and what an API's events watchers cost
+//! Postgres.
 
 use crate::{Cluster, Database, Env, Proc, rt};
 use serde_json::{Value, json};
@@ -137,6 +138,54 @@ pub fn wipe(plan: &SteadyPlan) -> (f64, f64) {
     ((last - t0) as f64 / 1000.0, done)
 }
 
+/// Queued runs the outbox has yet to publish.
+const UNPUBLISHED: &str = "SELECT EXISTS (SELECT 1 FROM runs \
+     WHERE status = 'queued' AND published_at IS NULL)::int::bigint";
+
+/// Runs waiting for their retry, or promoted and not yet published.
+const UNPROMOTED: &str = "SELECT (EXISTS (SELECT 1 FROM runs WHERE status = 'retry_wait') \
+     OR EXISTS (SELECT 1 FROM runs WHERE status = 'queued' AND published_at IS NULL))::int::bigint";
+
+/// The outbox and the promotion of due retries at scale. First `runs`
+/// queued runs whose publication was never confirmed (Redis wiped and
+/// `published_at` cleared, as submissions whose XADD got no answer leave
+/// them), and one worker from its start until the outbox has published
+/// every one. Then the same runs, finished, put back to wait for a retry
+/// already due (Redis wiped again), and one worker until every one was
+/// promoted and published. Answers both rates, runs a second.
+#[must_use]
+pub fn outbox(plan: &SteadyPlan) -> (f64, f64) {
+    let (_cluster, mut env) = fresh();
+    let pg = pool(&env);
+    env.submit_noops_from_file(plan.runs as usize);
+    env.redis.wipe();
+    scalar(
+        &pg,
+        "WITH u AS (UPDATE runs SET published_at = NULL RETURNING 1) SELECT count(*) FROM u",
+    );
+    let start = Instant::now();
+    let mut w = worker(&mut env, plan, &["--keep-finished-ms", "0"]);
+    let published = until_zero(&pg, UNPUBLISHED, start, Duration::from_secs(600));
+    until_zero(&pg, LIVE, start, Duration::from_secs(600));
+    w.term();
+    let _ = w.wait(Duration::from_secs(30));
+    env.redis.wipe();
+    scalar(
+        &pg,
+        "WITH r AS (UPDATE runs SET status = 'retry_wait', retry_at = 0, finished_at = NULL, \
+         result = NULL, dispatch = dispatch + 1 RETURNING 1) SELECT count(*) FROM r",
+    );
+    let start = Instant::now();
+    let mut w = worker(&mut env, plan, &["--keep-finished-ms", "0"]);
+    let promoted = until_zero(&pg, UNPROMOTED, start, Duration::from_secs(600));
+    w.term();
+    let _ = w.wait(Duration::from_secs(30));
+    (
+        f64::from(plan.runs) / published,
+        f64::from(plan.runs) / promoted,
+    )
+}
+
 /// Postgres's commits a second on an API and a worker with ten long runs
 /// going: with no events stream open, then with `watchers` (spread over
 /// the ten runs, raw HTTP clients reading and discarding). Answers (idle,
@@ -233,6 +282,11 @@ pub fn run(plan: &SteadyPlan) -> Value {
     eprintln!("bench: a wiped backlog of {} runs", plan.runs);
     let (back, done) = wipe(plan);
     eprintln!("bench: back in the stream in {back:.1} s, all run in {done:.1} s");
+    eprintln!("bench: the outbox and due retries, {} runs each", plan.runs);
+    let (published, promoted) = outbox(plan);
+    eprintln!(
+        "bench: {published:.0} runs/s published, {promoted:.0} runs/s promoted and published"
+    );
     eprintln!("bench: {} events streams on one API", plan.watchers);
     let (idle, watched, rss) = watchers(plan);
     eprintln!(
@@ -244,6 +298,8 @@ pub fn run(plan: &SteadyPlan) -> Value {
         "retention_deletes_per_s": crate::round(deletes, 0),
         "wipe_back_in_stream_s": crate::round(back, 1),
         "wipe_all_run_s": crate::round(done, 1),
+        "outbox_published_per_s": crate::round(published, 0),
+        "retries_promoted_per_s": crate::round(promoted, 0),
         "watchers": plan.watchers,
         "pg_commits_per_s_0_watchers": crate::round(idle, 0),
         "pg_commits_per_s_watched": crate::round(watched, 0),

@@ -448,6 +448,13 @@ fn print_steady(summary: &Value) {
         format!("<= 120 ({} runs)", summary["steady_runs"]),
         num("wipe_back_in_stream_s").map(|s| s <= 120.0),
     );
+    for key in ["outbox_published_per_s", "retries_promoted_per_s"] {
+        line(
+            key,
+            ">= 20000 (submissions a second)".to_owned(),
+            num(key).map(|n| n >= 20_000.0),
+        );
+    }
     let idle = num("pg_commits_per_s_0_watchers");
     line(
         "pg_commits_per_s_watched",
