@@ -1,3 +1,4 @@
+// Over 600 lines: one reference method a statement, twins of statements.rs; split by table in issue 53.
 //! Reference semantics of Pelican's PostgreSQL schema.
 //!
 //! Each method of [`Db`] is the twin of exactly one SQL statement, declared

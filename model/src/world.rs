@@ -1,3 +1,4 @@
+// Over 600 lines: the world and its per-guarantee checks; the checks go apart in issue 53.
 //! The world every level checks: Redis (the job stream and the dead-letter
 //! stream), Postgres, the external effects, and the history the invariants
 //! need.

@@ -1,3 +1,4 @@
+// Over 600 lines: the registry, the job context and the built-in kinds; split in issue 53.
 //! Job handlers: the [`Executor`] the driver starts jobs with, a [`Registry`]
 //! of handlers by job kind for library users, and the built-in kinds that
 //! make the binary and the simulator useful on their own.

@@ -1,3 +1,4 @@
+// Over 600 lines: the policy and the roles' shared types; split in issue 53.
 //! The protocol: each role of Pelican as a sans-IO state machine.
 //!
 //! A role never awaits, never reads a clock and never draws randomness. The

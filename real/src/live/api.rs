@@ -1,3 +1,4 @@
+// Over 600 lines: handlers, auth, views and static files; split along those seams in issue 53.
 //! `pelican api`: the HTTP API (axum).
 //!
 //! | route | does |

@@ -1,3 +1,4 @@
+// Over 600 lines: one binding a stream command, and its decoders; split in issue 53.
 //! The stream client on Redis (redis-rs, tokio): a single server through a
 //! `ConnectionManager`, or a Redis Cluster through redis-rs' cluster client,
 //! which follows the slots (MOVED, ASK) and a failover on its own.
