@@ -1236,7 +1236,7 @@ pub fn migrate_upgrades_a_version_1_database(mutant: Option<&str>) {
             "runs_finished",
             "runs_live",
             "runs_pkey",
-            "runs_retry_due",
+            "runs_retry_order",
             "runs_sweep",
             "runs_unpublished",
         ],

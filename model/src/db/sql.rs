@@ -421,3 +421,18 @@ CREATE OR REPLACE FUNCTION pelican_now_ns() RETURNS bigint LANGUAGE sql STABLE P
                   (extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000)
 $$;
 "#;
+
+/// Migration 17: due retries found in their order. [`PromoteRetries`]
+/// takes the earliest due runs by `(retry_at, run_id)`, and the index on
+/// `retry_at` alone gave that order only up to ties: a plan over it sorts
+/// each group of equal `retry_at` whole before it can stop at the `LIMIT`.
+/// Runs failed together come due together, so a pass sorted every run
+/// due at that millisecond to promote a batch of them. The index now
+/// holds the whole order; `run_id` never changes, so it costs the hot
+/// path's HOT updates nothing.
+///
+/// [`PromoteRetries`]: super::Statement::PromoteRetries
+pub const SCHEMA_RETRY_ORDER: &str = r#"
+CREATE INDEX IF NOT EXISTS runs_retry_order ON runs (retry_at, run_id) WHERE retry_at IS NOT NULL;
+DROP INDEX IF EXISTS runs_retry_due;
+"#;

@@ -85,6 +85,7 @@ pub fn migrator() -> Migrator {
             "exact rates and deployment settings",
             sql::SCHEMA_EXACT_RATES,
         ),
+        migration(17, "due retries in order", sql::SCHEMA_RETRY_ORDER),
     ])
 }
 
