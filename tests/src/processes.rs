@@ -153,6 +153,19 @@ impl Env {
             .expect("the pelican binary runs")
     }
 
+    /// Runs `pelican <args>`, which must succeed (else the test fails with
+    /// its stderr).
+    pub fn cli_ok(&self, args: &[&str]) -> std::process::Output {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "pelican {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
     /// Starts a worker with the test timings (lease 2 s, heartbeat 400 ms,
     /// reclaim after 2.5 s idle, sweep grace 3 s), plus `flags`, with the
     /// crash point `failpoint` armed if given (or, for `name=action`, that

@@ -388,12 +388,7 @@ pub fn requeue_gives_a_fresh_budget_and_unknown_count(mutant: Option<&str>) {
     let id = unknown.0.to_string();
     let mut cli: Vec<&str> = args.clone();
     cli.extend(["dlq", "requeue", &id, "--extra-attempts", "2"]);
-    let out = env.cli(&cli);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.cli_ok(&cli);
     env.settle();
     let db = env.check(&[]);
     for (run, attempts) in [(late, 2), (unknown, 4)] {
