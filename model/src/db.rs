@@ -25,6 +25,14 @@ use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// [`RunRow::SUMMARY_MESSAGE_MAX`] as a literal, so that `ListRuns`' SQL
+/// cuts messages by the same figure (`concat!` takes literals only).
+macro_rules! summary_message_max {
+    () => {
+        256
+    };
+}
+
 pub mod sql;
 mod statements;
 
@@ -87,7 +95,7 @@ pub struct RunRow {
 impl RunRow {
     /// The most of an error message a page of runs shows
     /// ([`RunRow::summary`]), in characters.
-    pub const SUMMARY_MESSAGE_MAX: usize = 256;
+    pub const SUMMARY_MESSAGE_MAX: usize = summary_message_max!();
 
     /// The row as a page of runs has it ([`Statement::ListRuns`]): input and
     /// result empty, the error message cut to its first

@@ -1151,11 +1151,15 @@ statements! {
         name: "list_runs",
         access: Read,
         reply: Runs,
-        sql: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
+        sql: concat!(
+            "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
               lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
-              left(error_message, 256) AS error_message, unknown_failures, deadline_ms, events FROM runs \
+              left(error_message, ",
+            summary_message_max!(),
+            ") AS error_message, unknown_failures, deadline_ms, events FROM runs \
               WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
-              ORDER BY run_id LIMIT $4",
+              ORDER BY run_id LIMIT $4"
+        ),
         show: [after],
         model: |db| DbReply::Runs(
             db.list_runs(status, kind, *after, *limit).into_iter().map(RunRow::summary).collect(),
