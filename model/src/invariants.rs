@@ -83,8 +83,9 @@ guarantees! {
     /// Fencing: each attempt's fence exceeds all earlier ones; only the
     /// current fence can write.
     S3 = 3, "fencing";
-    /// Ack after durable: an entry is acknowledged only after its run's next
-    /// step is durable, or after it was quarantined.
+    /// Ack after durable: an entry is acknowledged, or leaves the PEL with
+    /// its consumer, only after its run's next step is durable, or after it
+    /// was quarantined.
     S4 = 4, "ack after durable";
     /// Effects once: side effects carry a stable idempotency key and are
     /// applied at most once.

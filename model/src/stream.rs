@@ -20,7 +20,7 @@
 use crate::ids::EntryId;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// XAUTOCLAIM scans at most `COUNT * 10` PEL entries per call (Redis'
 /// `attempts_factor`).
@@ -67,8 +67,32 @@ pub struct Group {
     pub entries_read: Option<u64>,
     /// The pending entries list.
     pub pel: BTreeMap<EntryId, Pending>,
-    /// The consumers the group knows.
-    pub consumers: BTreeSet<String>,
+    /// The consumers the group knows, each with when it was last seen:
+    /// created or handed entries, or named by a read or a claim since.
+    pub consumers: BTreeMap<String, Timestamp>,
+}
+
+impl Group {
+    /// `consumer` named by a command at `now`: seen again if the group
+    /// knows it, created if `handed` it entries.
+    fn seen(&mut self, consumer: &str, now: Timestamp, handed: bool) {
+        if let Some(seen) = self.consumers.get_mut(consumer) {
+            *seen = now;
+        } else if handed {
+            self.consumers.insert(consumer.to_owned(), now);
+        }
+    }
+}
+
+/// One row of XINFO CONSUMERS.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConsumerInfo {
+    /// Its name.
+    pub name: String,
+    /// Entries pending for it.
+    pub pending: u64,
+    /// Milliseconds since it was last seen.
+    pub idle_ms: u64,
 }
 
 /// XAUTOCLAIM's reply.
@@ -266,7 +290,7 @@ impl<P: Clone> Stream<P> {
             last_delivered: start.unwrap_or(self.last_id),
             entries_read: None,
             pel: BTreeMap::new(),
-            consumers: BTreeSet::new(),
+            consumers: BTreeMap::new(),
         });
         Ok(())
     }
@@ -322,9 +346,7 @@ impl<P: Clone> Stream<P> {
         }
         // Redis 7.0 creates the consumer only when it is delivered something
         // (found by the conformance tests).
-        if !batch.is_empty() {
-            self.group_mut()?.consumers.insert(consumer.to_owned());
-        }
+        self.group_mut()?.seen(consumer, now, !batch.is_empty());
         Ok(batch)
     }
 
@@ -447,9 +469,7 @@ impl<P: Clone> Stream<P> {
             left -= 1;
         }
         // As XCLAIM: the consumer exists once it claimed something.
-        if !claimed.is_empty() {
-            self.group_mut()?.consumers.insert(consumer.to_owned());
-        }
+        self.group_mut()?.seen(consumer, now, !claimed.is_empty());
         Ok(AutoClaim {
             next,
             claimed,
@@ -498,10 +518,48 @@ impl<P: Clone> Stream<P> {
         }
         // Redis creates the consumer only once an entry is claimed (found
         // by the conformance tests).
-        if !out.is_empty() {
-            self.group_mut()?.consumers.insert(consumer.to_owned());
-        }
+        self.group_mut()?.seen(consumer, now, !out.is_empty());
         Ok(out)
+    }
+
+    /// `XINFO CONSUMERS key group`: each consumer by name, with its
+    /// pending count and the milliseconds since it was last seen.
+    ///
+    /// # Errors
+    /// `NoKey` without the key, `NoGroup` without the group.
+    pub fn xinfo_consumers(&self, now: Timestamp) -> Result<Vec<ConsumerInfo>, StreamError> {
+        if !self.exists {
+            return Err(StreamError::NoKey);
+        }
+        let group = self.group()?;
+        Ok(group
+            .consumers
+            .iter()
+            .map(|(name, seen)| ConsumerInfo {
+                name: name.clone(),
+                pending: group.pel.values().filter(|p| p.consumer == *name).count() as u64,
+                idle_ms: now.ms_since(*seen),
+            })
+            .collect())
+    }
+
+    /// `XGROUP DELCONSUMER key group consumer`: deletes the consumer and
+    /// its pending entries with it (they leave the PEL unacknowledged);
+    /// answers how many it held (0 for a consumer the group does not know).
+    ///
+    /// # Errors
+    /// `NoKey` without the key, `NoGroup` without the group.
+    pub fn xgroup_delconsumer(&mut self, consumer: &str) -> Result<u64, StreamError> {
+        if !self.exists {
+            return Err(StreamError::NoKey);
+        }
+        let group = self.group_mut()?;
+        if group.consumers.remove(consumer).is_none() {
+            return Ok(0);
+        }
+        let before = group.pel.len();
+        group.pel.retain(|_, p| p.consumer != consumer);
+        Ok((before - group.pel.len()) as u64)
     }
 
     /// `XPENDING key group`: the summary form.
@@ -671,6 +729,9 @@ impl<P: Clone> Stream<P> {
         if let Some(g) = self.group.as_mut() {
             for p in g.pel.values_mut() {
                 p.delivery_time = Timestamp::ZERO;
+            }
+            for seen in g.consumers.values_mut() {
+                *seen = Timestamp::ZERO;
             }
         }
     }

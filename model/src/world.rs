@@ -102,6 +102,15 @@ impl Redis {
         }
     }
 
+    /// The IDs pending in `partition`, in the partition.
+    pub fn pending_in(&self, partition: Partition) -> impl Iterator<Item = EntryId> + '_ {
+        self.jobs
+            .get(usize::from(partition))
+            .and_then(|jobs| jobs.group.as_ref())
+            .into_iter()
+            .flat_map(move |g| g.pel.keys().map(move |id| id.in_partition(partition)))
+    }
+
     /// Deliveries pending in every partition.
     #[must_use]
     pub fn pel_len(&self) -> usize {
@@ -174,6 +183,21 @@ impl Redis {
                     .map(|got| StreamReply::Touched(!got.is_empty()))
             }),
             StreamOp::Locate { id } => self.on(id.partition, |jobs| Ok(locate(jobs, id.local()))),
+            StreamOp::ForgetConsumers {
+                partition,
+                idle_ms,
+                now,
+            } => self.on(*partition, |jobs| {
+                Ok(StreamReply::Forgot(forget(jobs, *idle_ms, *now, false)))
+            }),
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers {
+                partition,
+                idle_ms,
+                now,
+            } => self.on(*partition, |jobs| {
+                Ok(StreamReply::Forgot(forget(jobs, *idle_ms, *now, true)))
+            }),
             StreamOp::Retain { partition, before } => {
                 // Partition 0's retention trims the dead-letter stream too:
                 // its notices older than `before`.
@@ -227,6 +251,24 @@ impl Redis {
     pub fn retention_cutoff(&self, partition: Partition, before: Timestamp) -> Option<EntryId> {
         retention_cutoff_of(self.jobs.get(usize::from(partition))?, before)
     }
+}
+
+/// `ForgetConsumers` on one stream: deletes each consumer idle at least
+/// `idle_ms` that holds nothing (or, `holding`, whatever it holds), and
+/// answers how many. Nothing without the group.
+fn forget(jobs: &mut Stream<JobEntry>, idle_ms: u64, now: Timestamp, holding: bool) -> u64 {
+    let Ok(consumers) = jobs.xinfo_consumers(now) else {
+        return 0;
+    };
+    let mut n = 0;
+    for c in consumers {
+        if c.idle_ms >= idle_ms && (c.pending == 0 || holding) {
+            jobs.xgroup_delconsumer(&c.name)
+                .expect("the group listed it");
+            n += 1;
+        }
+    }
+    n
 }
 
 /// One partition's [`QueueState`], its IDs without partition.
@@ -334,7 +376,8 @@ pub enum Violation {
     StaleWriteAccepted(RunId),
     /// S3: a claim did not increase the fence.
     FenceNotIncreasing(RunId),
-    /// S4: an entry was acknowledged before its run's next step was durable.
+    /// S4: an entry was acknowledged, or left the PEL with its consumer,
+    /// before its run's next step was durable.
     AckBeforeDurable(EntryId),
     /// S5: a side effect was applied twice.
     EffectTwice(RunId, u32),
@@ -820,7 +863,17 @@ impl World {
                 }
             }
         }
+        // A consumer deleted takes its pending entries with it: they leave
+        // the PEL as if acknowledged, and S4 holds them to the same rule.
+        let held = op
+            .forgets_consumers()
+            .map(|p| self.redis.pending_in(p).collect::<Vec<_>>());
         let reply = self.redis.execute(op);
+        for id in held.into_iter().flatten() {
+            if self.redis.pending(id).is_none() && !self.durable_next_step(id) {
+                self.violations.insert(Violation::AckBeforeDurable(id));
+            }
+        }
         match (op, &reply) {
             (StreamOp::Ack { ids }, Ok(StreamReply::Acked(n))) => {
                 debug_assert!(

@@ -275,12 +275,12 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
                     // One loop for the worker's life, as the driver keeps
                     // it: the sweeper's cursor carries over from pass to
                     // pass.
-                    (RoleId::Maintenance(_), Start::Maintenance { task, .. }) => {
+                    (RoleId::Maintenance(_), Start::Maintenance { task, now }) => {
                         let m = machines.entry(role.clone()).or_insert_with(|| {
                             Machine::Maintenance(Box::new(Maintenance::new(policy)))
                         });
                         if let Machine::Maintenance(m) = m {
-                            m.start(task);
+                            m.start(task, now);
                         }
                     }
                     (

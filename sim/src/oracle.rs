@@ -258,6 +258,7 @@ impl Oracle {
             (StreamOp::Retain { .. }, Ok(StreamReply::Trimmed(n))) if *n > 0 => {
                 self.count("retention_trims");
             }
+            (_, Ok(StreamReply::Forgot(n))) if *n > 0 => self.count("consumers_forgotten"),
             _ => {}
         }
         let (o, r) = (op.clone(), reply.clone());

@@ -73,6 +73,25 @@ fn busy_seeds_batch_and_pipeline() {
     assert!(pipelines >= 20, "{pipelines} pipelines in 20 busy seeds");
 }
 
+/// Workers killed and started again leave their consumers behind, and the
+/// consumers' housekeeping deletes them once idle (under faults, so the
+/// checks above cover it).
+#[test]
+fn crashy_seeds_forget_consumers() {
+    pelican_sim::quiet_job_panics();
+    let sc = Scenario::named("crashy").expect("a known scenario");
+    let forgotten: u64 = (0..20)
+        .map(|seed| {
+            let o = run_seed(seed, &sc, None, false);
+            o.counters.get("consumers_forgotten").copied().unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        forgotten >= 5,
+        "{forgotten} consumer deletions in 20 crashy seeds"
+    );
+}
+
 /// The same seed gives the same events (every event is hashed in order).
 #[test]
 fn seeds_are_deterministic() {
@@ -184,5 +203,6 @@ mod mutants {
         mutant_step_rerun => StepRerun,
         mutant_unknown_retried => UnknownRetried,
         mutant_forget_keys => ForgetKeys,
+        mutant_forget_holders => ForgetHolders,
     }
 }

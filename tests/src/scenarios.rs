@@ -28,8 +28,8 @@ pub use hygiene::{
 };
 
 pub use steady::{
-    a_redis_wipe_is_recovered_at_the_servers_pace, retention_keeps_a_keys_window,
-    retention_keeps_pace_with_finished_runs,
+    a_redis_wipe_is_recovered_at_the_servers_pace, idle_consumers_are_forgotten_unless_they_hold,
+    retention_keeps_a_keys_window, retention_keeps_pace_with_finished_runs,
 };
 
 pub use events::{

@@ -12,6 +12,38 @@ impl Env {
         format!("{}:jobs", self.stream)
     }
 
+    /// The group's consumers over every partition (XINFO CONSUMERS), by
+    /// name: each one's pending deliveries and its idle time in ms (the
+    /// least over the partitions that know it).
+    #[must_use]
+    pub fn consumers(&self) -> std::collections::BTreeMap<String, (u64, u64)> {
+        let mut c = self.redis.conn();
+        let mut all = std::collections::BTreeMap::new();
+        for key in &self.names().partitions {
+            let rows: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(key)
+                .arg("pelican")
+                .query(&mut c)
+                .unwrap_or_default();
+            for row in rows {
+                let int = |k: &str| match row.get(k) {
+                    Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                    _ => 0,
+                };
+                let Some(redis::Value::BulkString(name)) = row.get("name") else {
+                    continue;
+                };
+                let e = all
+                    .entry(String::from_utf8_lossy(name).into_owned())
+                    .or_insert((0, u64::MAX));
+                e.0 += int("pending");
+                e.1 = e.1.min(int("idle"));
+            }
+        }
+        all
+    }
+
     /// Pending deliveries in every partition (0 where the group is gone).
     #[must_use]
     pub fn pel_len(&self) -> u64 {

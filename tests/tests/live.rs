@@ -70,6 +70,7 @@ live! {
     a_keyed_bulk_is_one_statement,
     a_partition_count_is_the_deployments,
     the_api_bounds_slow_heads_and_connections,
+    idle_consumers_are_forgotten_unless_they_hold,
 }
 
 /// The bench's work counters read real servers: a Postgres started with

@@ -76,6 +76,7 @@ mutants! {
     zombie_progress: "ZombieProgress" => a_late_attempts_progress_is_refused,
     reclaim_one_partition: "ReclaimOnePartition" => partitions_spread_over_cluster_masters,
     forget_keys: "ForgetKeys" => retention_keeps_a_keys_window,
+    forget_holders: "ForgetHolders" => idle_consumers_are_forgotten_unless_they_hold,
 }
 
 /// The mutants' statements answer as their model twins: first on every

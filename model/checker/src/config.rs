@@ -86,6 +86,12 @@ pub struct Config {
     /// taken before the effect and released as the job ends (S12).
     #[serde(default)]
     pub limits: bool,
+    /// Maintenance deletes idle consumers that hold nothing
+    /// ([`MaintenanceTask::Consumers`]), as a worker's does every sweep.
+    ///
+    /// [`MaintenanceTask::Consumers`]: pelican_model::protocol::MaintenanceTask::Consumers
+    #[serde(default)]
+    pub consumers: bool,
 }
 
 fn yes() -> bool {
@@ -143,6 +149,7 @@ impl Config {
             symmetry: true,
             steps: false,
             limits: false,
+            consumers: false,
         }
     }
 
@@ -177,6 +184,7 @@ impl Config {
             symmetry: true,
             steps: false,
             limits: false,
+            consumers: false,
         }
     }
 
@@ -205,7 +213,8 @@ impl Config {
         c
     }
 
-    /// Two runs whose finished rows retention deletes once time passes,
+    /// Housekeeping: two runs whose finished rows retention deletes once
+    /// time passes, and whose workers' consumers are deleted once idle,
     /// beside a crash, a pause (a zombie attempt that outlives its run's
     /// row), a Redis wipe and a duplicate publication (whose entry may be
     /// delivered after its run is gone).
@@ -215,6 +224,7 @@ impl Config {
         c.name = "retention".into();
         c.runs = 2;
         c.policy.keep_finished_ms = 1;
+        c.consumers = true;
         c.faults = Budget {
             crashes: 1,
             pauses: 1,
@@ -459,7 +469,8 @@ impl Config {
     /// UnknownRetried a job failing with an unknown error, IgnoreBudget a
     /// kind with a budget, Overbooked jobs under a provider's limits,
     /// ReclaimOnePartition two partitions, IgnoreTrimmed a reclaim
-    /// threshold of 0 (a trimmed entry is reported once idle).
+    /// threshold of 0 (a trimmed entry is reported once idle),
+    /// ForgetHolders the consumers' housekeeping.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -500,6 +511,10 @@ impl Config {
             && self.policy.keep_finished_ms == 0
         {
             self.policy.keep_finished_ms = 1;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::ForgetHolders) {
+            self.consumers = true;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::ReclaimOnePartition) && self.policy.partitions < 2 {

@@ -272,7 +272,7 @@ const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
 
 /// The `sometimes` properties, each with the configurations that explore it
 /// (at most 32: [`PelicanModel::explored`] has a bit for each).
-const SOMETIMES: [Sometimes; 18] = [
+const SOMETIMES: [Sometimes; 19] = [
     Sometimes {
         name: "reclaim takes over a stalled attempt",
         explored: ALWAYS_EXPLORED,
@@ -394,6 +394,11 @@ const SOMETIMES: [Sometimes; 18] = [
         name: "a retry under a key answers its deleted run",
         explored: |cfg| cfg.policy.keep_finished_ms > 0,
         reached: |_, s| s.seen.key_outlived_run,
+    },
+    Sometimes {
+        name: "an idle consumer forgotten",
+        explored: |cfg| cfg.consumers,
+        reached: |_, s| s.seen.consumer_forgotten,
     },
 ];
 

@@ -42,6 +42,11 @@ pub fn command(c: &Command) -> String {
             StreamOp::Touch { id: e, .. } => format!("XCLAIM {} JUSTID (idle reset)", id(*e)),
             StreamOp::Locate { id: e } => format!("locate {}", id(*e)),
             StreamOp::Retain { .. } => "XTRIM MINID (retention)".into(),
+            StreamOp::ForgetConsumers { .. } => {
+                "XGROUP DELCONSUMER of idle consumers holding nothing".into()
+            }
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers { .. } => "XGROUP DELCONSUMER of idle consumers".into(),
             StreamOp::Queue { .. } => "queue health (XINFO GROUPS, XPENDING)".into(),
         },
         other => format!("{other:?}"),

@@ -14,6 +14,11 @@
 //! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
 //!   ago are deleted with everything kept about them but their idempotency
 //!   keys, which keep their own window.
+//! * **Consumers**: each partition's consumers idle longer than
+//!   [`Policy::reclaim_min_idle_ms`] that hold nothing are deleted from the
+//!   group (a stopped worker's, whose deliveries the reclaimer took), in one
+//!   atomic command a partition (S4: a consumer's pending entries would go
+//!   with it).
 //!
 //! A pass handles one batch of at most [`Policy::sweep_batch_max`] rows,
 //! each step of it for the whole batch at once; its [`PassReport`] says
@@ -60,15 +65,18 @@ pub enum MaintenanceTask {
     Sweep,
     /// Delete runs finished long ago.
     Retention,
+    /// Delete consumers that are idle and hold nothing.
+    Consumers,
 }
 
 impl MaintenanceTask {
     /// Every task, in the order a worker's maintenance round runs them.
-    pub const ALL: [MaintenanceTask; 4] = [
+    pub const ALL: [MaintenanceTask; 5] = [
         MaintenanceTask::Retries,
         MaintenanceTask::Outbox,
         MaintenanceTask::Sweep,
         MaintenanceTask::Retention,
+        MaintenanceTask::Consumers,
     ];
 
     /// Its name in logs and metrics labels.
@@ -79,6 +87,7 @@ impl MaintenanceTask {
             MaintenanceTask::Outbox => "outbox",
             MaintenanceTask::Sweep => "sweep",
             MaintenanceTask::Retention => "retention",
+            MaintenanceTask::Consumers => "consumers",
         }
     }
 }
@@ -87,7 +96,7 @@ impl MaintenanceTask {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PassReport {
     /// Rows it moved on: retries promoted, runs published, runs
-    /// re-dispatched, runs deleted.
+    /// re-dispatched, runs deleted, consumers deleted.
     pub rows: u64,
     /// Whether its query came back full ([`Policy::sweep_batch_max`] rows):
     /// there may be more to do, and the next pass should follow at once.
@@ -124,6 +133,8 @@ enum Phase {
     /// This many re-dispatches are out.
     Requeuing(usize),
     Deleting,
+    /// This many partitions' `ForgetConsumers` are out.
+    Forgetting(usize),
 }
 
 /// The maintenance loop (each worker runs one; they are safe to overlap).
@@ -164,8 +175,9 @@ impl Maintenance {
         self.report
     }
 
-    /// Starts a pass; ignored while one is running.
-    pub fn start(&mut self, task: MaintenanceTask) {
+    /// Starts a pass at `now` (the sender's clock); ignored while one is
+    /// running.
+    pub fn start(&mut self, task: MaintenanceTask, now: Timestamp) {
         if self.phase != Phase::Idle {
             return;
         }
@@ -203,9 +215,36 @@ impl Maintenance {
                 };
                 (Phase::Deleting, op)
             }
+            MaintenanceTask::Consumers => return self.forget_consumers(now),
         };
         self.phase = phase;
         self.outbox.push_back(Command::Db(op));
+    }
+
+    /// Deletes every partition's idle consumers that hold nothing: one
+    /// command a partition, all sent at once.
+    fn forget_consumers(&mut self, now: Timestamp) {
+        let idle_ms = self.policy.reclaim_min_idle_ms;
+        let forgets: Vec<Command> = self
+            .policy
+            .all_partitions()
+            .map(|partition| {
+                #[cfg(feature = "mutants")]
+                if crate::injects!(self.policy, ForgetHolders) {
+                    return Command::Stream(StreamOp::DropConsumers {
+                        partition,
+                        idle_ms,
+                        now,
+                    });
+                }
+                Command::Stream(StreamOp::ForgetConsumers {
+                    partition,
+                    idle_ms,
+                    now,
+                })
+            })
+            .collect();
+        self.send_all(Phase::Forgetting(forgets.len()), forgets);
     }
 
     /// The next command.
@@ -364,6 +403,14 @@ impl Maintenance {
                     self.report.rows = gone.len() as u64;
                     self.report.full &= !gone.is_empty();
                     self.requeue(gone);
+                }
+            }
+            (Phase::Forgetting(left), input) => {
+                if let Input::Stream(Ok(StreamReply::Forgot(n))) = input {
+                    self.report.rows += n;
+                }
+                if left > 1 {
+                    self.phase = Phase::Forgetting(left - 1);
                 }
             }
             (Phase::Marking(left), _) if left > 1 => self.phase = Phase::Marking(left - 1),

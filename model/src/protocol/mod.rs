@@ -380,6 +380,29 @@ pub enum StreamOp {
         partition: Partition,
         before: Timestamp,
     },
+    /// Housekeeping: in one script, XINFO CONSUMERS jobs group, then XGROUP
+    /// DELCONSUMER jobs group `name` for each consumer idle at least
+    /// `idle_ms` that holds no pending entry (a worker's that stopped, or
+    /// restarted under a new id). Deleting a consumer deletes its pending
+    /// entries, unacknowledged, so the check and the deletes are one
+    /// atomic step; a live worker's consumer so deleted is created again
+    /// by its next read or claim. Nothing without the group. The reply
+    /// counts the consumers deleted.
+    ForgetConsumers {
+        #[serde(default)]
+        partition: Partition,
+        idle_ms: u64,
+        now: Timestamp,
+    },
+    /// Mutant twin of `ForgetConsumers` (`ForgetHolders`): deletes idle
+    /// consumers whatever they hold.
+    #[cfg(feature = "mutants")]
+    DropConsumers {
+        #[serde(default)]
+        partition: Partition,
+        idle_ms: u64,
+        now: Timestamp,
+    },
     /// XLEN jobs + XLEN jobs:dead + XINFO GROUPS + XPENDING jobs group
     /// (summary) + XPENDING jobs group - + 1, for every partition: the
     /// queue's health, as `GET /queue`, the metrics and `pelican status`
@@ -400,7 +423,10 @@ impl StreamOp {
             | StreamOp::Read { now, .. }
             | StreamOp::AutoClaim { now, .. }
             | StreamOp::Touch { now, .. }
+            | StreamOp::ForgetConsumers { now, .. }
             | StreamOp::Queue { now } => Some(*now),
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers { now, .. } => Some(*now),
             StreamOp::EnsureGroup { .. }
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
@@ -416,7 +442,10 @@ impl StreamOp {
             | StreamOp::Read { now, .. }
             | StreamOp::AutoClaim { now, .. }
             | StreamOp::Touch { now, .. }
+            | StreamOp::ForgetConsumers { now, .. }
             | StreamOp::Queue { now } => Some(now),
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers { now, .. } => Some(now),
             StreamOp::EnsureGroup { .. }
             | StreamOp::Ack { .. }
             | StreamOp::Locate { .. }
@@ -434,12 +463,27 @@ impl StreamOp {
             StreamOp::Publish { partition, .. }
             | StreamOp::EnsureGroup { partition }
             | StreamOp::Read { partition, .. }
-            | StreamOp::Retain { partition, .. } => Some(*partition),
+            | StreamOp::Retain { partition, .. }
+            | StreamOp::ForgetConsumers { partition, .. } => Some(*partition),
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers { partition, .. } => Some(*partition),
             StreamOp::Ack { ids } => Some(Self::ack_partition(ids)),
             StreamOp::AutoClaim { start: id, .. }
             | StreamOp::Touch { id, .. }
             | StreamOp::Locate { id } => Some(id.partition),
             StreamOp::PublishDead { .. } | StreamOp::Queue { .. } => None,
+        }
+    }
+
+    /// The partition whose consumers this command deletes, if it is one
+    /// that does.
+    #[must_use]
+    pub fn forgets_consumers(&self) -> Option<Partition> {
+        match self {
+            StreamOp::ForgetConsumers { partition, .. } => Some(*partition),
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers { partition, .. } => Some(*partition),
+            _ => None,
         }
     }
 
@@ -468,6 +512,8 @@ pub enum StreamReply {
     },
     /// Entries removed by `Retain`.
     Trimmed(u64),
+    /// Consumers deleted by `ForgetConsumers`.
+    Forgot(u64),
     Queue(QueueState),
 }
 

@@ -116,6 +116,9 @@ mutants! {
     /// Retention deletes a run's idempotency keys with the run: a retry
     /// under one, within its window, makes a second run.
     ForgetKeys,
+    /// Housekeeping deletes idle consumers whatever they hold: their
+    /// pending deliveries leave the PEL unacknowledged.
+    ForgetHolders,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

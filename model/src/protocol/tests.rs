@@ -207,7 +207,7 @@ fn retryable_failure_schedules_a_durable_retry_with_backoff() {
     let mut m = Maintenance::new(&policy());
     world.db.clock = r.retry_at.unwrap();
     for task in [MaintenanceTask::Retries, MaintenanceTask::Outbox] {
-        m.start(task);
+        m.start(task, T0);
         while let Some(c) = m.poll() {
             let input = exec(&mut world, &c, Issuer::default());
             m.handle(T0, input);
@@ -495,7 +495,7 @@ fn a_lost_publish_is_left_to_the_outbox() {
     s.handle(T0, Input::Unavailable);
     assert_eq!(s.end(), Some(SubmitterEnd::Accepted { published: false }));
     let mut m = Maintenance::new(&policy());
-    m.start(MaintenanceTask::Outbox);
+    m.start(MaintenanceTask::Outbox, T0);
     while let Some(c) = m.poll() {
         let input = exec(&mut world, &c, Issuer::default());
         m.handle(T0, input);
@@ -582,7 +582,7 @@ fn the_sweeper_walks_past_candidates_that_stay_candidates() {
     world.db.clock = T0.add_ms(p.sweep_grace_ms);
     let mut m = Maintenance::new(&p);
     for _ in 0..3 {
-        m.start(MaintenanceTask::Sweep);
+        m.start(MaintenanceTask::Sweep, T0);
         while let Some(c) = m.poll() {
             let input = exec(&mut world, &c, Issuer::default());
             m.handle(T0, input);
@@ -887,7 +887,7 @@ fn an_outbox_pass_publishes_a_batch_at_once_and_reports_it() {
     let mut m = Maintenance::new(&p);
     let mut reports = Vec::new();
     for _ in 0..3 {
-        m.start(MaintenanceTask::Outbox);
+        m.start(MaintenanceTask::Outbox, T0);
         loop {
             let group: Vec<Command> = std::iter::from_fn(|| m.poll()).collect();
             if group.is_empty() {
@@ -934,7 +934,7 @@ fn a_sweep_reports_full_only_when_it_found_entries_gone() {
     world.db.clock = T0.add_ms(p.sweep_grace_ms);
     let mut m = Maintenance::new(&p);
     let mut pass = |world: &mut World| {
-        m.start(MaintenanceTask::Sweep);
+        m.start(MaintenanceTask::Sweep, T0);
         while let Some(c) = m.poll() {
             let input = exec(world, &c, Issuer::default());
             m.handle(T0, input);
@@ -952,4 +952,48 @@ fn a_sweep_reports_full_only_when_it_found_entries_gone() {
     assert_eq!(pass(&mut world), report(2, true));
     let dispatches: Vec<u32> = world.db.runs.values().map(|r| r.dispatch.0).collect();
     assert_eq!(dispatches, [2, 2, 2, 2]);
+}
+
+/// The consumers' pass deletes a consumer that holds nothing once it is
+/// idle past the reclaim threshold, keeps one that still holds a delivery
+/// (its entry would leave the PEL unacknowledged: S4), and keeps a fresh
+/// one.
+#[test]
+fn the_consumers_pass_forgets_only_idle_consumers_holding_nothing() {
+    let p = policy();
+    let mut world = World::at(T0);
+    for run in 1..=2 {
+        submit(&mut world, run);
+    }
+    let (done, _) = read(&mut world, 1);
+    let ack = StreamOp::Ack { ids: vec![done] };
+    world.stream(&ack, Issuer::default()).expect("acked");
+    read(&mut world, 2);
+    // The ack above is the test's (its run is still queued): S4 has its
+    // say about that one already.
+    let before = world.violations.clone();
+    let forget = |world: &mut World, at: Timestamp| {
+        world.db.clock = at;
+        let mut m = Maintenance::new(&p);
+        m.start(MaintenanceTask::Consumers, at);
+        while let Some(c) = m.poll() {
+            let input = exec(world, &c, Issuer::default());
+            m.handle(at, input);
+        }
+        m.report().rows
+    };
+    assert_eq!(
+        forget(&mut world, T0.add_ms(1)),
+        0,
+        "both were seen just now"
+    );
+    assert_eq!(forget(&mut world, T0.add_ms(p.reclaim_min_idle_ms)), 1);
+    let consumers: Vec<_> = world.redis.jobs[0]
+        .xinfo_consumers(world.db.clock)
+        .expect("the group")
+        .into_iter()
+        .map(|c| (c.name, c.pending))
+        .collect();
+    assert_eq!(consumers, [(WorkerId(2).consumer(), 1)]);
+    assert_eq!(world.violations, before, "the pass broke no guarantee");
 }

@@ -24,7 +24,7 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     let start = io.now();
     io.probe
         .started(&role, &super::Start::Maintenance { now: start, task });
-    m.start(task);
+    m.start(task, start);
     loop {
         let group: Vec<(RoleId, Command, Issuer)> = std::iter::from_fn(|| m.poll())
             .map(|c| (role.clone(), c, by))

@@ -267,7 +267,9 @@ async fn maintenance_loop<S, D, P>(
         let sweep = round % sweep_every == 0 || behind.contains(&MaintenanceTask::Sweep);
         behind.clear();
         for task in MaintenanceTask::ALL {
-            if task == MaintenanceTask::Sweep && !sweep {
+            // The consumers' housekeeping looks at idle times far longer
+            // than a round: it keeps the sweep's pace.
+            if matches!(task, MaintenanceTask::Sweep | MaintenanceTask::Consumers) && !sweep {
                 continue;
             }
             let slice = tokio::time::Instant::now() + every;

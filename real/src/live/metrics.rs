@@ -113,7 +113,7 @@ pub struct MetricsProbe {
     unavailable: Counter,
     /// By [`MaintenanceTask::ALL`]: (rows moved on, passes, whether the
     /// last pass came back full).
-    maintenance: [(Counter, Counter, Gauge); 4],
+    maintenance: [(Counter, Counter, Gauge); MaintenanceTask::ALL.len()],
     /// What `/readyz` answers.
     pub readiness: Arc<Readiness>,
 }

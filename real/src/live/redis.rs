@@ -21,6 +21,41 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisFuture, Value};
 use std::time::Duration;
 
+/// `ForgetConsumers`' script, with the condition a consumer must meet
+/// besides its idle time. KEYS[1] is the job stream, ARGV[1] the group,
+/// ARGV[2] the idle time in ms. XGROUP DELCONSUMER deletes a consumer's
+/// pending entries with it: the check and the delete must be one step.
+/// Without the key or the group, nothing (as the model's
+/// `Stream::xinfo_consumers` errs and `forget` deletes none).
+macro_rules! forget_script {
+    ($condition:literal) => {
+        concat!(
+            "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n",
+            "local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])\n",
+            "if consumers['err'] then return 0 end\n",
+            "local idle, n = tonumber(ARGV[2]), 0\n",
+            "for _, c in ipairs(consumers) do\n",
+            "  local f = {}\n",
+            "  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end\n",
+            "  if ",
+            $condition,
+            "f['idle'] >= idle then\n",
+            "    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])\n",
+            "    n = n + 1\n",
+            "  end\n",
+            "end\n",
+            "return n\n",
+        )
+    };
+}
+
+/// Deletes the idle consumers that hold nothing.
+const FORGET_CONSUMERS: &str = forget_script!("f['pending'] == 0 and ");
+
+/// The mutant `ForgetHolders`: deletes idle consumers whatever they hold.
+#[cfg(feature = "mutants")]
+const DROP_CONSUMERS: &str = forget_script!("");
+
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisAddr {
@@ -475,6 +510,23 @@ impl RedisStream {
                 self.on(id.partition, async |key| self.locate(key, id.local()).await)
                     .await
             }
+            StreamOp::ForgetConsumers {
+                partition, idle_ms, ..
+            } => {
+                self.on(partition, async |key| {
+                    self.forget(FORGET_CONSUMERS, key, idle_ms).await
+                })
+                .await
+            }
+            #[cfg(feature = "mutants")]
+            StreamOp::DropConsumers {
+                partition, idle_ms, ..
+            } => {
+                self.on(partition, async |key| {
+                    self.forget(DROP_CONSUMERS, key, idle_ms).await
+                })
+                .await
+            }
             StreamOp::Retain {
                 partition, before, ..
             } => {
@@ -693,6 +745,26 @@ impl RedisStream {
             .query(&trim)
             .await?
             .map(|v| StreamReply::Trimmed(int(&v).unwrap_or(0))))
+    }
+
+    /// `ForgetConsumers` (or its mutant twin): `script` on `key`, one
+    /// atomic step.
+    async fn forget(
+        &self,
+        script: &str,
+        key: &str,
+        idle_ms: u64,
+    ) -> Result<StreamResult, Unavailable> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(script)
+            .arg(1)
+            .arg(key)
+            .arg(&self.names.group)
+            .arg(idle_ms);
+        Ok(self
+            .query(&eval)
+            .await?
+            .map(|v| StreamReply::Forgot(int(&v).unwrap_or(0))))
     }
 
     /// `Locate`: XRANGE id id, XPENDING id id 1, XINFO GROUPS (read-only).

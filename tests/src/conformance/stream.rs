@@ -73,6 +73,10 @@ pub enum Step {
         after: bool,
     },
     Queue,
+    ForgetConsumers {
+        partition: Partition,
+        long_idle: bool,
+    },
     /// Fault: XDEL of one entry.
     Delete {
         entry: usize,
@@ -113,6 +117,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (partition(), entry(), any::<bool>())
             .prop_map(|(partition, entry, after)| Step::Retain { partition, entry, after }),
         1 => Just(Step::Queue),
+        1 => (partition(), any::<bool>())
+            .prop_map(|(partition, long_idle)| Step::ForgetConsumers { partition, long_idle }),
         2 => entry().prop_map(|entry| Step::Delete { entry }),
         1 => Just(Step::Wipe),
         3 => entry().prop_map(|entry| Step::Age { entry }),
@@ -299,6 +305,14 @@ impl Sides<'_> {
                 before: Timestamp(self.id(*entry).ms + u64::from(*after)),
             },
             Step::Queue => StreamOp::Queue { now },
+            Step::ForgetConsumers {
+                partition,
+                long_idle,
+            } => StreamOp::ForgetConsumers {
+                partition: *partition,
+                idle_ms: if *long_idle { THRESHOLD_MS } else { 0 },
+                now,
+            },
             Step::Delete { .. } | Step::Wipe | Step::Age { .. } => return None,
         })
     }

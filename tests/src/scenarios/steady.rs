@@ -136,3 +136,60 @@ pub fn retention_keeps_a_keys_window(mutant: Option<&str>) {
     assert!(env.db().runs.is_empty(), "no second run");
     env.check(&[]);
 }
+
+/// A stopped worker's consumer is deleted once idle; a killed worker's
+/// that still holds a delivery is kept, its entry pending for the
+/// reclaimer. w1 runs a job and stops; w2 is killed running one; w3,
+/// busy with a long job of its own (so its reclaimer has no room to take
+/// anything), forgets w1's consumer and keeps w2's. Then the long job is
+/// cancelled, and w3 reclaims w2's run and finishes it.
+pub fn idle_consumers_are_forgotten_unless_they_hold(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let quick = env.submit("noop", "{}", 3);
+    let w1 = env.worker(1, None, &[]);
+    super::wait_for("w1 runs its job", || {
+        env.db().runs[&quick].status == RunStatus::Succeeded
+    });
+    w1.term();
+    let held = env.submit("sleep", r#"{"ms":3000}"#, 3);
+    let mut w2 = env.worker(2, None, &[]);
+    super::wait_for("w2 runs its job", || {
+        env.db().runs[&held].status == RunStatus::Running
+    });
+    w2.kill9();
+    let busy = env.submit("sleep", r#"{"ms":600000}"#, 3);
+    let _w3 = env.worker(3, None, &["--in-flight-max", "1"]);
+    super::wait_for("w3 runs its own job", || {
+        env.db().runs[&busy].status == RunStatus::Running
+    });
+    super::wait_for("w1's consumer is forgotten", || {
+        !env.consumers().contains_key("w1")
+    });
+    // Idle past the threshold (2.5 s) by two sweep rounds and more: the
+    // housekeeping has looked at it since.
+    super::wait_for("w2's consumer is idle past the threshold", || {
+        env.consumers().get("w2").is_none_or(|c| c.1 >= 5_000)
+    });
+    assert_eq!(
+        env.consumers().get("w2").map(|c| c.0),
+        Some(1),
+        "the consumer of a killed worker, and the delivery it holds, are kept"
+    );
+    assert_eq!(
+        env.db().runs[&held].attempts,
+        1,
+        "nothing took the run over yet"
+    );
+    env.cli_ok(&["cancel", &busy.0.to_string()]);
+    env.settle();
+    let db = env.check(&[]);
+    assert_eq!(db.runs[&held].status, RunStatus::Succeeded);
+    assert_eq!(
+        db.runs[&held].attempts, 2,
+        "w3 reclaimed the run from its entry"
+    );
+    assert_eq!(
+        db.runs[&held].dispatch.0, 1,
+        "from its own entry, not a new one"
+    );
+}

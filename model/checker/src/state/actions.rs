@@ -167,12 +167,7 @@ impl State {
                 }
             }
         }
-        for task in [
-            MaintenanceTask::Retries,
-            MaintenanceTask::Outbox,
-            MaintenanceTask::Sweep,
-            MaintenanceTask::Retention,
-        ] {
+        for task in MaintenanceTask::ALL {
             if self.maintenance_matters(cfg, task) {
                 let publishes = matches!(task, MaintenanceTask::Outbox | MaintenanceTask::Sweep);
                 let fates: &[Fate] = if publishes { &publish } else { &reply };
@@ -278,6 +273,17 @@ impl State {
                         .orphan_candidates(NOW, cfg.policy.sweep_grace_ms, 0, RunId(0), usize::MAX)
                         .iter()
                         .any(|c| !self.locatable(c))
+            }
+            MaintenanceTask::Consumers => {
+                let holding = pelican_model::injects!(cfg.policy, ForgetHolders);
+                let idle = cfg.policy.reclaim_min_idle_ms;
+                cfg.consumers
+                    && self.world.redis.jobs.iter().any(|jobs| {
+                        jobs.xinfo_consumers(NOW).is_ok_and(|cs| {
+                            cs.iter()
+                                .any(|c| c.idle_ms >= idle && (c.pending == 0 || holding))
+                        })
+                    })
             }
             MaintenanceTask::Retention => {
                 let keep = cfg.policy.keep_finished_ms;

@@ -8,8 +8,9 @@ use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
 use pelican_model::ids::{EntryId, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, ProviderLimit,
-    ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, SubmitterEnd, progress, progressed,
+    Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, MaintenanceTask,
+    ProviderLimit, ReclaimerEvent, StepPlan, StreamOp, StreamReply, Submitter, SubmitterEnd,
+    progress, progressed,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::stream::{StreamError, Trim};
@@ -78,13 +79,15 @@ impl State {
             Action::Finish(w, kind) => self.finish(cfg, w, kind),
             Action::Maintain(task, mut fate) => {
                 let mut m = Maintenance::new(&cfg.policy);
-                m.start(task);
+                m.start(task, NOW);
                 while let Some(c) = m.poll() {
                     let this = publish_fate(&c, &mut fate);
                     let input = self.execute(&c, Issuer::default(), this);
                     m.handle(NOW, input);
                 }
                 debug_assert!(m.is_idle());
+                self.seen.consumer_forgotten |=
+                    task == MaintenanceTask::Consumers && m.report().rows > 0;
             }
             Action::Crash(w) => {
                 self.budget.crashes -= 1;

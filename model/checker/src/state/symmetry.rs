@@ -101,7 +101,11 @@ impl State {
                 for p in g.pel.values_mut() {
                     p.consumer = rename(&p.consumer, perm);
                 }
-                g.consumers = g.consumers.iter().map(|c| rename(c, perm)).collect();
+                g.consumers = g
+                    .consumers
+                    .iter()
+                    .map(|(c, seen)| (rename(c, perm), *seen))
+                    .collect();
             }
         }
         for a in next.world.db.attempts.values_mut() {
@@ -212,16 +216,20 @@ impl State {
                 hash_consumer(&p.consumer, perm, &mut h);
             }
             // Other names as they come (relabeling moves none of them), then
-            // the workers' names as a bit set, which does not depend on the
-            // order the relabeling puts them in.
-            let mut known: u128 = 0;
-            for c in &g.consumers {
+            // the workers' names as bit sets (known, and seen since the last
+            // tick), which do not depend on the order the relabeling puts
+            // them in.
+            let (mut known, mut seen): (u128, u128) = (0, 0);
+            for (c, at) in &g.consumers {
                 match worker_number(c, perm) {
-                    Some(j) if j < 128 => known |= 1 << j,
-                    _ => c.hash(&mut h),
+                    Some(j) if j < 128 => {
+                        known |= 1 << j;
+                        seen |= u128::from(at.as_ms() > 0) << j;
+                    }
+                    _ => (c, at).hash(&mut h),
                 }
             }
-            known.hash(&mut h);
+            (known, seen).hash(&mut h);
         }
         let owed = &self.world.trimmed_owed;
         let mut relabeled: Vec<(u32, &BTreeSet<EntryId>)> = owed

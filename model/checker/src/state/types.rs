@@ -125,4 +125,6 @@ pub struct Seen {
     pub budget_exhausted: bool,
     /// A retry under a key answered the key's run, deleted by retention.
     pub key_outlived_run: bool,
+    /// Maintenance deleted an idle consumer.
+    pub consumer_forgotten: bool,
 }
