@@ -963,9 +963,10 @@ impl Db {
         }
     }
 
-    /// [`Statement::PromoteRetries`]: due retries become queued (unpublished), at
-    /// most `limit` of them, oldest `retry_at` first.
-    pub fn promote_retries(&mut self, now: Timestamp, limit: usize) -> u64 {
+    /// [`Statement::PromoteRetries`]: due retries become queued, at most
+    /// `limit` of them, oldest `retry_at` first, and taken for publication
+    /// at `now` as [`Db::claim_outbox`] takes them; by run id.
+    pub fn promote_retries(&mut self, now: Timestamp, limit: usize) -> Vec<Candidate> {
         let mut due: Vec<(Timestamp, RunId)> = self
             .runs
             .values()
@@ -974,13 +975,18 @@ impl Db {
             .collect();
         due.sort();
         due.truncate(limit);
-        for (_, run) in &due {
-            let r = self.runs.get_mut(run).expect("collected above");
-            r.status = RunStatus::Queued;
-            r.retry_at = None;
-            r.published_at = None;
-        }
-        due.len() as u64
+        let mut taken: Vec<Candidate> = due
+            .iter()
+            .map(|(_, run)| {
+                let r = self.runs.get_mut(run).expect("collected above");
+                r.status = RunStatus::Queued;
+                r.retry_at = None;
+                r.published_at = Some(now);
+                candidate(r)
+            })
+            .collect();
+        taken.sort_by_key(|c| c.run_id);
+        taken
     }
 
     /// [`Statement::ClaimOutbox`]: the outbox — takes up to `limit` queued

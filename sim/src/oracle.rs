@@ -184,7 +184,7 @@ impl Oracle {
             (DbOp::RequeueEntry { .. }, DbReply::Rows(1)) => self.count("trimmed_recoveries"),
             (DbOp::RequeueRun { .. }, DbReply::Rows(1)) => self.count("sweeper_requeues"),
             (DbOp::MarkPublished { .. }, DbReply::Rows(1)) => self.count("publishes_marked"),
-            (DbOp::PromoteRetries { .. }, DbReply::Rows(n)) if *n > 0 => {
+            (DbOp::PromoteRetries { .. }, DbReply::Candidates(cs)) if !cs.is_empty() => {
                 self.count("retries_promoted");
             }
             (DbOp::DeleteFinished { .. }, DbReply::Rows(n)) if *n > 0 => {

@@ -140,7 +140,8 @@ CREATE TABLE IF NOT EXISTS workers (
 ///   [`RequeueEntry`] reads it), so finishing a run adds nothing to it.
 /// * `published_at` is set once a run leaves `queued` ([`Claim`], the
 ///   terminal writes) and no longer cleared by [`ScheduleRetry`] (a promotion
-///   clears it): `runs_unpublished` holds only the outbox's work.
+///   sets it anew, taking the run for publication, since schema 17's code;
+///   it cleared it before): `runs_unpublished` holds only the outbox's work.
 /// * [`DeleteFinished`] takes the oldest finished runs by `runs_finished`,
 ///   and their submit keys by run.
 ///

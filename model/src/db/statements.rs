@@ -949,18 +949,27 @@ statements! {
         model: |db| Rows(db.cancel(*run)),
     }
 
-    /// Queue up to `limit` runs whose retry is due.
+    /// Queues up to `limit` runs whose retry is due, oldest due first, and
+    /// takes them for publication as the outbox does ([`ClaimOutbox`]):
+    /// the promoting pass publishes them itself, so no other worker's
+    /// outbox does, and a taker that dies before its XADD leaves the run
+    /// to the sweeper.
+    ///
+    /// [`ClaimOutbox`]: Statement::ClaimOutbox
     PromoteRetries { limit: usize } => {
         name: "promote_retries",
         access: Write,
-        reply: Rows,
+        reply: Candidates,
         sql: "WITH due AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
-                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-              UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = NULL \
-               WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due))",
+                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+              taken AS ( \
+                UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
+                 WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due)) \
+                RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
+              SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
         show: [],
-        model: |db| Rows(db.promote_retries(db.clock, *limit)),
+        model: |db| Candidates(db.promote_retries(db.clock, *limit)),
     }
 
     /// The outbox: takes up to `limit` queued runs nobody has published,

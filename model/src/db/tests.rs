@@ -203,9 +203,19 @@ fn retry_moves_to_a_new_dispatch_and_the_scheduler_requeues_when_due() {
         db.claim(RunId(1), Dispatch(1), e(1), "w0", t(600), LEASE),
         None
     );
-    assert_eq!(db.promote_retries(t(499), 10), 0);
-    assert_eq!(db.promote_retries(t(500), 10), 1);
-    assert_eq!(db.claim_outbox(t(500), 10)[0].dispatch, Dispatch(2));
+    assert!(db.promote_retries(t(499), 10).is_empty());
+    let promoted = db.promote_retries(t(500), 10);
+    assert_eq!(promoted.len(), 1);
+    assert_eq!(promoted[0].dispatch, Dispatch(2));
+    assert_eq!(
+        promoted[0].published_at,
+        Some(t(500)),
+        "taken for publication"
+    );
+    assert!(
+        db.claim_outbox(t(500), 10).is_empty(),
+        "the promoting pass publishes it"
+    );
     assert!(
         db.claim(RunId(1), Dispatch(2), e(2), "w1", t(600), LEASE)
             .is_some()

@@ -1,10 +1,11 @@
 //! Maintenance: the durable side of retries and recovery, driven by Postgres.
 //!
-//! * **Retries**: due `retry_wait` runs become `queued` again (S6). Back-off
+//! * **Retries**: due `retry_wait` runs become `queued` again (S6), and the
+//!   same pass publishes them, taken as the outbox takes its runs. Back-off
 //!   lives in `retry_at`, never in the PEL.
 //! * **Outbox**: queued runs whose current dispatch was never confirmed
-//!   published (the API's XADD failed or its reply was lost, a retry was
-//!   promoted, a run was requeued) are published, then marked (S1).
+//!   published (the API's XADD failed or its reply was lost, a run was
+//!   requeued) are published, then marked (S1).
 //! * **Sweep**: runs that should have been picked up long ago — queued and
 //!   published, or running with a long-expired lease — are checked against
 //!   Redis; if their entry is neither in the stream nor pending (Redis lost
@@ -326,13 +327,13 @@ impl Maintenance {
         let limit = self.policy.sweep_batch_max;
         let phase = std::mem::replace(&mut self.phase, Phase::Idle);
         match (phase, input) {
-            (Phase::Promoting | Phase::Deleting, Input::Db(DbReply::Rows(n))) => {
+            (Phase::Deleting, Input::Db(DbReply::Rows(n))) => {
                 self.report = PassReport {
                     rows: n,
                     full: n >= limit as u64,
                 };
             }
-            (Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
+            (Phase::Promoting | Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
                 self.report.full = cs.len() >= limit;
                 self.publish(now, cs);
             }

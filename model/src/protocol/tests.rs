@@ -550,7 +550,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 21);
+    assert_eq!(Mutant::ALL.len(), 22);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 

@@ -169,7 +169,10 @@ impl State {
         }
         for task in MaintenanceTask::ALL {
             if self.maintenance_matters(cfg, task) {
-                let publishes = matches!(task, MaintenanceTask::Outbox | MaintenanceTask::Sweep);
+                let publishes = matches!(
+                    task,
+                    MaintenanceTask::Retries | MaintenanceTask::Outbox | MaintenanceTask::Sweep
+                );
                 let fates: &[Fate] = if publishes { &publish } else { &reply };
                 out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
             }
