@@ -1,0 +1,307 @@
+//! `POST /runs`: one run or an array of them, with their idempotency
+//! keys, and the keys' expiry.
+
+use super::*;
+
+/// Checks a job kind's spelling.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_kind(kind: &str) -> Result<(), String> {
+    if kind.is_empty() || kind.len() > 64 {
+        return Err("kind must have 1 to 64 characters".into());
+    }
+    if !kind
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+    {
+        return Err(format!(
+            "kind {kind:?} may only hold a-z, 0-9, '_', '.', '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// The header that carries a client's idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Checks an idempotency key's spelling: 1 to 255 visible ASCII characters.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{IDEMPOTENCY_KEY} must be 1 to 255 visible ASCII characters, got {key:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /runs`.
+#[utoipa::path(post, path = "/runs", tag = "runs", request_body = wire::SubmitBody,
+    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "1–255 visible ASCII; a retry with it answers the first run (one run only)")),
+    responses(
+        (status = 202, description = "stored (and published, or left to the outbox)", body = wire::Submitted),
+        (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::SubmitAnswer),
+        (status = 400, description = "bad JSON, kind or key; an empty array", body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
+        (status = 413, description = "body over the limit, or more items than --bulk-max", body = wire::ErrorBody),
+        (status = 415, description = "the body is not `Content-Type: application/json`", body = wire::ErrorBody),
+        (status = 422, description = "missing or unknown fields; a key used for another request", body = wire::ErrorBody),
+        (status = 503, description = "Postgres unavailable: nothing stored", body = wire::ErrorBody),
+        (status = 504, description = "Postgres did not answer in time: the run may be stored", body = wire::ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn create_run(
+    _: Writer,
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(v) => {
+            let k = v
+                .to_str()
+                .map_err(|_| bad(format!("{IDEMPOTENCY_KEY} is not ASCII")))?;
+            validate_key(k).map_err(bad)?;
+            Some(k.to_owned())
+        }
+    };
+    let Json(body) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
+    if let Value::Array(items) = body {
+        if key.is_some() {
+            return Err(bad(format!(
+                "{IDEMPOTENCY_KEY} names one run: give each item of an array its own \"key\""
+            )));
+        }
+        return create_runs(&state, items).await;
+    }
+    let new: wire::NewRun = serde_json::from_value(body).map_err(|e| {
+        ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Failed to deserialize the JSON body into the target type: {e}"),
+        )
+    })?;
+    validate_kind(&new.kind).map_err(bad)?;
+    let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
+    let Ok(DbReply::NewRun(run)) = state.io.db.inner().execute(&DbOp::NextRunId).await else {
+        // Nothing was sent that could store a run.
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Postgres is unavailable; nothing was stored; retry later".into(),
+        ));
+    };
+    Ok(
+        match submit(&state.io, run, &new.kind, &input, key.as_deref()).await {
+            SubmitterEnd::Accepted { published } => {
+                tracing::info!(%run, kind = %new.kind, published, "run accepted");
+                let body = wire::Submitted {
+                    run_id: run,
+                    status: Some(RunStatus::Queued),
+                    published: Some(published),
+                    existing: false,
+                };
+                (StatusCode::ACCEPTED, Json(body)).into_response()
+            }
+            SubmitterEnd::Existing(first) => {
+                let status = match state
+                    .io
+                    .db
+                    .inner()
+                    .execute(&DbOp::ReadRun { run: first })
+                    .await
+                {
+                    Ok(DbReply::Run(Some(r))) => Some(r.status),
+                    _ => None,
+                };
+                let body = wire::Submitted {
+                    run_id: first,
+                    status,
+                    published: None,
+                    existing: true,
+                };
+                (StatusCode::OK, Json(body)).into_response()
+            }
+            SubmitterEnd::KeyConflict(first) => {
+                return Err(ApiError(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "{IDEMPOTENCY_KEY} {:?} was first used for run {} with another request",
+                        key.unwrap_or_default(),
+                        first.0
+                    ),
+                ));
+            }
+            SubmitterEnd::Unavailable => {
+                let advice = if key.is_some() {
+                    "retry with the same Idempotency-Key: it answers the run if it was stored"
+                } else {
+                    "a retry may store a second run; send an Idempotency-Key to retry safely"
+                };
+                let body = wire::ErrorBody {
+                    error: format!(
+                        "Postgres did not answer in time: the run may or may not be stored; {advice}"
+                    ),
+                    outcome: Some("unknown".into()),
+                };
+                (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response()
+            }
+            SubmitterEnd::Refused => {
+                return Err(ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                    .into(),
+            ));
+            }
+        },
+    )
+}
+
+/// `POST /runs` with an array: each item a run (`{"kind", "input", "key"}`),
+/// all submitted together ([`submit_many`]: one statement for their ids,
+/// one for their inserts, a pipeline of XADDs, one statement for the
+/// marks). Each item gets its own answer, with the status code a lone
+/// submission of it would have had; a bad item fails alone.
+pub(super) async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, ApiError> {
+    if items.is_empty() {
+        return Err(bad("an empty array submits nothing"));
+    }
+    if items.len() > state.bulk_max {
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} runs in one request; at most {} (--bulk-max)",
+                items.len(),
+                state.bulk_max
+            ),
+        ));
+    }
+    let refusal = |code: StatusCode, error: String| wire::BulkItem::refused(code.as_u16(), error);
+    let mut answers: Vec<Option<wire::BulkItem>> = vec![None; items.len()];
+    let (mut runs, mut at) = (Vec::new(), Vec::new());
+    for (i, item) in items.into_iter().enumerate() {
+        match bulk_item(item) {
+            Ok(run) => {
+                runs.push(run);
+                at.push(i);
+            }
+            Err((code, error)) => answers[i] = Some(refusal(code, error)),
+        }
+    }
+    let ids = if runs.is_empty() {
+        Vec::new()
+    } else {
+        new_run_ids(&state.io, runs.len()).await.map_err(|_| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Postgres is unavailable; nothing was stored; retry later".into(),
+            )
+        })?
+    };
+    let runs: Vec<(RunId, Submission)> = ids.into_iter().zip(runs).collect();
+    let ends = submit_many(&state.io, &runs).await;
+    let accepted = ends
+        .iter()
+        .filter(|e| matches!(e, SubmitterEnd::Accepted { .. }))
+        .count();
+    for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
+        answers[i] = Some(match end {
+            SubmitterEnd::Accepted { published } => wire::BulkItem::run(
+                202,
+                wire::Submitted {
+                    run_id: *run,
+                    status: Some(RunStatus::Queued),
+                    published: Some(published),
+                    existing: false,
+                },
+            ),
+            SubmitterEnd::Existing(first) => wire::BulkItem::run(
+                200,
+                wire::Submitted {
+                    run_id: first,
+                    status: None,
+                    published: None,
+                    existing: true,
+                },
+            ),
+            SubmitterEnd::KeyConflict(first) => refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "key {:?} was first used for run {} with another request",
+                    submitted.key.as_deref().unwrap_or_default(),
+                    first.0
+                ),
+            ),
+            SubmitterEnd::Unavailable => wire::BulkItem {
+                outcome: Some("unknown".into()),
+                ..refusal(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "Postgres did not answer in time: the run may or may not be stored; \
+                     an item with a key is safe to submit again"
+                        .into(),
+                )
+            },
+            SubmitterEnd::Refused => refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                    .into(),
+            ),
+        });
+    }
+    tracing::info!(runs = answers.len(), accepted, "bulk submission");
+    let runs = answers
+        .into_iter()
+        .map(|a| a.expect("every item answered"))
+        .collect();
+    Ok((StatusCode::OK, Json(wire::BulkSubmitted { runs })).into_response())
+}
+
+/// An array item as a run to submit, or the status and reason it is not.
+pub(super) fn bulk_item(item: Value) -> Result<Submission, (StatusCode, String)> {
+    let run: wire::Submit = serde_json::from_value(item)
+        .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+    validate_kind(&run.kind).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    if let Some(k) = &run.key {
+        validate_key(k).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    }
+    Ok(Submission {
+        kind: run.kind,
+        input: serde_json::to_string(&run.input).expect("a JSON value serializes"),
+        key: run.key,
+    })
+}
+
+/// Forgets idempotency keys older than `keep`, in batches, every
+/// `keep / 24` (at most once a minute); runs until the process ends.
+pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
+    const BATCH: usize = 1_000;
+    let every = (keep / 24).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(60),
+    );
+    loop {
+        tokio::time::sleep(every).await;
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            match io
+                .io
+                .db
+                .inner()
+                .execute(&DbOp::ExpireKeys {
+                    keep_ms,
+                    limit: BATCH,
+                })
+                .await
+            {
+                Ok(DbReply::Rows(n)) if n as usize == BATCH => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "expiring idempotency keys failed");
+                    break;
+                }
+            }
+        }
+    }
+}
