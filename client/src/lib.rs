@@ -45,9 +45,6 @@ pub use pelican_model::events::EventKind;
 pub use pelican_model::ids::RunId;
 pub use pelican_model::status::RunStatus;
 use serde_json::{Value, json};
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub mod wire;
@@ -131,33 +128,13 @@ pub struct Client {
     token: Option<HeaderValue>,
     retry: Retry,
     http: Http<HttpConnector, Full<Bytes>>,
-    keys: KeyMaker,
 }
 
-/// Makes idempotency keys no other client makes: a random prefix per
-/// client, then a counter.
-#[derive(Clone, Debug)]
-struct KeyMaker {
-    prefix: String,
-    next: std::sync::Arc<AtomicU64>,
-}
-
-impl KeyMaker {
-    fn new() -> KeyMaker {
-        let random = |n: u64| RandomState::new().hash_one(n);
-        KeyMaker {
-            prefix: format!("pc-{:016x}{:016x}", random(0), random(1)),
-            next: std::sync::Arc::new(AtomicU64::new(0)),
-        }
-    }
-
-    fn key(&self) -> String {
-        format!(
-            "{}-{}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
-    }
+/// An idempotency key no other submission carries: a UUID of version 7
+/// (a millisecond time, then random bits), so keys also sort by when they
+/// were made.
+fn new_key() -> String {
+    format!("pc-{}", uuid::Uuid::now_v7())
 }
 
 /// One answer: its status and body.
@@ -225,7 +202,6 @@ impl Client {
             token: None,
             retry: Retry::default(),
             http: Http::builder(TokioExecutor::new()).build_http(),
-            keys: KeyMaker::new(),
         })
     }
 
@@ -312,7 +288,7 @@ impl Client {
     /// [`Error::Rejected`] (a bad kind, say), [`Error::KeyConflict`],
     /// [`Error::Unauthorized`], [`Error::Unavailable`].
     pub async fn submit(&self, run: &Submit) -> Result<Submitted, Error> {
-        let key = run.key.clone().unwrap_or_else(|| self.keys.key());
+        let key = run.key.clone().unwrap_or_else(new_key);
         let body = json!({ "kind": run.kind, "input": run.input });
         let answer = self
             .send(Method::POST, "/runs", Some(&body), Some(&key))
@@ -366,7 +342,7 @@ impl Client {
         let items: Vec<Value> = runs
             .iter()
             .map(|r| {
-                let key = r.key.clone().unwrap_or_else(|| self.keys.key());
+                let key = r.key.clone().unwrap_or_else(new_key);
                 json!({ "kind": r.kind, "input": r.input, "key": key })
             })
             .collect();
