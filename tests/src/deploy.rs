@@ -1,7 +1,7 @@
 //! The deploy kit against the binary it deploys: every command, flag and
 //! environment variable in the Kubernetes manifests (as `kubectl kustomize`
-//! renders them) and in the compose file is one that `pelican <command>
-//! --help` names, and the manifests keep the promises the README makes of
+//! renders them) and in the compose file is one that `pelican <command>`
+//! takes (its command line's definition, which `--help` prints), and the manifests keep the promises the README makes of
 //! them (probes, grace periods, stable consumer names, budgets, requests).
 
 use serde::Deserialize as _;
@@ -19,7 +19,8 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// What `pelican <command> --help` says the command takes.
+/// What `pelican <command>` takes, as its command line defines it
+/// (`pelican_real::cli::command`, which `--help` prints).
 #[derive(Debug, Default)]
 pub struct Help {
     /// Each `--flag`, with its environment variable and default, if any.
@@ -27,55 +28,27 @@ pub struct Help {
 }
 
 impl Help {
-    /// Reads `bin <command> --help`.
+    /// The flags of `command` and those every command shares.
     ///
     /// # Panics
-    /// When the binary does not run or `command` is not one of its
-    /// commands.
+    /// When `command` is not one of pelican's commands.
     #[must_use]
-    pub fn of(bin: &Path, command: &str) -> Help {
-        let out = Command::new(bin)
-            .args([command, "--help"])
-            .env_clear()
-            .output()
-            .expect("pelican runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "`pelican {command} --help` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    pub fn of(command: &str) -> Help {
+        let root = pelican_real::cli::command();
+        let sub = root
+            .find_subcommand(command)
+            .unwrap_or_else(|| panic!("`pelican {command}` is not a command"));
+        let shared = root.get_arguments().filter(|a| a.is_global_set());
         let mut help = Help::default();
-        let mut current: Option<(String, String)> = None;
-        let finish = |c: Option<(String, String)>, help: &mut Help| {
-            if let Some((flag, text)) = c {
-                let bracket = |tag: &str| {
-                    let at = text.find(&format!("[{tag}: "))? + tag.len() + 3;
-                    let rest = &text[at..];
-                    let end = rest.find(']')?;
-                    Some(rest[..end].trim_end_matches('=').to_owned())
-                };
-                let env = bracket("env").map(|e| e.split('=').next().unwrap_or("").to_owned());
-                help.flags.insert(flag, (env, bracket("default")));
-            }
-        };
-        for line in text.lines() {
-            let trimmed = line.trim_start();
-            let option = trimmed.starts_with('-') && line.starts_with("  ");
-            if option {
-                finish(current.take(), &mut help);
-                let flag = trimmed
-                    .split([' ', ','])
-                    .find(|w| w.starts_with("--"))
-                    .unwrap_or("")
-                    .to_owned();
-                current = Some((flag, trimmed.to_owned()));
-            } else if let Some((_, t)) = current.as_mut() {
-                t.push(' ');
-                t.push_str(trimmed);
-            }
+        for arg in sub.get_arguments().chain(shared) {
+            let Some(long) = arg.get_long() else { continue };
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            let default = arg
+                .get_default_values()
+                .first()
+                .map(|v| v.to_string_lossy().into_owned());
+            help.flags.insert(format!("--{long}"), (env, default));
         }
-        finish(current.take(), &mut help);
         help
     }
 
@@ -162,7 +135,7 @@ pub struct Process {
 /// exists, each `--flag` is one of its flags, each variable one that a flag
 /// reads. Answers what is wrong, one line each.
 #[must_use]
-pub fn check_process(bin: &Path, p: &Process) -> Vec<String> {
+pub fn check_process(p: &Process) -> Vec<String> {
     let mut wrong = Vec::new();
     let Some(command) = p.args.first() else {
         return vec![format!("{}: no pelican command", p.at)];
@@ -171,7 +144,7 @@ pub fn check_process(bin: &Path, p: &Process) -> Vec<String> {
     if !known.contains(&command.as_str()) {
         return vec![format!("{}: {command:?} is not a service command", p.at)];
     }
-    let help = Help::of(bin, command);
+    let help = Help::of(command);
     for arg in &p.args[1..] {
         if let Some(flag) = arg.strip_prefix("--") {
             let flag = format!("--{}", flag.split('=').next().unwrap_or(""));
@@ -194,8 +167,8 @@ pub fn check_process(bin: &Path, p: &Process) -> Vec<String> {
 /// The value `process` gives `flag` (by argument or by its variable), or
 /// the flag's default.
 #[must_use]
-pub fn setting(bin: &Path, p: &Process, flag: &str) -> Option<String> {
-    let help = Help::of(bin, &p.args[0]);
+pub fn setting(p: &Process, flag: &str) -> Option<String> {
+    let help = Help::of(&p.args[0]);
     let (env, default) = help.flags.get(flag)?.clone();
     let mut args = p.args.iter();
     while let Some(a) = args.next() {

@@ -1,12 +1,11 @@
 //! The deploy kit (deploy/): the Kubernetes manifests as `kubectl
 //! kustomize` renders them, the compose file and the Dockerfile, checked
-//! against the `pelican` binary (`PELICAN_BIN`) they run. No services.
+//! against the command line of the `pelican` they run. No services.
 
 use pelican_tests::deploy::{
     Process, check_process, compose_processes, k8s_processes, port_of, probe_port, render_k8s,
     root, setting,
 };
-use pelican_tests::pelican_bin;
 use serde_yaml_ng::Value;
 
 fn all_right(wrong: Vec<String>) {
@@ -26,11 +25,10 @@ fn kustomize_renders_both_workloads_with_real_flags() {
             "Job/pelican-migrate/migrate"
         ]
     );
-    let bin = pelican_bin();
     all_right(
         procs
             .iter()
-            .flat_map(|(p, _, _)| check_process(&bin, p))
+            .flat_map(|(p, _, _)| check_process(p))
             .collect(),
     );
 }
@@ -50,7 +48,6 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
 #[test]
 fn the_manifests_keep_the_workers_promises() {
     let docs = render_k8s();
-    let bin = pelican_bin();
     let procs = k8s_processes(&docs);
     let mut wrong = Vec::new();
     for (p, workload, container) in &procs {
@@ -70,8 +67,8 @@ fn the_manifests_keep_the_workers_promises() {
             }
         }
         match p.args[0].as_str() {
-            "worker" => wrong.extend(worker(&bin, p, workload, container)),
-            "api" => wrong.extend(api(&bin, p, container)),
+            "worker" => wrong.extend(worker(p, workload, container)),
+            "api" => wrong.extend(api(p, container)),
             _ => {}
         }
     }
@@ -99,7 +96,7 @@ fn the_manifests_keep_the_workers_promises() {
 /// The worker: a StatefulSet whose pods take their ordinal as `--id`
 /// (stable consumer names), probed on its `--metrics-listen` port, given a
 /// grace period above its shutdown grace.
-fn worker(bin: &std::path::Path, p: &Process, workload: &Value, c: &Value) -> Vec<String> {
+fn worker(p: &Process, workload: &Value, c: &Value) -> Vec<String> {
     let mut wrong = Vec::new();
     if workload["kind"].as_str() != Some("StatefulSet") {
         wrong.push(format!(
@@ -119,7 +116,7 @@ fn worker(bin: &std::path::Path, p: &Process, workload: &Value, c: &Value) -> Ve
             p.at
         ));
     }
-    let listen = setting(bin, p, "--metrics-listen").unwrap_or_default();
+    let listen = setting(p, "--metrics-listen").unwrap_or_default();
     for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
         let probe_ = &c[probe];
         if probe_["httpGet"]["path"].as_str() != Some(path)
@@ -131,7 +128,7 @@ fn worker(bin: &std::path::Path, p: &Process, workload: &Value, c: &Value) -> Ve
             ));
         }
     }
-    let grace_ms: u64 = setting(bin, p, "--shutdown-grace-ms")
+    let grace_ms: u64 = setting(p, "--shutdown-grace-ms")
         .and_then(|g| g.parse().ok())
         .unwrap_or(u64::MAX);
     let pod_grace_s = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -147,8 +144,8 @@ fn worker(bin: &std::path::Path, p: &Process, workload: &Value, c: &Value) -> Ve
 }
 
 /// The API: ready when its `/healthz` answers, on its `--listen` port.
-fn api(bin: &std::path::Path, p: &Process, c: &Value) -> Vec<String> {
-    let listen = setting(bin, p, "--listen").unwrap_or_default();
+fn api(p: &Process, c: &Value) -> Vec<String> {
+    let listen = setting(p, "--listen").unwrap_or_default();
     let probe = &c["readinessProbe"];
     if probe["httpGet"]["path"].as_str() != Some("/healthz")
         || probe_port(c, probe) != port_of(&listen)
@@ -179,8 +176,7 @@ fn compose_runs_real_commands_with_real_flags() {
             "compose service worker"
         ]
     );
-    let bin = pelican_bin();
-    all_right(procs.iter().flat_map(|p| check_process(&bin, p)).collect());
+    all_right(procs.iter().flat_map(check_process).collect());
 }
 
 #[test]
@@ -279,84 +275,4 @@ fn the_dashboards_queries_parse() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// A row of a flag table: its flags, variable and default.
-type Row = (Vec<String>, String, String);
-
-/// docs/CONFIGURATION.md lists each command's flags as `pelican <command>
-/// --help` has them: no flag missing, none that does not exist, and each
-/// variable and literal default as the binary says.
-#[test]
-fn the_configuration_reference_matches_help() {
-    use pelican_tests::deploy::Help;
-    let doc = std::fs::read_to_string(root().join("docs/CONFIGURATION.md")).expect("the doc");
-    let mut sections: Vec<(String, Vec<Row>)> = Vec::new();
-    for line in doc.lines() {
-        if line.starts_with("Shared by every command") {
-            sections.push(("shared".into(), Vec::new()));
-        } else if let Some(rest) = line.strip_prefix("`pelican ") {
-            let command = rest.split([' ', '`']).next().unwrap_or_default().to_owned();
-            sections.push((command, Vec::new()));
-        } else if line.starts_with("| `--") {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            let flags = cells[1]
-                .split('/')
-                .map(|f| f.trim().trim_matches('`').to_owned())
-                .collect();
-            let unquote = |c: &str| c.trim_matches('`').to_owned();
-            let (_, rows) = sections.last_mut().expect("a table under a section");
-            rows.push((flags, unquote(cells[2]), unquote(cells[3])));
-        }
-    }
-    let shared: Vec<String> = sections
-        .iter()
-        .filter(|(c, _)| c == "shared")
-        .flat_map(|(_, rows)| rows.iter().flat_map(|(f, _, _)| f.clone()))
-        .collect();
-    assert!(shared.contains(&"--redis-url".to_owned()), "{sections:?}");
-    let bin = pelican_bin();
-    let mut wrong = Vec::new();
-    let mut seen_commands = Vec::new();
-    for (command, rows) in &sections {
-        let probe = if command == "shared" {
-            "worker"
-        } else {
-            command
-        };
-        let help = Help::of(&bin, probe);
-        for (flags, env, default) in rows {
-            for flag in flags {
-                let Some((h_env, h_default)) = help.flags.get(flag) else {
-                    wrong.push(format!("{command}: the doc's {flag} is not a flag"));
-                    continue;
-                };
-                if flags.len() == 1 && !env.is_empty() && h_env.as_deref() != Some(env.as_str()) {
-                    wrong.push(format!(
-                        "{command} {flag}: the doc says {env}, --help {h_env:?}"
-                    ));
-                }
-                let literal = default.chars().next().is_some_and(|c| c.is_ascii_digit())
-                    || default.contains("://")
-                    || default.contains(':');
-                if flags.len() == 1 && literal && h_default.as_deref() != Some(default.as_str()) {
-                    wrong.push(format!(
-                        "{command} {flag}: the doc's default {default}, --help's {h_default:?}"
-                    ));
-                }
-            }
-        }
-        if command == "shared" {
-            continue;
-        }
-        seen_commands.push(command.clone());
-        let documented: Vec<&String> = rows.iter().flat_map(|(f, _, _)| f).collect();
-        for flag in help.flags.keys() {
-            if flag != "--help" && !shared.contains(flag) && !documented.contains(&flag) {
-                wrong.push(format!("{command}: {flag} is not in the doc"));
-            }
-        }
-    }
-    assert_eq!(seen_commands, ["api", "worker", "watch"]);
-    all_right(wrong);
 }

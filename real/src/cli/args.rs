@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) conn: Connection,
-    /// Log format.
+    /// Log format: `text` for people, `json` for a log pipeline.
     #[arg(
         long,
         env = "PELICAN_LOG_FORMAT",
@@ -55,7 +55,7 @@ pub(crate) struct Connection {
     )]
     pub(crate) redis_url: String,
     /// Redis is a Redis Cluster: commands go to their key's slot's master
-    /// and follow its failover.
+    /// and follow its failover (OPERATIONS.md, "Redis Cluster").
     #[arg(long, env = "PELICAN_REDIS_CLUSTER", global = true)]
     pub(crate) redis_cluster: bool,
     /// PostgreSQL URL.
@@ -67,17 +67,18 @@ pub(crate) struct Connection {
     )]
     pub(crate) database_url: String,
     /// Stream key prefix: jobs go to `<prefix>:jobs`, dead-letter
-    /// notifications to `<prefix>:jobs:dead`.
+    /// notices to `<prefix>:jobs:dead`.
     #[arg(long, env = "PELICAN_STREAM", default_value = "pelican", global = true)]
     pub(crate) stream: String,
     /// Consumer group.
     #[arg(long, env = "PELICAN_GROUP", default_value = "pelican", global = true)]
     pub(crate) group: String,
-    /// Job stream partitions: runs spread over this many stream keys, each
-    /// with its consumer group, whose hash tags put them on different
-    /// slots of a Redis Cluster. The deployment's count is stored in
-    /// Postgres by the first process to connect; a process started with
-    /// another refuses to start. `pelican partitions --set N` raises it.
+    /// Job stream partitions (1 to 1024): runs spread over this many
+    /// stream keys, each with its consumer group, whose hash tags put them
+    /// on different slots of a Redis Cluster. The deployment's count is
+    /// stored in Postgres by the first process to connect; a process
+    /// started with another refuses to start. `pelican partitions --set
+    /// N` raises it, never lowers it (OPERATIONS.md, "Partitions").
     #[arg(
         long,
         env = "PELICAN_PARTITIONS",
@@ -98,7 +99,7 @@ pub(crate) struct Connection {
     /// Inject a protocol bug into every role this process runs (testing
     /// only; exists only in builds with the `mutants` feature).
     #[cfg(feature = "mutants")]
-    #[arg(long, env = "PELICAN_MUTANT", global = true)]
+    #[arg(long, env = "PELICAN_MUTANT", global = true, hide = true)]
     pub(crate) mutant: Option<String>,
     /// A kind's policy, over what its handler was registered with:
     /// `KIND:field=N,...` with fields attempts_max, backoff_base_ms,
@@ -367,11 +368,12 @@ pub(crate) struct ApiArgs {
     /// Address to listen on.
     #[arg(long, env = "PELICAN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) listen: SocketAddr,
-    /// Bearer token every route but /healthz requires. Without it the API
-    /// refuses to start, unless --insecure-no-auth.
+    /// Bearer token every route but `/healthz` requires. Without it the
+    /// API refuses to start, unless `--insecure-no-auth`. White space
+    /// around it (a secret file's last newline) is not part of it.
     #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
     pub(crate) api_token: Option<String>,
-    /// A second bearer token that only the GET routes (runs, metrics)
+    /// A second bearer token that only the `GET` routes (runs, metrics)
     /// accept: for dashboards and scrapers.
     #[arg(long, env = "PELICAN_API_READ_TOKEN", hide_env_values = true, value_parser = parse_token)]
     pub(crate) api_read_token: Option<String>,
@@ -379,23 +381,27 @@ pub(crate) struct ApiArgs {
     /// (local experiments only).
     #[arg(long, env = "PELICAN_INSECURE_NO_AUTH", conflicts_with_all = ["api_token", "api_read_token"])]
     pub(crate) insecure_no_auth: bool,
-    /// Largest request body accepted.
+    /// Largest request body accepted, in bytes.
     #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub(crate) body_limit_bytes: usize,
-    /// The most runs one `POST /runs` array may submit; they are inserted,
-    /// published and marked together (and concurrent submissions share
-    /// batches up to this size).
+    /// The most runs one `POST /runs` array may submit (its body is
+    /// bounded by `--body-limit-bytes` too); they are inserted, published
+    /// and marked together, and concurrent submissions share batches up
+    /// to this size.
     #[arg(long, env = "PELICAN_BULK_MAX", default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub(crate) bulk_max: u64,
     /// Attempts each submitted run allows.
     #[arg(long, env = "PELICAN_ATTEMPTS_MAX", default_value_t = 5)]
     pub(crate) attempts_max: u32,
-    /// Write a protocol trace (JSON lines) of the submissions here.
+    /// Write a protocol trace (JSON lines) of the submissions here, for
+    /// `pelican trace check`.
     #[arg(long, env = "PELICAN_TRACE_FILE")]
     pub(crate) trace_file: Option<std::path::PathBuf>,
-    /// How long an Idempotency-Key is kept: a retry within this window
-    /// answers the key's run; after it, the key may start a new run.
+    /// How long an `Idempotency-Key` is kept: a retry within this window
+    /// answers the key's run, whatever retention did with the run; after
+    /// it, the key may start a new run (expired keys are deleted in
+    /// batches).
     #[arg(
         long,
         env = "PELICAN_SUBMIT_KEYS_KEEP_MS",
@@ -403,18 +409,20 @@ pub(crate) struct ApiArgs {
     )]
     pub(crate) submit_keys_keep_ms: u64,
     /// On SIGTERM: stop accepting, end every events stream (its client
-    /// resumes from `Last-Event-ID` at another API), and give requests in
-    /// flight this long to finish before exiting.
+    /// resumes from `Last-Event-ID` at another API), give requests in
+    /// flight this long to finish, and exit 0. Keep it below the pod's
+    /// `terminationGracePeriodSeconds`.
     #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
     pub(crate) shutdown_grace_ms: u64,
     /// Events streams (`GET /runs/{id}/events`) this process serves at
-    /// once; past it, 503 with Retry-After. One reader feeds them all.
+    /// once; past it, 503 with `Retry-After: 1`. One reader feeds them
+    /// all. Raise the process's open-files limit to match.
     #[arg(long, env = "PELICAN_EVENTS_STREAMS_MAX", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) events_streams_max: u32,
     /// Connections served at once; the next is accepted when one closes.
     /// Give it room for the events streams (each holds one) and the
-    /// clients that poll.
+    /// clients that poll, and the open-files limit room for it.
     #[arg(long, env = "PELICAN_CONNECTIONS_MAX", default_value_t = 16_384,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) connections_max: u32,
@@ -432,10 +440,12 @@ pub(crate) struct WorkerArgs {
     /// running worker its own (a StatefulSet ordinal, say). Without it the
     /// worker takes the next number from Postgres's worker registry (the
     /// `workers` table, with its host name and pid), unique among every
-    /// worker ever registered. Do not mix the two on one group.
+    /// worker ever registered. Do not mix the two on one group. A stopped
+    /// worker's consumer is deleted once it is idle past
+    /// `--reclaim-min-idle-ms` and holds nothing.
     #[arg(long, env = "PELICAN_WORKER_ID")]
     pub(crate) id: Option<u32>,
-    /// Jobs run at once.
+    /// Jobs run at once; the reader and the reclaimer share these slots.
     #[arg(long, env = "PELICAN_IN_FLIGHT_MAX", default_value_t = 16)]
     pub(crate) in_flight_max: usize,
     /// Claims (and completions, and reads) of up to this many deliveries go to
@@ -447,29 +457,34 @@ pub(crate) struct WorkerArgs {
     /// How long a claim or heartbeat keeps a job's ownership.
     #[arg(long, env = "PELICAN_LEASE_MS", default_value_t = 30_000)]
     pub(crate) lease_ms: u64,
-    /// Heartbeat period (well below the lease).
+    /// Heartbeat period: a lease renewal and an idle reset of the
+    /// delivery. Must be below the lease.
     #[arg(long, env = "PELICAN_HEARTBEAT_MS", default_value_t = 10_000)]
     pub(crate) heartbeat_ms: u64,
-    /// Deliveries idle this long are reclaimed (XPENDING IDLE, XAUTOCLAIM min-idle-time).
+    /// Deliveries idle this long are reclaimed (XPENDING IDLE, XAUTOCLAIM
+    /// min-idle-time); and a consumer idle this long that holds nothing is
+    /// deleted from the group, at the sweep's pace.
     #[arg(long, env = "PELICAN_RECLAIM_MIN_IDLE_MS", default_value_t = 60_000)]
     pub(crate) reclaim_min_idle_ms: u64,
     /// Reclaimer period.
     #[arg(long, env = "PELICAN_RECLAIM_EVERY_MS", default_value_t = 5_000)]
     pub(crate) reclaim_every_ms: u64,
-    /// First retry back-off.
+    /// First retry back-off (exponential, equal jitter).
     #[arg(long, env = "PELICAN_BACKOFF_BASE_MS", default_value_t = 1_000)]
     pub(crate) backoff_base_ms: u64,
     /// Back-off cap.
     #[arg(long, env = "PELICAN_BACKOFF_CAP_MS", default_value_t = 60_000)]
     pub(crate) backoff_cap_ms: u64,
-    /// Retries a run gets after errors of class `unknown`; the next one
-    /// fails the run.
+    /// Retries a run gets after errors of class `unknown`
+    /// (`JobError::unknown`); the next one fails the run.
     #[arg(long, env = "PELICAN_UNKNOWN_RETRIES_MAX", default_value_t = 1)]
     pub(crate) unknown_retries_max: u32,
     /// A provider's limits, shared by every worker (over what the handlers
-    /// registered): `NAME:field=N,...` with fields concurrent, per_second,
-    /// burst, hold_ms. Repeat the flag per provider; in the variable,
-    /// separate providers with `;`.
+    /// registered): `NAME:field=N,...` with fields concurrent (calls at
+    /// once), per_second, burst (default 1), hold_ms (a dead worker's slot
+    /// is free after this; default 60000). Repeat the flag per provider;
+    /// in the variable, separate providers with `;`. The limits live in
+    /// Postgres (`provider_slots`, `provider_rates`, by its clock).
     #[arg(
         long,
         env = "PELICAN_PROVIDER_LIMIT",
@@ -483,47 +498,60 @@ pub(crate) struct WorkerArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) value_bytes_max: u64,
     /// How long a published run may wait, or a lease stay expired, before
-    /// the sweeper checks its stream entry (the sweeper runs on the
-    /// maintenance pass closest to every quarter of this).
+    /// the sweeper checks its stream entry. The sweeper runs on the
+    /// maintenance pass closest to every quarter of this, and reads the
+    /// live runs published before its cutoff, oldest first, a batch at a
+    /// time from a cursor (runs queued within the grace cost it nothing).
     #[arg(long, env = "PELICAN_SWEEP_GRACE_MS", default_value_t = 120_000)]
     pub(crate) sweep_grace_ms: u64,
-    /// Maintenance period (retries due, outbox, sweeper, retention); a
-    /// task that finds a full batch goes on at once, for up to this long
-    /// a round, until it has caught up.
+    /// Maintenance period: retries due, the outbox, the sweeper and the
+    /// consumers' housekeeping when due, retention. A task that finds a
+    /// full batch goes on at once, for up to this long a round; one still
+    /// behind then is due again at once (`pelican_maintenance_behind`).
     #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
     pub(crate) maintenance_every_ms: u64,
     /// Rows one maintenance pass takes at most: retries promoted, runs
     /// published by the outbox, runs checked by the sweeper, runs deleted.
+    /// A batch's publications go to Redis as one pipeline, its marks,
+    /// re-dispatches and deletes to Postgres as one statement each.
     #[arg(long, env = "PELICAN_MAINTENANCE_BATCH_MAX", default_value_t = 1_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) maintenance_batch_max: u32,
-    /// How long an empty XREADGROUP blocks.
+    /// How long an empty XREADGROUP blocks; must be below the call
+    /// timeout.
     #[arg(long, env = "PELICAN_READ_BLOCK_MS", default_value_t = 1_000)]
     pub(crate) read_block_ms: u64,
-    /// On SIGTERM, how long in-flight jobs may take to finish.
+    /// On SIGTERM: stop reading, give in-flight jobs this long to finish,
+    /// leave the rest pending, exit 0.
     #[arg(long, env = "PELICAN_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
     pub(crate) shutdown_grace_ms: u64,
     /// A job running longer fails retryably.
     #[arg(long, env = "PELICAN_JOB_TIMEOUT_MS", default_value_t = 3_600_000)]
     pub(crate) job_timeout_ms: u64,
-    /// Stream retention: delivered, acknowledged entries older than this are
-    /// trimmed by the maintenance pass (0: keep every entry).
+    /// Stream retention: delivered, acknowledged entries older than this
+    /// are trimmed by each maintenance round (XTRIM MINID below the oldest
+    /// pending and the first undelivered entry); 0 keeps every entry.
     #[arg(long, env = "PELICAN_RETENTION_MS", default_value_t = 86_400_000)]
     pub(crate) retention_ms: u64,
-    /// Postgres retention: finished runs older than this are deleted, with
-    /// their attempts, dead letters, events and steps, by the maintenance
-    /// pass (0: keep every run).
+    /// Postgres retention: runs finished longer ago than this are deleted
+    /// in batches every maintenance round, with their attempts, dead
+    /// letters, events and steps, but not their idempotency keys (a key
+    /// answers its run for its whole window); a later delivery of theirs
+    /// is acked as stale. 0 keeps every run.
     #[arg(long, env = "PELICAN_KEEP_FINISHED_MS", default_value_t = 7 * 86_400_000)]
     pub(crate) keep_finished_ms: u64,
     /// Shift this worker's clock by this many ms (may be negative), to test
     /// skewed clocks: leases are judged by Postgres's clock alone.
     #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true)]
     pub(crate) clock_offset_ms: i64,
-    /// Do not run the retry scheduler, outbox and sweeper in this worker.
+    /// Leave maintenance (retries, outbox, sweeper, retention, consumers)
+    /// to other workers.
     #[arg(long, env = "PELICAN_NO_MAINTENANCE")]
     pub(crate) no_maintenance: bool,
-    /// Serve this worker's `/metrics` (Prometheus), `/healthz` and
-    /// `/readyz` (200 while connected and reading) here.
+    /// Serve this worker's `/metrics` (Prometheus), `/healthz` (the
+    /// process serves) and `/readyz` (200 while its reads and statements
+    /// are answered and it is not stopping; else 503 with the parts as
+    /// JSON) here.
     #[arg(long, env = "PELICAN_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// Write a protocol trace (JSON lines) here; `pelican trace check`

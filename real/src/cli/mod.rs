@@ -22,6 +22,9 @@ mod args;
 mod commands;
 mod deployment;
 mod output;
+mod reference;
+
+pub use reference::{command, configuration_tables};
 
 use crate::jobs::Registry;
 use args::Cli;
