@@ -25,8 +25,8 @@ use std::time::Duration;
 mod decode;
 mod reads;
 
-pub use decode::{decode_job, encode_job, read_entries};
 use decode::*;
+pub use decode::{decode_job, encode_job, read_entries};
 
 /// `ForgetConsumers`' script, with the condition a consumer must meet
 /// besides its idle time. KEYS[1] is the job stream, ARGV[1] the group,
