@@ -93,70 +93,103 @@ pub(super) async fn create_run(
             "Postgres is unavailable; nothing was stored; retry later".into(),
         ));
     };
-    Ok(
-        match submit(&state.io, run, &new.kind, &input, key.as_deref()).await {
-            SubmitterEnd::Accepted { published } => {
-                tracing::info!(%run, kind = %new.kind, published, "run accepted");
-                let body = wire::Submitted {
-                    run_id: run,
-                    status: Some(RunStatus::Queued),
-                    published: Some(published),
-                    existing: false,
-                };
-                (StatusCode::ACCEPTED, Json(body)).into_response()
-            }
-            SubmitterEnd::Existing(first) => {
-                let status = match state
-                    .io
-                    .db
-                    .inner()
-                    .execute(&DbOp::ReadRun { run: first })
-                    .await
-                {
-                    Ok(DbReply::Run(Some(r))) => Some(r.status),
-                    _ => None,
-                };
-                let body = wire::Submitted {
-                    run_id: first,
-                    status,
-                    published: None,
-                    existing: true,
-                };
-                (StatusCode::OK, Json(body)).into_response()
-            }
-            SubmitterEnd::KeyConflict(first) => {
-                return Err(ApiError(
-                    StatusCode::UNPROCESSABLE_ENTITY,
+    let end = submit(&state.io, run, &new.kind, &input, key.as_deref()).await;
+    if let SubmitterEnd::Accepted { published } = end {
+        tracing::info!(%run, kind = %new.kind, published, "run accepted");
+    }
+    let mut answer = answer_of(end, run, key.as_deref());
+    if answer.existing {
+        // A lone submission answers the key's run with its status.
+        answer.status = match (state.io.db.inner())
+            .execute(&DbOp::ReadRun {
+                run: answer.run_id.unwrap_or(run),
+            })
+            .await
+        {
+            Ok(DbReply::Run(Some(r))) => Some(r.status),
+            _ => None,
+        };
+    }
+    Ok(response_of(answer))
+}
+
+/// What a submission's end answers, alone or as an array's item: the
+/// status code and body a lone submission of `run` under `key` has.
+fn answer_of(end: SubmitterEnd, run: RunId, key: Option<&str>) -> wire::BulkItem {
+    let refusal = |code: StatusCode, error: String| wire::BulkItem::refused(code.as_u16(), error);
+    match end {
+        SubmitterEnd::Accepted { published } => wire::BulkItem::run(
+            StatusCode::ACCEPTED.as_u16(),
+            wire::Submitted {
+                run_id: run,
+                status: Some(RunStatus::Queued),
+                published: Some(published),
+                existing: false,
+            },
+        ),
+        SubmitterEnd::Existing(first) => wire::BulkItem::run(
+            StatusCode::OK.as_u16(),
+            wire::Submitted {
+                run_id: first,
+                status: None,
+                published: None,
+                existing: true,
+            },
+        ),
+        SubmitterEnd::KeyConflict(first) => refusal(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "key {:?} was first used for run {} with another request",
+                key.unwrap_or_default(),
+                first.0
+            ),
+        ),
+        SubmitterEnd::Unavailable => {
+            let advice = if key.is_some() {
+                "retry with the same key: it answers the run if it was stored"
+            } else {
+                "a retry may store a second run; send a key to retry safely"
+            };
+            wire::BulkItem {
+                outcome: Some("unknown".into()),
+                ..refusal(
+                    StatusCode::GATEWAY_TIMEOUT,
                     format!(
-                        "{IDEMPOTENCY_KEY} {:?} was first used for run {} with another request",
-                        key.unwrap_or_default(),
-                        first.0
-                    ),
-                ));
-            }
-            SubmitterEnd::Unavailable => {
-                let advice = if key.is_some() {
-                    "retry with the same Idempotency-Key: it answers the run if it was stored"
-                } else {
-                    "a retry may store a second run; send an Idempotency-Key to retry safely"
-                };
-                let body = wire::ErrorBody {
-                    error: format!(
                         "Postgres did not answer in time: the run may or may not be stored; {advice}"
                     ),
-                    outcome: Some("unknown".into()),
-                };
-                (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response()
+                )
             }
-            SubmitterEnd::Refused => {
-                return Err(ApiError(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
-                    .into(),
-            ));
-            }
-        },
-    )
+        }
+        SubmitterEnd::Refused => refusal(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
+                .into(),
+        ),
+    }
+}
+
+/// A lone submission's answer as its HTTP response: the run (200, 202),
+/// or the error (with `outcome` when the run may be stored).
+fn response_of(answer: wire::BulkItem) -> Response {
+    let code = StatusCode::from_u16(answer.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match answer.run_id {
+        Some(run_id) => {
+            let body = wire::Submitted {
+                run_id,
+                status: answer.status,
+                published: answer.published,
+                existing: answer.existing,
+            };
+            (code, Json(body)).into_response()
+        }
+        None => {
+            let body = wire::ErrorBody {
+                error: answer.error.unwrap_or_default(),
+                outcome: answer.outcome,
+            };
+            (code, Json(body)).into_response()
+        }
+    }
 }
 
 /// `POST /runs` with an array: each item a run (`{"kind", "input", "key"}`),
@@ -207,48 +240,7 @@ pub(super) async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<R
         .filter(|e| matches!(e, SubmitterEnd::Accepted { .. }))
         .count();
     for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
-        answers[i] = Some(match end {
-            SubmitterEnd::Accepted { published } => wire::BulkItem::run(
-                202,
-                wire::Submitted {
-                    run_id: *run,
-                    status: Some(RunStatus::Queued),
-                    published: Some(published),
-                    existing: false,
-                },
-            ),
-            SubmitterEnd::Existing(first) => wire::BulkItem::run(
-                200,
-                wire::Submitted {
-                    run_id: first,
-                    status: None,
-                    published: None,
-                    existing: true,
-                },
-            ),
-            SubmitterEnd::KeyConflict(first) => refusal(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!(
-                    "key {:?} was first used for run {} with another request",
-                    submitted.key.as_deref().unwrap_or_default(),
-                    first.0
-                ),
-            ),
-            SubmitterEnd::Unavailable => wire::BulkItem {
-                outcome: Some("unknown".into()),
-                ..refusal(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "Postgres did not answer in time: the run may or may not be stored; \
-                     an item with a key is safe to submit again"
-                        .into(),
-                )
-            },
-            SubmitterEnd::Refused => refusal(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Postgres refused the run's values (text holding a NUL byte); nothing was stored"
-                    .into(),
-            ),
-        });
+        answers[i] = Some(answer_of(end, *run, submitted.key.as_deref()));
     }
     tracing::info!(runs = answers.len(), accepted, "bulk submission");
     let runs = answers
