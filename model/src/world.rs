@@ -166,17 +166,7 @@ impl Redis {
                 count,
                 now,
             } => self.on(start.partition, |jobs| {
-                let idle = Some(*min_idle_ms);
-                let first =
-                    jobs.xpending_range(idle, start.local(), EntryId::MAX, 1, None, *now)?;
-                match first.first() {
-                    // Nothing idle from `start` on: the scan is over.
-                    None => Ok(AutoClaim::scan_over()),
-                    Some(row) => {
-                        jobs.xautoclaim(consumer, *min_idle_ms, row.id, *count, false, *now)
-                    }
-                }
-                .map(StreamReply::AutoClaimed)
+                autoclaim(jobs, consumer, *min_idle_ms, *start, *count, *now)
             }),
             StreamOp::Touch { consumer, id, now } => self.on(id.partition, |jobs| {
                 jobs.xclaim(consumer, 0, &[id.local()], None, true, *now)
@@ -198,19 +188,25 @@ impl Redis {
             } => self.on(*partition, |jobs| {
                 Ok(StreamReply::Forgot(forget(jobs, *idle_ms, *now, true)))
             }),
-            StreamOp::Retain { partition, before } => {
-                // Partition 0's retention trims the dead-letter stream too:
-                // its notices older than `before`.
-                let dead = if *partition == 0 {
-                    self.dead.xtrim(Trim::MinId(EntryId::new(before.0, 0)))
-                } else {
-                    0
-                };
-                self.on(*partition, |jobs| {
-                    Ok(StreamReply::Trimmed(retain(jobs, *before) + dead))
-                })
-            }
+            StreamOp::Retain { partition, before } => self.retain_all(*partition, *before),
         }
+    }
+
+    /// `Retain` on `partition`; partition 0's trims the dead-letter stream
+    /// too (its notices older than `before`), and the reply counts both.
+    fn retain_all(
+        &mut self,
+        partition: Partition,
+        before: Timestamp,
+    ) -> Result<StreamReply, StreamError> {
+        let dead = if partition == 0 {
+            self.dead.xtrim(Trim::MinId(EntryId::new(before.0, 0)))
+        } else {
+            0
+        };
+        self.on(partition, |jobs| {
+            Ok(StreamReply::Trimmed(retain(jobs, before) + dead))
+        })
     }
 
     /// Runs `command` on `partition`'s stream and puts the reply's IDs in
@@ -251,6 +247,26 @@ impl Redis {
     pub fn retention_cutoff(&self, partition: Partition, before: Timestamp) -> Option<EntryId> {
         retention_cutoff_of(self.jobs.get(usize::from(partition))?, before)
     }
+}
+
+/// `AutoClaim` on one stream: XPENDING IDLE for the first idle entry from
+/// `start`, then XAUTOCLAIM from it.
+fn autoclaim(
+    jobs: &mut Stream<JobEntry>,
+    consumer: &str,
+    min_idle_ms: u64,
+    start: EntryId,
+    count: usize,
+    now: Timestamp,
+) -> Result<StreamReply, StreamError> {
+    let idle = Some(min_idle_ms);
+    let first = jobs.xpending_range(idle, start.local(), EntryId::MAX, 1, None, now)?;
+    match first.first() {
+        // Nothing idle from `start` on: the scan is over.
+        None => Ok(AutoClaim::scan_over()),
+        Some(row) => jobs.xautoclaim(consumer, min_idle_ms, row.id, count, false, now),
+    }
+    .map(StreamReply::AutoClaimed)
 }
 
 /// `ForgetConsumers` on one stream: deletes each consumer idle at least

@@ -337,31 +337,7 @@ impl Maintenance {
                 self.report.full = cs.len() >= limit;
                 self.publish(now, cs);
             }
-            (Phase::Publishing { group, mut added }, input) => {
-                added.push(match input {
-                    Input::Stream(Ok(StreamReply::Added(entry))) => Some(entry),
-                    // Lost or refused: taken, but not marked; the sweeper
-                    // finds it after its grace.
-                    _ => None,
-                });
-                if added.len() < group.len() {
-                    self.phase = Phase::Publishing { group, added };
-                    return;
-                }
-                let marks: Vec<Command> = group
-                    .iter()
-                    .zip(added)
-                    .filter_map(|(c, entry)| {
-                        Some(Command::Db(DbOp::MarkPublished {
-                            run: c.run_id,
-                            dispatch: c.dispatch,
-                            entry: entry?,
-                        }))
-                    })
-                    .collect();
-                self.report.rows = marks.len() as u64;
-                self.send_all(Phase::Marking(marks.len()), marks);
-            }
+            (Phase::Publishing { group, added }, input) => self.published(group, added, &input),
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
                 // A full batch: the next pass goes on after it; else from
                 // the start.
@@ -378,34 +354,10 @@ impl Maintenance {
                 Phase::Locating {
                     group,
                     answered,
-                    mut gone,
+                    gone,
                 },
                 input,
-            ) => {
-                let c = &group[answered];
-                match input {
-                    // Still to be read, or the reclaimer's to take over.
-                    Input::Stream(Ok(reply)) if still_deliverable(c, &reply) => {}
-                    Input::Stream(Ok(_)) => gone.push(*c),
-                    // Not known: left for a later pass.
-                    _ => {}
-                }
-                if answered + 1 < group.len() {
-                    let answered = answered + 1;
-                    self.phase = Phase::Locating {
-                        group,
-                        answered,
-                        gone,
-                    };
-                } else {
-                    // A full batch whose entries are all in place is a
-                    // backlog for the readers, not more to do at once: the
-                    // next sweep goes on from the cursor in its own time.
-                    self.report.rows = gone.len() as u64;
-                    self.report.full &= !gone.is_empty();
-                    self.requeue(gone);
-                }
-            }
+            ) => self.located(group, answered, gone, &input),
             (Phase::Forgetting(left), input) => {
                 if let Input::Stream(Ok(StreamReply::Forgot(n))) = input {
                     self.report.rows += n;
@@ -418,6 +370,68 @@ impl Maintenance {
             (Phase::Requeuing(left), _) if left > 1 => self.phase = Phase::Requeuing(left - 1),
             // The last answer of a pass, or a failed listing: the pass ends.
             (_, _) => {}
+        }
+    }
+
+    /// One publication of `group` answered (`added` holds the earlier
+    /// answers); once all are, the published ones are marked.
+    fn published(&mut self, group: Vec<Candidate>, mut added: Vec<Option<EntryId>>, input: &Input) {
+        added.push(match input {
+            Input::Stream(Ok(StreamReply::Added(entry))) => Some(*entry),
+            // Lost or refused: taken, but not marked; the sweeper finds it
+            // after its grace.
+            _ => None,
+        });
+        if added.len() < group.len() {
+            self.phase = Phase::Publishing { group, added };
+            return;
+        }
+        let marks: Vec<Command> = group
+            .iter()
+            .zip(added)
+            .filter_map(|(c, entry)| {
+                Some(Command::Db(DbOp::MarkPublished {
+                    run: c.run_id,
+                    dispatch: c.dispatch,
+                    entry: entry?,
+                }))
+            })
+            .collect();
+        self.report.rows = marks.len() as u64;
+        self.send_all(Phase::Marking(marks.len()), marks);
+    }
+
+    /// The `Locate` of `group[answered]` answered (`gone` holds the
+    /// candidates found gone so far); once all are, those are re-dispatched.
+    fn located(
+        &mut self,
+        group: Vec<Candidate>,
+        answered: usize,
+        mut gone: Vec<Candidate>,
+        input: &Input,
+    ) {
+        let c = &group[answered];
+        match input {
+            // Still to be read, or the reclaimer's to take over.
+            Input::Stream(Ok(reply)) if still_deliverable(c, reply) => {}
+            Input::Stream(Ok(_)) => gone.push(*c),
+            // Not known: left for a later pass.
+            _ => {}
+        }
+        if answered + 1 < group.len() {
+            let answered = answered + 1;
+            self.phase = Phase::Locating {
+                group,
+                answered,
+                gone,
+            };
+        } else {
+            // A full batch whose entries are all in place is a backlog for
+            // the readers, not more to do at once: the next sweep goes on
+            // from the cursor in its own time.
+            self.report.rows = gone.len() as u64;
+            self.report.full &= !gone.is_empty();
+            self.requeue(gone);
         }
     }
 }

@@ -395,16 +395,8 @@ impl RedisStream {
     /// writes them, and the reply's IDs put back in the partition. A
     /// partition this deployment does not have answers as a missing key.
     pub async fn execute(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
-        let n = &self.names;
         match op {
-            StreamOp::PublishDead { entry, .. } => {
-                let mut cmd = redis::cmd("XADD");
-                cmd.arg(&n.dead).arg("*");
-                for (k, v) in encode_dead(&entry) {
-                    cmd.arg(k).arg(v);
-                }
-                Ok(self.query(&cmd).await?.and_then(added))
-            }
+            StreamOp::PublishDead { entry, .. } => self.publish_dead(&entry).await,
             StreamOp::Queue { .. } => self.queue().await,
             StreamOp::Publish {
                 partition, entry, ..
@@ -415,19 +407,8 @@ impl RedisStream {
                 .await
             }
             StreamOp::EnsureGroup { partition } => {
-                self.on(partition, async |key| {
-                    let mut cmd = redis::cmd("XGROUP");
-                    cmd.arg("CREATE")
-                        .arg(key)
-                        .arg(&n.group)
-                        .arg("0")
-                        .arg("MKSTREAM");
-                    Ok(match self.query(&cmd).await? {
-                        Ok(_) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
-                        Err(e) => Err(e),
-                    })
-                })
-                .await
+                self.on(partition, async |key| self.ensure_group(key).await)
+                    .await
             }
             StreamOp::Read {
                 partition,
@@ -436,19 +417,7 @@ impl RedisStream {
                 ..
             } => {
                 self.on(partition, async |key| {
-                    let mut cmd = redis::cmd("XREADGROUP");
-                    cmd.arg("GROUP")
-                        .arg(&n.group)
-                        .arg(&consumer)
-                        .arg("COUNT")
-                        .arg(count)
-                        .arg("BLOCK")
-                        .arg(self.block_ms)
-                        .arg("STREAMS")
-                        .arg(key)
-                        .arg(">");
-                    let mut reader = self.readers[usize::from(partition)].clone();
-                    Ok(answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply))
+                    self.read(key, partition, &consumer, count).await
                 })
                 .await
             }
@@ -467,49 +436,14 @@ impl RedisStream {
                 ..
             } => {
                 self.on(start.partition, async |key| {
-                    let mut first = redis::cmd("XPENDING");
-                    first
-                        .arg(key)
-                        .arg(&n.group)
-                        .arg("IDLE")
-                        .arg(min_idle_ms)
-                        .arg(start.local().to_string())
-                        .arg("+")
-                        .arg(1);
-                    let first = match self.query(&first).await? {
-                        Ok(Value::Array(rows)) => match rows.first() {
-                            Some(row) => first_pending_id(row).ok_or(Unavailable)?,
-                            None => {
-                                return Ok(Ok(StreamReply::AutoClaimed(AutoClaim::scan_over())));
-                            }
-                        },
-                        Ok(_) => return Err(Unavailable),
-                        Err(e) => return Ok(Err(e)),
-                    };
-                    let mut cmd = redis::cmd("XAUTOCLAIM");
-                    cmd.arg(key)
-                        .arg(&n.group)
-                        .arg(&consumer)
-                        .arg(min_idle_ms)
-                        .arg(first.to_string())
-                        .arg("COUNT")
-                        .arg(count);
-                    Ok(self.query(&cmd).await?.map(autoclaim_reply))
+                    self.autoclaim(key, &consumer, min_idle_ms, start, count)
+                        .await
                 })
                 .await
             }
             StreamOp::Touch { consumer, id, .. } => {
                 self.on(id.partition, async |key| {
-                    let mut cmd = redis::cmd("XCLAIM");
-                    cmd.arg(key)
-                        .arg(&n.group)
-                        .arg(&consumer)
-                        .arg(0)
-                        .arg(id.local().to_string())
-                        .arg("JUSTID");
-                    Ok(self.query(&cmd).await?.map(|v| {
-                        StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty()))
-                    }))
+                    self.touch(key, &consumer, id).await
                 })
                 .await
             }
@@ -536,26 +470,77 @@ impl RedisStream {
             }
             StreamOp::Retain {
                 partition, before, ..
-            } => {
-                let dead = if partition == 0 {
-                    let mut trim = redis::cmd("XTRIM");
-                    trim.arg(&n.dead)
-                        .arg("MINID")
-                        .arg(EntryId::new(before.0, 0).to_string());
-                    match self.query(&trim).await? {
-                        Ok(v) => int(&v).unwrap_or(0),
-                        Err(e) => return Ok(Err(e)),
-                    }
-                } else {
-                    0
-                };
-                let jobs = self.on(partition, async |key| self.retain(key, before).await);
-                Ok(jobs.await?.map(|r| match r {
-                    StreamReply::Trimmed(k) => StreamReply::Trimmed(k + dead),
-                    other => other,
-                }))
-            }
+            } => self.retain_all(partition, before).await,
         }
+    }
+
+    /// `PublishDead`: XADD to the dead-letter stream.
+    async fn publish_dead(&self, entry: &DeadEntry) -> Result<StreamResult, Unavailable> {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&self.names.dead).arg("*");
+        for (k, v) in encode_dead(entry) {
+            cmd.arg(k).arg(v);
+        }
+        Ok(self.query(&cmd).await?.and_then(added))
+    }
+
+    /// `EnsureGroup`: XGROUP CREATE ... 0 MKSTREAM, BUSYGROUP an answer
+    /// like any other.
+    async fn ensure_group(&self, key: &str) -> Result<StreamResult, Unavailable> {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(key)
+            .arg(&self.names.group)
+            .arg("0")
+            .arg("MKSTREAM");
+        Ok(match self.query(&cmd).await? {
+            Ok(_) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// `Touch`: XCLAIM ... 0 id JUSTID, the heartbeat's idle reset.
+    async fn touch(
+        &self,
+        key: &str,
+        consumer: &str,
+        id: EntryId,
+    ) -> Result<StreamResult, Unavailable> {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(key)
+            .arg(&self.names.group)
+            .arg(consumer)
+            .arg(0)
+            .arg(id.local().to_string())
+            .arg("JUSTID");
+        Ok(self
+            .query(&cmd)
+            .await?
+            .map(|v| StreamReply::Touched(matches!(v, Value::Array(a) if !a.is_empty()))))
+    }
+
+    /// `Read`: XREADGROUP on `partition`'s reader connection, which it
+    /// may hold for its whole block.
+    async fn read(
+        &self,
+        key: &str,
+        partition: Partition,
+        consumer: &str,
+        count: usize,
+    ) -> Result<StreamResult, Unavailable> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.names.group)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(self.block_ms)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(">");
+        let mut reader = self.readers[usize::from(partition)].clone();
+        Ok(answer(cmd.query_async::<Value>(&mut reader).await)?.map(read_reply))
     }
 
     /// Runs `command` on `partition`'s key and puts the reply's IDs in

@@ -241,3 +241,44 @@ pub(super) fn autoclaim_reply(v: Value) -> StreamReply {
         deleted,
     })
 }
+
+/// XPENDING's summary form: how many entries are pending, and how many
+/// each consumer holds.
+pub(super) fn pending_summary(summary: &Result<Value, StreamError>) -> (u64, Vec<(String, u64)>) {
+    let Ok(Value::Array(parts)) = summary else {
+        return (0, Vec::new());
+    };
+    let pending = parts.first().and_then(int).unwrap_or(0);
+    let consumers = match parts.get(3) {
+        Some(Value::Array(rows)) => rows
+            .iter()
+            .filter_map(|row| match row {
+                Value::Array(pair) => {
+                    Some((text(pair.first()?)?, pair.get(1).and_then(int).unwrap_or(0)))
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    (pending, consumers)
+}
+
+/// The first row of XPENDING's extended form: the oldest pending ID and
+/// its idle time, if any is pending.
+pub(super) fn oldest_pending(
+    rows: &Result<Value, StreamError>,
+) -> Option<(Option<EntryId>, Option<u64>)> {
+    match rows {
+        Ok(Value::Array(rows)) => match rows.first() {
+            Some(Value::Array(row)) => Some((
+                row.first()
+                    .and_then(text)
+                    .and_then(|s| s.parse::<EntryId>().ok()),
+                row.get(2).and_then(int),
+            )),
+            _ => None,
+        },
+        _ => None,
+    }
+}

@@ -5,6 +5,72 @@
 use super::*;
 
 impl RedisStream {
+    /// `AutoClaim`: XPENDING IDLE for the first idle entry from `start`,
+    /// then XAUTOCLAIM from it; nothing idle, no XAUTOCLAIM, and the scan
+    /// is over.
+    pub(super) async fn autoclaim(
+        &self,
+        key: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        start: EntryId,
+        count: usize,
+    ) -> Result<StreamResult, Unavailable> {
+        let group = &self.names.group;
+        let mut first = redis::cmd("XPENDING");
+        first
+            .arg(key)
+            .arg(group)
+            .arg("IDLE")
+            .arg(min_idle_ms)
+            .arg(start.local().to_string())
+            .arg("+")
+            .arg(1);
+        let first = match self.query(&first).await? {
+            Ok(Value::Array(rows)) => match rows.first() {
+                Some(row) => first_pending_id(row).ok_or(Unavailable)?,
+                None => return Ok(Ok(StreamReply::AutoClaimed(AutoClaim::scan_over()))),
+            },
+            Ok(_) => return Err(Unavailable),
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(key)
+            .arg(group)
+            .arg(consumer)
+            .arg(min_idle_ms)
+            .arg(first.to_string())
+            .arg("COUNT")
+            .arg(count);
+        Ok(self.query(&cmd).await?.map(autoclaim_reply))
+    }
+
+    /// `Retain` on `partition`; partition 0's also trims the dead-letter
+    /// stream (XTRIM MINID `before`), and the reply counts both.
+    pub(super) async fn retain_all(
+        &self,
+        partition: Partition,
+        before: pelican_model::time::Timestamp,
+    ) -> Result<StreamResult, Unavailable> {
+        let dead = if partition == 0 {
+            let mut trim = redis::cmd("XTRIM");
+            trim.arg(&self.names.dead)
+                .arg("MINID")
+                .arg(EntryId::new(before.0, 0).to_string());
+            match self.query(&trim).await? {
+                Ok(v) => int(&v).unwrap_or(0),
+                Err(e) => return Ok(Err(e)),
+            }
+        } else {
+            0
+        };
+        let jobs = self.on(partition, async |key| self.retain(key, before).await);
+        Ok(jobs.await?.map(|r| match r {
+            StreamReply::Trimmed(k) => StreamReply::Trimmed(k + dead),
+            other => other,
+        }))
+    }
+
     /// `Queue`: every partition's reading ([`Self::queue_of`]), merged as
     /// the model merges them.
     pub(super) async fn queue(&self) -> Result<StreamResult, Unavailable> {
@@ -79,37 +145,8 @@ impl RedisStream {
                 group: None,
             });
         };
-        let consumers = match &summary {
-            Ok(Value::Array(parts)) => match parts.get(3) {
-                Some(Value::Array(rows)) => rows
-                    .iter()
-                    .filter_map(|row| match row {
-                        Value::Array(pair) => {
-                            Some((text(pair.first()?)?, pair.get(1).and_then(int).unwrap_or(0)))
-                        }
-                        _ => None,
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
-        let pending = match &summary {
-            Ok(Value::Array(parts)) => parts.first().and_then(int).unwrap_or(0),
-            _ => 0,
-        };
-        let oldest = match &oldest {
-            Ok(Value::Array(rows)) => match rows.first() {
-                Some(Value::Array(row)) => Some((
-                    row.first()
-                        .and_then(text)
-                        .and_then(|s| s.parse::<EntryId>().ok()),
-                    row.get(2).and_then(int),
-                )),
-                _ => None,
-            },
-            _ => None,
-        };
+        let (pending, consumers) = pending_summary(&summary);
+        let oldest = oldest_pending(&oldest);
         Ok(QueueState {
             length,
             dead_letters,
