@@ -183,11 +183,8 @@ async fn serve_worker_http(
     Ok(())
 }
 
-pub(crate) async fn worker(
-    c: &Connection,
-    a: WorkerArgs,
-    handlers: fn(&mut Registry),
-) -> Result<()> {
+/// The worker's driver configuration from its flags.
+fn worker_config(c: &Connection, a: &WorkerArgs, handlers: fn(&mut Registry)) -> Result<Config> {
     let policy = Policy {
         lease_ms: a.lease_ms,
         heartbeat_ms: a.heartbeat_ms,
@@ -226,13 +223,12 @@ pub(crate) async fn worker(
         );
     }
     config.validate().map_err(anyhow::Error::msg)?;
-    let handle = install_metrics()?;
-    let probe = MetricsProbe::default();
-    if let Some(addr) = a.metrics_listen {
-        serve_worker_http(addr, handle, probe.readiness.clone()).await?;
-    }
-    let clients = connect(c, a.read_block_ms).await?;
-    let id = match a.id {
+    Ok(config)
+}
+
+/// This worker's number: `--id`, or the next from the worker registry.
+async fn worker_id(a: &WorkerArgs, db: &PgDb) -> Result<WorkerId> {
+    Ok(match a.id {
         Some(n) => WorkerId(n),
         None => {
             let host = host_name();
@@ -240,13 +236,28 @@ pub(crate) async fn worker(
                 host: host.clone(),
                 pid: std::process::id(),
             };
-            match clients.db.execute(&op).await {
+            match db.execute(&op).await {
                 Ok(DbReply::NewWorker(id)) => id,
                 Ok(other) => bail!("registering the worker: unexpected answer {other:?}"),
                 Err(e) => bail!("registering the worker (host {host}) in Postgres: {e}"),
             }
         }
-    };
+    })
+}
+
+pub(crate) async fn worker(
+    c: &Connection,
+    a: WorkerArgs,
+    handlers: fn(&mut Registry),
+) -> Result<()> {
+    let config = worker_config(c, &a, handlers)?;
+    let handle = install_metrics()?;
+    let probe = MetricsProbe::default();
+    if let Some(addr) = a.metrics_listen {
+        serve_worker_http(addr, handle, probe.readiness.clone()).await?;
+    }
+    let clients = connect(c, a.read_block_ms).await?;
+    let id = worker_id(&a, &clients.db).await?;
     let tools = Arc::new(PgTools(clients.db.clone()));
     let ledger = Arc::new(clients.db.clone());
     let mut registry = Registry::new(tools, ledger, &config.policy)
@@ -548,19 +559,10 @@ fn file_line(text: &str) -> Result<crate::NewRun, String> {
 /// "key"}`), submitted `batch_max` lines at a time ([`crate::submit_many`]),
 /// a few batches at once. A bad line, or a run Postgres refuses, fails
 /// alone: every other line is stored. Prints what became of the lines.
-async fn submit_file(
-    c: &Connection,
-    config: Config,
-    path: &std::path::Path,
-    batch_max: usize,
-    json: bool,
-) -> Result<()> {
-    use futures_util::StreamExt;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut runs = Vec::new();
-    let mut line_of = Vec::new();
-    let mut failed = Vec::new();
+/// A file's non-blank lines as runs, with the line number of each, and
+/// the lines that are not runs, each with its error.
+fn file_lines(text: &str) -> (Vec<crate::NewRun>, Vec<usize>, Vec<serde_json::Value>) {
+    let (mut runs, mut line_of, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     for (i, line) in text
         .lines()
         .enumerate()
@@ -574,6 +576,67 @@ async fn submit_file(
             Err(e) => failed.push(json!({ "line": i + 1, "error": e })),
         }
     }
+    (runs, line_of, failed)
+}
+
+/// What a file's submissions came to, so far.
+#[derive(Default)]
+struct FileTally {
+    accepted: u64,
+    existing: u64,
+    unpublished: u64,
+}
+
+impl FileTally {
+    /// Counts a batch's ends, one a line of `lines`; a line not stored
+    /// goes to `failed` with why.
+    fn count(
+        &mut self,
+        lines: &[usize],
+        ends: Vec<(RunId, SubmitterEnd)>,
+        failed: &mut Vec<serde_json::Value>,
+    ) {
+        for (line, (run, end)) in lines.iter().zip(ends) {
+            let error = match end {
+                SubmitterEnd::Accepted { published } => {
+                    self.accepted += 1;
+                    self.unpublished += u64::from(!published);
+                    continue;
+                }
+                SubmitterEnd::Existing(_) => {
+                    self.existing += 1;
+                    continue;
+                }
+                SubmitterEnd::KeyConflict(first) => {
+                    format!(
+                        "its key was first used for run {} with another request",
+                        first.0
+                    )
+                }
+                SubmitterEnd::Unavailable => format!(
+                    "Postgres did not answer: run {} may or may not be stored (a line with a key is safe to submit again)",
+                    run.0
+                ),
+                SubmitterEnd::Refused => {
+                    "Postgres refused its values (text holding a NUL byte)".to_owned()
+                }
+            };
+            failed.push(json!({ "line": line, "error": error }));
+        }
+    }
+}
+
+async fn submit_file(
+    c: &Connection,
+    config: Config,
+    path: &std::path::Path,
+    batch_max: usize,
+    json: bool,
+) -> Result<()> {
+    use futures_util::StreamExt;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (runs, line_of, mut failed) = file_lines(&text);
     let clients = connect(c, 0).await?;
     let timeout = Duration::from_millis(config.call_timeout_ms);
     let io = Io {
@@ -605,44 +668,35 @@ async fn submit_file(
             }
         })
         .buffer_unordered(FILE_BATCHES_IN_FLIGHT);
-    let (mut accepted, mut existing, mut unpublished) = (0u64, 0u64, 0u64);
+    let mut tally = FileTally::default();
     while let Some((b, ends)) = ends.next().await {
         let lines = &line_of[b * batch_max..(b * batch_max + batch_max).min(line_of.len())];
-        let Ok(ends) = ends else {
-            for line in lines {
-                failed.push(json!({ "line": line, "error": "Postgres did not answer; nothing of this line was stored" }));
+        match ends {
+            Ok(ends) => tally.count(lines, ends, &mut failed),
+            Err(_) => {
+                for line in lines {
+                    failed.push(json!({ "line": line, "error": "Postgres did not answer; nothing of this line was stored" }));
+                }
             }
-            continue;
-        };
-        for (line, (run, end)) in lines.iter().zip(ends) {
-            let error = match end {
-                SubmitterEnd::Accepted { published } => {
-                    accepted += 1;
-                    unpublished += u64::from(!published);
-                    continue;
-                }
-                SubmitterEnd::Existing(_) => {
-                    existing += 1;
-                    continue;
-                }
-                SubmitterEnd::KeyConflict(first) => {
-                    format!(
-                        "its key was first used for run {} with another request",
-                        first.0
-                    )
-                }
-                SubmitterEnd::Unavailable => format!(
-                    "Postgres did not answer: run {} may or may not be stored (a line with a key is safe to submit again)",
-                    run.0
-                ),
-                SubmitterEnd::Refused => {
-                    "Postgres refused its values (text holding a NUL byte)".to_owned()
-                }
-            };
-            failed.push(json!({ "line": line, "error": error }));
         }
     }
     failed.sort_by_key(|f| f["line"].as_u64());
+    report_file(json, path, &tally, &failed)
+}
+
+/// Prints what a file's submission came to, and fails if a line was not
+/// stored.
+fn report_file(
+    json: bool,
+    path: &std::path::Path,
+    tally: &FileTally,
+    failed: &[serde_json::Value],
+) -> Result<()> {
+    let FileTally {
+        accepted,
+        existing,
+        unpublished,
+    } = *tally;
     let report = json!({
         "accepted": accepted,
         "existing": existing,
