@@ -194,6 +194,10 @@ impl std::fmt::Display for Rejection {
 /// # Errors
 /// The first event the model does not allow (or a line that is not a trace
 /// line).
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection> {
     let mut policy: Option<Policy> = None;
     let mut machines: BTreeMap<RoleId, Machine> = BTreeMap::new();

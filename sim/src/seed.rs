@@ -329,6 +329,10 @@ enum ApiCommand {
     Cancel(RunId),
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 async fn api_main(
     oracle: Shared,
     scenario: Scenario,
@@ -542,6 +546,10 @@ struct Nodes {
     workers: Vec<NodeId>,
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 async fn simulate(
     seed: u64,
     mut scenario: Scenario,
@@ -789,6 +797,10 @@ fn unsettled(o: &Oracle, bound_ms: u64) -> String {
 }
 
 /// Faults, one every `fault_every_ms` or so, until the fault phase ends.
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 async fn nemesis(
     oracle: &Shared,
     scenario: &Scenario,

@@ -16,6 +16,10 @@
 //! (the `pelican` processes it starts, [`Proc`]), `stream` (the job stream as
 //! a test reads and tampers with it) and `audit` (the end-of-test check,
 //! [`Finding`]).
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;

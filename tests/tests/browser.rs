@@ -5,6 +5,10 @@
 //! worker and watch it reclaimed under a new fence, see it succeed; cancel
 //! a run; requeue a dead one. Screenshots go to
 //! `target/test-artefacts/dashboard/`.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use pelican_tests::{Env, rt};

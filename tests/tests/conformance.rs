@@ -3,6 +3,10 @@
 //! answer alike (see `pelican_tests::conformance`). `CONFORMANCE_CASES`
 //! sets the number of sequences (default 1,000 each);
 //! `cargo xtask conformance` runs the long mode.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use pelican_tests::conformance::{run_db, run_stream};
 use pelican_tests::{Database, Redis};

@@ -1,6 +1,10 @@
 //! The deploy kit (deploy/): the Kubernetes manifests as `kubectl
 //! kustomize` renders them, the compose file and the Dockerfile, checked
 //! against the command line of the `pelican` they run. No services.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use pelican_tests::deploy::{
     Process, check_process, compose_processes, k8s_processes, port_of, probe_port, render_k8s,

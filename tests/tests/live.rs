@@ -1,5 +1,9 @@
 //! End-to-end tests against live Redis and Postgres, on the correct build:
 //! every scenario of `pelican_tests::scenarios` must pass.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use pelican_tests::scenarios as s;
 

@@ -2,7 +2,10 @@
 //! process (and the test's own submissions), must make the scenario that
 //! exposes it fail. Needs the `mutants` feature here and a `pelican` binary
 //! built with `mutants` (`cargo xtask test` builds both).
-
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 #![cfg(feature = "mutants")]
 
 use pelican_tests::scenarios as s;

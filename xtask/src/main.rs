@@ -366,6 +366,10 @@ fn last_line(what: &str, mut c: Command) -> Result<String, String> {
     Ok(text.lines().last().unwrap_or_default().to_owned())
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 fn bench(args: &[String]) -> Result<(), String> {
     let mut json = false;
     let mut quick = false;
@@ -569,6 +573,10 @@ fn lint(args: &[String]) -> Result<(), String> {
     run("rustdoc", doc)
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than 80 lines; split along its seams in issue 53"
+)]
 fn test(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("test takes no options, got {a:?}"));

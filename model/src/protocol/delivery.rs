@@ -355,6 +355,10 @@ impl Delivery {
     }
 
     /// Feeds the answer to the outstanding command, a timer, or the job's end.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than 80 lines; split along its seams in issue 53"
+    )]
     pub fn handle(&mut self, now: Timestamp, input: Input) {
         let phase = std::mem::replace(&mut self.phase, Phase::Claiming);
         match (phase, input) {
@@ -616,6 +620,10 @@ impl Delivery {
         self.write_outcome(claimed, outcome);
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than 80 lines; split along its seams in issue 53"
+    )]
     fn write_outcome(&mut self, claimed: Claimed, outcome: JobOutcome) {
         let (run, _) = self.run().expect("executing a well-formed entry");
         let fence = claimed.fence;

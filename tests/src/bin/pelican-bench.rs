@@ -1,6 +1,10 @@
 //! `pelican-bench`: the live part of `cargo xtask bench` (drain, latency,
 //! recovery; see `pelican_tests::bench`), and the report that joins it with
 //! the model checker's and the simulator's figures.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use clap::Parser;
 use pelican_tests::bench::steady::{self, SteadyPlan};

@@ -3,6 +3,10 @@
 //! `PELICAN_BIN`) against a throwaway Redis and a throwaway Postgres
 //! cluster, a seeded nemesis, and the guarantees checked at the end. See
 //! `pelican_tests::chaos`.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use clap::Parser;
 use pelican_tests::chaos::{Plan, run_and_print};

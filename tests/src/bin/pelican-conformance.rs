@@ -6,6 +6,10 @@
 //! alone and racing in two sessions (`conformance::race`), and two fused
 //! batches in opposite orders (`conformance::lock_order`), and prints any
 //! shrunk mismatch.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use pelican_tests::conformance::{run_db, run_stream};
 use pelican_tests::{Database, Redis};

@@ -3,6 +3,10 @@
 //! `PELICAN_BIN`) against a throwaway Redis and Postgres at a steady rate,
 //! with kills and a wipe; every series it samples must stay flat. See
 //! `pelican_tests::soak`.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a scenario, bench or check reads top to bottom as one script"
+)]
 
 use clap::Parser;
 use pelican_tests::soak::{Plan, Report, run};
