@@ -366,48 +366,25 @@ fn last_line(what: &str, mut c: Command) -> Result<String, String> {
     Ok(text.lines().last().unwrap_or_default().to_owned())
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
+/// `cargo xtask bench`: the model checks, a sweep of seeds, the
+/// twenty-minute soak, then `pelican-bench` with their figures.
 fn bench(args: &[String]) -> Result<(), String> {
-    let mut json = false;
-    let mut quick = false;
-    let mut rest: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => json = true,
-            "--quick" => quick = true,
-            "--" => rest.extend(it.by_ref().cloned()),
-            other => return Err(format!("bench: unknown option {other:?}")),
-        }
-    }
+    let (json, quick, rest) = bench_options(args)?;
     let dir = root().join("target").join("bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let bin = build_pelican(true, &[])?;
-    let model = if quick {
-        None
-    } else {
-        Some(last_line(
-            "model: check standard",
-            checker(
-                false,
-                &["--config".into(), "standard".into(), "--json".into()],
-            ),
-        )?)
+    let model = |config: &str, what: &str| -> Result<Option<String>, String> {
+        if quick {
+            return Ok(None);
+        }
+        let args = ["--config".into(), config.into(), "--json".into()];
+        last_line(what, checker(false, &args)).map(Some)
     };
-    let model_steps = if quick {
-        None
-    } else {
-        Some(last_line(
-            "model: check standard_steps (the larger configuration)",
-            checker(
-                false,
-                &["--config".into(), "standard_steps".into(), "--json".into()],
-            ),
-        )?)
-    };
+    let standard = model("standard", "model: check standard")?;
+    let model_steps = model(
+        "standard_steps",
+        "model: check standard_steps (the larger configuration)",
+    )?;
     let seeds = if quick { "0..1000" } else { "0..5000" };
     let sim = last_line(
         "sim: standard seeds, all cores",
@@ -449,28 +426,14 @@ fn bench(args: &[String]) -> Result<(), String> {
         "--report",
     ]);
     live.arg(&report);
-    if let Some(m) = &model {
+    if let Some(m) = &standard {
         live.args(["--model-json", m]);
     }
     if let Some(m) = &model_steps {
         live.args(["--model-steps-json", m]);
     }
     if quick {
-        // Smaller figures, unless the options after `--` say otherwise.
-        for (flag, value) in [
-            ("--jobs", "20000"),
-            ("--kills", "5"),
-            ("--latency-seconds", "5"),
-            ("--queued-rows", "200000"),
-            ("--scale-rounds", "1"),
-        ] {
-            if !rest
-                .iter()
-                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
-            {
-                live.args([flag, value]);
-            }
-        }
+        quick_figures(&mut live, &rest);
     }
     live.args(&rest);
     let summary = last_line("live: drain, latency, recovery", live)?;
@@ -478,6 +441,42 @@ fn bench(args: &[String]) -> Result<(), String> {
         println!("{summary}");
     }
     Ok(())
+}
+
+/// `bench`'s options: `--json`, `--quick`, and what follows `--`.
+fn bench_options(args: &[String]) -> Result<(bool, bool, Vec<String>), String> {
+    let mut json = false;
+    let mut quick = false;
+    let mut rest: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--quick" => quick = true,
+            "--" => rest.extend(it.by_ref().cloned()),
+            other => return Err(format!("bench: unknown option {other:?}")),
+        }
+    }
+    Ok((json, quick, rest))
+}
+
+/// `--quick`'s smaller live figures, unless the options after `--`
+/// (`rest`) say otherwise.
+fn quick_figures(live: &mut Command, rest: &[String]) {
+    for (flag, value) in [
+        ("--jobs", "20000"),
+        ("--kills", "5"),
+        ("--latency-seconds", "5"),
+        ("--queued-rows", "200000"),
+        ("--scale-rounds", "1"),
+    ] {
+        if !rest
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        {
+            live.args([flag, value]);
+        }
+    }
 }
 
 fn check(args: &[String]) -> Result<(), String> {
@@ -573,14 +572,20 @@ fn lint(args: &[String]) -> Result<(), String> {
     run("rustdoc", doc)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
+/// `cargo xtask test`: every suite, in the order of the README.
 fn test(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("test takes no options, got {a:?}"));
     }
+    test_without_servers()?;
+    test_live()?;
+    test_soaks()?;
+    test_models()
+}
+
+/// The suites that need no server: unit, property and small-model tests,
+/// the example under the simulator, the core with its mutants.
+fn test_without_servers() -> Result<(), String> {
     let mut unit = cargo();
     unit.args([
         "test",
@@ -611,7 +616,12 @@ fn test(args: &[String]) -> Result<(), String> {
     run(
         "the core's tests with the mutants compiled in (debug)",
         core_mutants,
-    )?;
+    )
+}
+
+/// The suites against live servers and processes: the deploy kit, the
+/// image, the live tests, the dashboard in a browser, the live mutants.
+fn test_live() -> Result<(), String> {
     let correct = live_binary(&[], "pelican")?;
     let mut deploy = cargo();
     deploy.env("PELICAN_BIN", &correct).args([
@@ -672,7 +682,11 @@ fn test(args: &[String]) -> Result<(), String> {
     run(
         "every mutant fails a live scenario; the release binary holds none",
         live_mutants,
-    )?;
+    )
+}
+
+/// The chaos soaks and the steady-state soak, short forms.
+fn test_soaks() -> Result<(), String> {
     run(
         "chaos soak, short: 2,000 jobs under kills, pauses, Redis and Postgres restarts, a wipe, trims and bad input",
         chaos_command(&["--short", "--quiet"])?,
@@ -684,7 +698,13 @@ fn test(args: &[String]) -> Result<(), String> {
     run(
         "steady-state soak, 2 minutes at 100 runs/s: retention, 200 SSE watchers, kills of workers and the API, a Redis wipe; every series flat",
         soak_command(&[])?,
-    )?;
+    )
+}
+
+/// The models against the servers (conformance) and against the
+/// guarantees (the checker's configurations, the simulator), each with
+/// its mutants.
+fn test_models() -> Result<(), String> {
     // Debug: the live tests built its library already, and the suites wait
     // on the servers, not on the CPU (75 s here against 37 s for a release
     // build that took minutes to compile).
