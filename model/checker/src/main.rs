@@ -79,10 +79,6 @@ fn main() -> ExitCode {
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
 fn run(args: &Args) -> Result<ExitCode, String> {
     let mut cfg = Config::named(&args.config)?;
     if let Some(spec) = &args.faults {
@@ -103,24 +99,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         );
     }
     if args.explore {
-        let cfg = cfg.with_mutant(mutants.first().copied());
-        // stateright panics on a bind failure: check the address first.
-        drop(
-            std::net::TcpListener::bind(args.address.as_str())
-                .map_err(|e| format!("cannot serve the Explorer on {}: {e}", args.address))?,
-        );
-        eprintln!(
-            "serving stateright's Explorer on http://{} (Ctrl-C to stop)",
-            args.address
-        );
-        use stateright::Model;
-        let _checker = PelicanModel::new(cfg)
-            .plain()
-            .checker()
-            .serve(args.address.as_str());
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        }
+        return explore(args, cfg.with_mutant(mutants.first().copied()));
     }
     let mut opts = Options {
         timeout: args.timeout_s.map(Duration::from_secs),
@@ -140,106 +119,139 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         opts.progress = Some(progress);
     }
     let result = match mutants.as_slice() {
-        [] => {
-            let report = report::check(&cfg, &opts);
-            finish_bar();
-            print_report(&report);
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&json_report(&report, None)).expect("serializable")
-                );
-            }
-            if report.passed() && report.complete {
-                0
-            } else {
-                1
-            }
-        }
+        [] => check_correct(args, &cfg, &opts),
         [single] if args.mutant.as_deref() != Some("all") => {
-            let report = report::check(
-                &cfg.clone().with_mutant(Some(*single)),
-                &Options {
-                    stop_at_failure: true,
-                    ..opts
-                },
-            );
-            finish_bar();
-            print_report(&report);
-            let caught = !report.counterexamples.is_empty();
-            println!(
-                "mutant {single}: {}",
-                if caught { "caught" } else { "NOT caught" }
-            );
-            if args.json {
-                let mut mutants = serde_json::Map::new();
-                mutants.insert(
-                    single.name().into(),
-                    mutant_json(caught, report.shortest().map(|c| c.path_len)),
-                );
-                println!(
-                    "{}",
-                    serde_json::to_string(&json_report(&report, Some(mutants)))
-                        .expect("serializable")
-                );
-            }
-            if caught { 0 } else { 1 }
+            check_mutant(args, &cfg, opts, *single)
         }
-        all => {
-            let results = report::hunt(&cfg, &opts, all);
-            finish_bar();
-            println!(
-                "{:<20} {:<8} {:>8}  {:<24} {:>8}",
-                "mutant", "caught", "path", "first property broken", "seconds"
-            );
-            let mut json = serde_json::Map::new();
-            let mut missed = 0;
-            for (name, (r, report)) in &results {
-                println!(
-                    "{:<20} {:<8} {:>8}  {:<24} {:>8.2}",
-                    name,
-                    if r.caught { "yes" } else { "NO" },
-                    r.path_len.map_or("-".into(), |n| n.to_string()),
-                    r.property.as_deref().unwrap_or("-"),
-                    r.seconds
-                );
-                if let (Some(c), false) = (report.shortest(), args.json) {
-                    println!("    shortest counterexample ({} steps):", c.path_len);
-                    for line in c.timeline.lines() {
-                        println!("    {line}");
-                    }
-                }
-                missed += usize::from(!r.caught);
-                json.insert(name.clone(), mutant_json(r.caught, r.path_len));
-            }
-            println!(
-                "{} of {} mutants caught",
-                results.len() - missed,
-                results.len()
-            );
-            if args.json {
-                // Each hunt stops at its first counterexample, so the
-                // aggregate exploration is never complete.
-                let reports = results.values().map(|(_, r)| r);
-                let properties: serde_json::Map<String, serde_json::Value> = results
-                    .iter()
-                    .map(|(name, (r, _))| (name.clone(), serde_json::json!(r.property)))
-                    .collect();
-                let obj = serde_json::json!({
-                    "config": cfg.name,
-                    "complete": false,
-                    "unique_states": reports.clone().map(|r| r.unique_states).sum::<usize>(),
-                    "max_depth": reports.clone().map(|r| r.max_depth).max().unwrap_or(0),
-                    "seconds": reports.map(|r| r.seconds).sum::<f64>(),
-                    "properties": properties,
-                    "mutants": json,
-                });
-                println!("{}", serde_json::to_string(&obj).expect("serializable"));
-            }
-            if missed == 0 { 0 } else { 1 }
-        }
+        all => hunt(args, &cfg, &opts, all),
     };
     Ok(ExitCode::from(result))
+}
+
+/// Serves stateright's Explorer on `--address`, for good.
+fn explore(args: &Args, cfg: Config) -> Result<ExitCode, String> {
+    // stateright panics on a bind failure: check the address first.
+    drop(
+        std::net::TcpListener::bind(args.address.as_str())
+            .map_err(|e| format!("cannot serve the Explorer on {}: {e}", args.address))?,
+    );
+    eprintln!(
+        "serving stateright's Explorer on http://{} (Ctrl-C to stop)",
+        args.address
+    );
+    use stateright::Model;
+    let _checker = PelicanModel::new(cfg)
+        .plain()
+        .checker()
+        .serve(args.address.as_str());
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The correct build: every property's verdict; 0 when all hold and the
+/// exploration was complete.
+fn check_correct(args: &Args, cfg: &Config, opts: &Options) -> u8 {
+    let report = report::check(cfg, opts);
+    finish_bar();
+    print_report(&report);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&json_report(&report, None)).expect("serializable")
+        );
+    }
+    if report.passed() && report.complete {
+        0
+    } else {
+        1
+    }
+}
+
+/// One mutant, stopping at its first counterexample; 0 when caught.
+fn check_mutant(args: &Args, cfg: &Config, opts: Options, single: Mutant) -> u8 {
+    let report = report::check(
+        &cfg.clone().with_mutant(Some(single)),
+        &Options {
+            stop_at_failure: true,
+            ..opts
+        },
+    );
+    finish_bar();
+    print_report(&report);
+    let caught = !report.counterexamples.is_empty();
+    println!(
+        "mutant {single}: {}",
+        if caught { "caught" } else { "NOT caught" }
+    );
+    if args.json {
+        let mut mutants = serde_json::Map::new();
+        mutants.insert(
+            single.name().into(),
+            mutant_json(caught, report.shortest().map(|c| c.path_len)),
+        );
+        println!(
+            "{}",
+            serde_json::to_string(&json_report(&report, Some(mutants))).expect("serializable")
+        );
+    }
+    if caught { 0 } else { 1 }
+}
+
+/// Every mutant of `all`, each to its first counterexample; 0 when every
+/// one is caught.
+fn hunt(args: &Args, cfg: &Config, opts: &Options, all: &[Mutant]) -> u8 {
+    let results = report::hunt(cfg, opts, all);
+    finish_bar();
+    println!(
+        "{:<20} {:<8} {:>8}  {:<24} {:>8}",
+        "mutant", "caught", "path", "first property broken", "seconds"
+    );
+    let mut json = serde_json::Map::new();
+    let mut missed = 0;
+    for (name, (r, report)) in &results {
+        println!(
+            "{:<20} {:<8} {:>8}  {:<24} {:>8.2}",
+            name,
+            if r.caught { "yes" } else { "NO" },
+            r.path_len.map_or("-".into(), |n| n.to_string()),
+            r.property.as_deref().unwrap_or("-"),
+            r.seconds
+        );
+        if let (Some(c), false) = (report.shortest(), args.json) {
+            println!("    shortest counterexample ({} steps):", c.path_len);
+            for line in c.timeline.lines() {
+                println!("    {line}");
+            }
+        }
+        missed += usize::from(!r.caught);
+        json.insert(name.clone(), mutant_json(r.caught, r.path_len));
+    }
+    println!(
+        "{} of {} mutants caught",
+        results.len() - missed,
+        results.len()
+    );
+    if args.json {
+        // Each hunt stops at its first counterexample, so the
+        // aggregate exploration is never complete.
+        let reports = results.values().map(|(_, r)| r);
+        let properties: serde_json::Map<String, serde_json::Value> = results
+            .iter()
+            .map(|(name, (r, _))| (name.clone(), serde_json::json!(r.property)))
+            .collect();
+        let obj = serde_json::json!({
+            "config": cfg.name,
+            "complete": false,
+            "unique_states": reports.clone().map(|r| r.unique_states).sum::<usize>(),
+            "max_depth": reports.clone().map(|r| r.max_depth).max().unwrap_or(0),
+            "seconds": reports.map(|r| r.seconds).sum::<f64>(),
+            "properties": properties,
+            "mutants": json,
+        });
+        println!("{}", serde_json::to_string(&obj).expect("serializable"));
+    }
+    if missed == 0 { 0 } else { 1 }
 }
 
 fn finish_bar() {
