@@ -78,21 +78,44 @@ impl State {
     /// Every enabled action. Each is guarded so that it changes the state:
     /// a state with no action is final, and the quiescence properties (S1,
     /// S9, S10) are checked there.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than 80 lines; split along its seams in issue 53"
-    )]
     pub fn actions(&self, cfg: &Config, out: &mut Vec<Action>) {
         let publish = self.publish_fates();
-        let reply = [Fate::Reply];
         let b = if self.budget.total > 0 {
             self.budget
         } else {
             Budget::default()
         };
-        let redis = &self.world.redis;
-        let no_group = |p: Partition| redis.part(p).group.is_none();
-        let no_group_anywhere = redis.jobs.iter().any(|j| j.group.is_none());
+        self.api_actions(&b, &publish, out);
+        self.worker_actions(cfg, &b, out);
+        for task in MaintenanceTask::ALL {
+            if self.maintenance_matters(cfg, task) {
+                let publishes = matches!(
+                    task,
+                    MaintenanceTask::Retries | MaintenanceTask::Outbox | MaintenanceTask::Sweep
+                );
+                let fates: &[Fate] = if publishes { &publish } else { &[Fate::Reply] };
+                out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
+            }
+        }
+        // Progress is urgent: time passes only when every role waits (for
+        // a job or for time). A worker that stalls mid-command is the pause
+        // fault, which holds its command across the tick. Submissions are the
+        // users' doing: time may pass before them.
+        let waiting = !out.iter().any(|a| {
+            matches!(
+                a,
+                Action::Fetch(..) | Action::Reclaim(..) | Action::Step(..) | Action::Maintain(..)
+            )
+        });
+        if waiting && self.ageable() {
+            out.extend((0..self.tick_orders()).map(|k| Action::Tick(k as u8)));
+        }
+        self.redis_faults(&b, out);
+    }
+
+    /// The API's actions: submissions, resubmissions under a key,
+    /// cancels.
+    fn api_actions(&self, b: &Budget, publish: &[Fate], out: &mut Vec<Action>) {
         for (i, api) in self.api.iter().enumerate() {
             let n = i as u8;
             if *api == ApiRun::NotYet {
@@ -112,6 +135,15 @@ impl State {
                 out.push(Action::Cancel(n));
             }
         }
+    }
+
+    /// Each worker's actions: its faults, its outstanding commands, its
+    /// reads and reclaim rounds when free, its job's next step.
+    fn worker_actions(&self, cfg: &Config, b: &Budget, out: &mut Vec<Action>) {
+        let reply = [Fate::Reply];
+        let redis = &self.world.redis;
+        let no_group = |p: Partition| redis.part(p).group.is_none();
+        let no_group_anywhere = redis.jobs.iter().any(|j| j.group.is_none());
         let undelivered: Vec<Partition> = (0..redis.jobs.len())
             .map(partition_at)
             .filter(|p| self.undelivered(*p))
@@ -171,29 +203,12 @@ impl State {
                 }
             }
         }
-        for task in MaintenanceTask::ALL {
-            if self.maintenance_matters(cfg, task) {
-                let publishes = matches!(
-                    task,
-                    MaintenanceTask::Retries | MaintenanceTask::Outbox | MaintenanceTask::Sweep
-                );
-                let fates: &[Fate] = if publishes { &publish } else { &reply };
-                out.extend(fates.iter().map(|f| Action::Maintain(task, *f)));
-            }
-        }
-        // Progress is urgent: time passes only when every role waits (for
-        // a job or for time). A worker that stalls mid-command is the pause
-        // fault, which holds its command across the tick. Submissions are the
-        // users' doing: time may pass before them.
-        let waiting = !out.iter().any(|a| {
-            matches!(
-                a,
-                Action::Fetch(..) | Action::Reclaim(..) | Action::Step(..) | Action::Maintain(..)
-            )
-        });
-        if waiting && self.ageable() {
-            out.extend((0..self.tick_orders()).map(|k| Action::Tick(k as u8)));
-        }
+    }
+
+    /// Redis's faults: a wipe, the loss of a partition's newest write, a
+    /// trim below a partition's oldest pending entry.
+    fn redis_faults(&self, b: &Budget, out: &mut Vec<Action>) {
+        let redis = &self.world.redis;
         if b.redis_wipes > 0 && redis.jobs.iter().any(|j| j.exists) {
             out.push(Action::RedisWipe);
         }
