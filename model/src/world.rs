@@ -249,6 +249,9 @@ impl Redis {
     }
 }
 
+/// A terminal run as S2 remembers it: its status and result.
+type Ended = (RunId, RunStatus, Option<String>);
+
 /// `AutoClaim` on one stream: XPENDING IDLE for the first idle entry from
 /// `start`, then XAUTOCLAIM from it.
 fn autoclaim(
@@ -544,10 +547,6 @@ impl World {
     }
 
     /// Executes a SQL statement, checking S2, S3, S7 at this step.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than 80 lines; split along its seams in issue 53"
-    )]
     pub fn db(&mut self, op: &DbOp, by: Issuer) -> DbReply {
         let target = match op {
             DbOp::Claim { run, .. } => Some(*run),
@@ -556,40 +555,7 @@ impl World {
             _ => op.fenced_write().map(|(run, _)| run),
         };
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
-        // Retention: every live run must survive it (S1).
-        let deletes = matches!(op, DbOp::DeleteFinished { .. });
-        #[cfg(feature = "mutants")]
-        let deletes = deletes
-            || matches!(
-                op,
-                DbOp::DeletePublished { .. } | DbOp::DeleteFinishedKeys { .. }
-            );
-        let set_based = deletes
-            || matches!(
-                op,
-                DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. }
-            );
-        // Set-based statements: snapshot every terminal run.
-        let terminal = |r: &RunRow| {
-            r.status
-                .is_terminal()
-                .then(|| (r.run_id, r.status, r.result.clone()))
-        };
-        let terminal_before: Vec<_> = if set_based {
-            self.db.runs.values().filter_map(terminal).collect()
-        } else {
-            before.iter().filter_map(terminal).collect()
-        };
-        let live_before: Vec<RunId> = if deletes {
-            self.db
-                .runs
-                .values()
-                .filter(|r| !r.status.is_terminal())
-                .map(|r| r.run_id)
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let (terminal_before, live_before) = self.runs_before(op, before.as_ref());
         let logged = event_target(op);
         let log_before = logged.map(|run| self.db.read_events(run, 0, usize::MAX));
         let step_before = match op {
@@ -623,7 +589,74 @@ impl World {
                 self.violations.insert(Violation::TerminalChanged(run));
             }
         }
-        match (&reply, &before) {
+        self.check_fences(op, by, target, &reply, before.as_ref());
+        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker)
+            && let Some(owed) = self.trimmed_owed.get_mut(&w)
+        {
+            owed.remove(entry);
+        }
+        self.check_limits(op, &reply);
+        if let (Some(run), Some(before)) = (logged, log_before) {
+            self.check_events(run, &before);
+        }
+        reply
+    }
+
+    /// What S1 and S2 compare a statement's effect with: the terminal runs
+    /// (each with its status and result) and, for retention, the live
+    /// runs before it; a set-based statement's over every run, another's
+    /// over its target (`before`).
+    fn runs_before(&self, op: &DbOp, before: Option<&RunRow>) -> (Vec<Ended>, Vec<RunId>) {
+        // Retention: every live run must survive it (S1).
+        let deletes = matches!(op, DbOp::DeleteFinished { .. });
+        #[cfg(feature = "mutants")]
+        let deletes = deletes
+            || matches!(
+                op,
+                DbOp::DeletePublished { .. } | DbOp::DeleteFinishedKeys { .. }
+            );
+        let set_based = deletes
+            || matches!(
+                op,
+                DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. }
+            );
+        // Set-based statements: snapshot every terminal run.
+        let terminal = |r: &RunRow| {
+            r.status
+                .is_terminal()
+                .then(|| (r.run_id, r.status, r.result.clone()))
+        };
+        let terminal_before: Vec<_> = if set_based {
+            self.db.runs.values().filter_map(terminal).collect()
+        } else {
+            before.into_iter().filter_map(terminal).collect()
+        };
+        let live_before: Vec<RunId> = if deletes {
+            self.db
+                .runs
+                .values()
+                .filter(|r| !r.status.is_terminal())
+                .map(|r| r.run_id)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (terminal_before, live_before)
+    }
+
+    /// S3 and S7 at a claim or a fenced write: a claim raises the fence,
+    /// revives no cancelled run and takes no live lease; a write lands
+    /// only under the writer's own fence. `before` is the target run's row
+    /// before the statement.
+    fn check_fences(
+        &mut self,
+        op: &DbOp,
+        by: Issuer,
+        target: Option<RunId>,
+        reply: &DbReply,
+        before: Option<&RunRow>,
+    ) {
+        match (reply, before) {
             (DbReply::Claimed(Some(c)), Some(before)) => {
                 if c.claimed.fence <= before.active_fence {
                     self.violations
@@ -644,7 +677,7 @@ impl World {
             (DbReply::Claimed(None), _) => {
                 debug_assert_eq!(
                     target.and_then(|run| self.db.runs.get(&run)),
-                    before.as_ref(),
+                    before,
                     "a refused claim changes nothing"
                 );
             }
@@ -677,16 +710,6 @@ impl World {
             }
             _ => {}
         }
-        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker)
-            && let Some(owed) = self.trimmed_owed.get_mut(&w)
-        {
-            owed.remove(entry);
-        }
-        self.check_limits(op, &reply);
-        if let (Some(run), Some(before)) = (logged, log_before) {
-            self.check_events(run, &before);
-        }
-        reply
     }
 
     /// S13 at a statement that may write an event of `run`: the log read

@@ -355,10 +355,6 @@ impl Delivery {
     }
 
     /// Feeds the answer to the outstanding command, a timer, or the job's end.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than 80 lines; split along its seams in issue 53"
-    )]
     pub fn handle(&mut self, now: Timestamp, input: Input) {
         let phase = std::mem::replace(&mut self.phase, Phase::Claiming);
         match (phase, input) {
@@ -380,15 +376,7 @@ impl Delivery {
                 self.ack(AckReason::Quarantined);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(Some(job)))) => {
-                debug_assert!(self.own.is_none(), "a delivery claims at most once");
-                debug_assert!(
-                    job.claimed.fence > crate::ids::Fence(0)
-                        && (1..=job.claimed.attempts_max).contains(&job.claimed.attempt.0),
-                    "a claim starts a fenced attempt within the run's bound: {:?}",
-                    job.claimed
-                );
-                self.own = Some(job.claimed);
-                self.start(now, job.claimed, job.kind, job.input);
+                self.on_claimed(now, job);
             }
             (Phase::Claiming, Input::Db(DbReply::Claimed(None))) => self.read(true),
             (Phase::Reading { refused_claim }, Input::Db(DbReply::Run(row))) => {
@@ -406,20 +394,7 @@ impl Delivery {
             }
             (Phase::Writing(kind), Input::Db(DbReply::Refused)) => self.on_refused(kind),
             (Phase::Writing(kind), Input::Db(DbReply::Rows(rows))) => {
-                debug_assert!(rows <= 1, "a fenced write matches at most its run's row");
-                #[cfg(feature = "mutants")]
-                if let Some(end) = self.mutant_written(kind, rows) {
-                    return end;
-                }
-                if let (1, Write::Dead(class)) = (rows, kind) {
-                    self.notify_dead(now, class);
-                } else if rows == 1 {
-                    self.ack(AckReason::Written);
-                } else {
-                    // Rejected: a newer attempt holds the run, or it is
-                    // terminal. Never overwrite; find out which.
-                    self.read(false);
-                }
+                self.written(now, kind, rows);
             }
             (Phase::Burying, Input::Db(DbReply::Rows(rows))) => {
                 debug_assert!(rows <= 1, "a burial matches at most its run's row");
@@ -453,6 +428,38 @@ impl Delivery {
                 let _ = phase;
                 self.finish(DeliveryEnd::LeftPending(PendingReason::Unavailable));
             }
+        }
+    }
+
+    /// The claim took the run: this delivery's own attempt starts.
+    fn on_claimed(&mut self, now: Timestamp, job: crate::db::ClaimedJob) {
+        debug_assert!(self.own.is_none(), "a delivery claims at most once");
+        debug_assert!(
+            job.claimed.fence > crate::ids::Fence(0)
+                && (1..=job.claimed.attempts_max).contains(&job.claimed.attempt.0),
+            "a claim starts a fenced attempt within the run's bound: {:?}",
+            job.claimed
+        );
+        self.own = Some(job.claimed);
+        self.start(now, job.claimed, job.kind, job.input);
+    }
+
+    /// A fenced write of `kind` matched `rows` rows: written (then acked,
+    /// or the dead letter noticed), or rejected.
+    fn written(&mut self, now: Timestamp, kind: Write, rows: u64) {
+        debug_assert!(rows <= 1, "a fenced write matches at most its run's row");
+        #[cfg(feature = "mutants")]
+        if let Some(end) = self.mutant_written(kind, rows) {
+            return end;
+        }
+        if let (1, Write::Dead(class)) = (rows, kind) {
+            self.notify_dead(now, class);
+        } else if rows == 1 {
+            self.ack(AckReason::Written);
+        } else {
+            // Rejected: a newer attempt holds the run, or it is terminal.
+            // Never overwrite; find out which.
+            self.read(false);
         }
     }
 
@@ -620,20 +627,19 @@ impl Delivery {
         self.write_outcome(claimed, outcome);
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than 80 lines; split along its seams in issue 53"
-    )]
     fn write_outcome(&mut self, claimed: Claimed, outcome: JobOutcome) {
         let (run, _) = self.run().expect("executing a well-formed entry");
-        let fence = claimed.fence;
         debug_assert!(
-            self.own_fence() == Some(fence)
+            self.own_fence() == Some(claimed.fence)
                 || crate::injects!(self.policy, NoFence)
                 || crate::injects!(self.policy, NoTerminalCheck),
             "a fenced write carries this delivery's own fence (S3)"
         );
+        let fence = claimed.fence;
         let (op, kind) = match self.policy.storable(outcome) {
+            JobOutcome::Succeeded { result } => {
+                (DbOp::Complete { run, fence, result }, Write::Result)
+            }
             JobOutcome::Failed {
                 class: ErrorClass::Unstorable,
                 message,
@@ -646,73 +652,7 @@ impl Delivery {
                 },
                 Write::Unstorable,
             ),
-            JobOutcome::Succeeded { result } => {
-                (DbOp::Complete { run, fence, result }, Write::Result)
-            }
-            // Terminal errors fail the run, and so does an unknown error
-            // once the policy's cap is reached (below it, and within the
-            // attempts, an unknown error is retried like the others).
-            JobOutcome::Failed { class, message }
-                if matches!(
-                    class,
-                    ErrorClass::Terminal | ErrorClass::Exhausted | ErrorClass::BudgetExhausted
-                ) || (class == ErrorClass::Unknown
-                    && claimed.unknown_failures >= self.policy.unknown_retries_max
-                    && !crate::injects!(self.policy, UnknownRetried)) =>
-            {
-                let class = if matches!(class, ErrorClass::Unknown | ErrorClass::BudgetExhausted) {
-                    class
-                } else {
-                    ErrorClass::Terminal
-                };
-                (
-                    DbOp::Fail {
-                        run,
-                        fence,
-                        class,
-                        message,
-                    },
-                    Write::Result,
-                )
-            }
-            #[cfg(feature = "mutants")]
-            JobOutcome::Failed { class, message } if crate::injects!(self.policy, RetryInPel) => {
-                // The bug: record the failure, leave the entry in the PEL as
-                // "the retry".
-                (
-                    DbOp::RecordFailureOnly {
-                        run,
-                        fence,
-                        class,
-                        message,
-                    },
-                    Write::LeavePending,
-                )
-            }
-            JobOutcome::Failed { class, message } if claimed.attempt.0 < claimed.attempts_max => {
-                let backoff_ms =
-                    self.policy
-                        .backoff_ms(&self.kind, claimed.attempt.0, self.entropy);
-                (
-                    DbOp::ScheduleRetry {
-                        run,
-                        fence,
-                        class,
-                        message,
-                        backoff_ms,
-                    },
-                    Write::Result,
-                )
-            }
-            JobOutcome::Failed { class, message } => (
-                DbOp::DeadLetter {
-                    run,
-                    fence,
-                    class,
-                    message,
-                },
-                Write::Dead(class),
-            ),
+            JobOutcome::Failed { class, message } => self.failure(run, claimed, class, message),
         };
         #[cfg(feature = "mutants")]
         if crate::injects!(self.policy, AckBeforeCommit) {
@@ -723,6 +663,73 @@ impl Delivery {
         }
         self.phase = Phase::Writing(kind);
         self.send(Command::Db(op));
+    }
+
+    /// The write a failure of class `class` makes: the run fails (a
+    /// terminal error, or an unknown one past the policy's cap), is retried
+    /// (attempts left), or is dead-lettered.
+    fn failure(
+        &self,
+        run: RunId,
+        claimed: Claimed,
+        class: ErrorClass,
+        message: String,
+    ) -> (DbOp, Write) {
+        let fence = claimed.fence;
+        let fails = matches!(
+            class,
+            ErrorClass::Terminal | ErrorClass::Exhausted | ErrorClass::BudgetExhausted
+        ) || (class == ErrorClass::Unknown
+            && claimed.unknown_failures >= self.policy.unknown_retries_max
+            && !crate::injects!(self.policy, UnknownRetried));
+        if fails {
+            // Below the cap, and within the attempts, an unknown error is
+            // retried like the others.
+            let class = if matches!(class, ErrorClass::Unknown | ErrorClass::BudgetExhausted) {
+                class
+            } else {
+                ErrorClass::Terminal
+            };
+            let op = DbOp::Fail {
+                run,
+                fence,
+                class,
+                message,
+            };
+            return (op, Write::Result);
+        }
+        #[cfg(feature = "mutants")]
+        if crate::injects!(self.policy, RetryInPel) {
+            // The bug: record the failure, leave the entry in the PEL as
+            // "the retry".
+            let op = DbOp::RecordFailureOnly {
+                run,
+                fence,
+                class,
+                message,
+            };
+            return (op, Write::LeavePending);
+        }
+        if claimed.attempt.0 < claimed.attempts_max {
+            let backoff_ms = self
+                .policy
+                .backoff_ms(&self.kind, claimed.attempt.0, self.entropy);
+            let op = DbOp::ScheduleRetry {
+                run,
+                fence,
+                class,
+                message,
+                backoff_ms,
+            };
+            return (op, Write::Result);
+        }
+        let op = DbOp::DeadLetter {
+            run,
+            fence,
+            class,
+            message,
+        };
+        (op, Write::Dead(class))
     }
 
     /// Postgres refused the outcome's values (text holding a NUL byte).
