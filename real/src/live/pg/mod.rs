@@ -179,10 +179,6 @@ impl PgDb {
     ///
     /// # Errors
     /// A query failed or a stored value is not representable.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than 80 lines; split along its seams in issue 53"
-    )]
     pub async fn snapshot(&self) -> Result<pelican_model::Db, PgError> {
         // One transaction, so that the tables agree with each other while
         // the processes go on writing (retention deleting a run's rows,
@@ -192,124 +188,8 @@ impl PgDb {
             .execute(&mut *tx)
             .await?;
         let mut db = pelican_model::Db::new();
-        let runs = sqlx::query(
-            "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, events FROM runs",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        for r in &runs {
-            let row = rows::run_row(r)?;
-            db.run_ids = db.run_ids.max(row.run_id.0);
-            db.runs.insert(row.run_id, row);
-        }
-        for r in &sqlx::query(
-            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq FROM attempts",
-        )
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            let run = rows::run_id(r)?;
-            let (n, a) = rows::attempt_row(r)?;
-            db.attempts.insert((run, n), a);
-        }
-        for r in &sqlx::query(
-            "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters",
-        )
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            let (run, d) = rows::dead_letter(r)?;
-            db.dead_letters.insert(run, d);
-        }
-        for r in &sqlx::query("SELECT key, run_id, request, created_at FROM submit_keys")
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let key = pelican_model::db::SubmitKey {
-                run: rows::run_id(r)?,
-                request: r.try_get("request")?,
-                created_at: pelican_model::time::Timestamp(rows::unsigned(
-                    "created_at",
-                    r.try_get("created_at")?,
-                )?),
-            };
-            db.keys.insert(r.try_get("key")?, key);
-        }
-        if let Some(r) = sqlx::query("SELECT value FROM deployment WHERE key = 'partitions'")
-            .fetch_optional(&mut *tx)
-            .await?
-        {
-            let n: i64 = r.try_get("value")?;
-            db.partitions =
-                Some(u32::try_from(n).map_err(|_| rows::corrupt("partitions", n.to_string()))?);
-        }
-        for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let id: i32 = r.try_get("worker_id")?;
-            let pid: i32 = r.try_get("pid")?;
-            let at: i64 = r.try_get("started_at")?;
-            db.workers.insert(
-                u32::try_from(id).map_err(|_| rows::corrupt("worker_id", id.to_string()))?,
-                (
-                    r.try_get("host")?,
-                    u32::try_from(pid).map_err(|_| rows::corrupt("pid", pid.to_string()))?,
-                    pelican_model::time::Timestamp(rows::unsigned("started_at", at)?),
-                ),
-            );
-        }
-        for r in &sqlx::query("SELECT run_id, step, name, output, fence FROM steps")
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let (step, row) = rows::step_row(r)?;
-            db.steps.insert((rows::run_id(r)?, step), row);
-        }
-        for r in
-            &sqlx::query("SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events")
-                .fetch_all(&mut *tx)
-                .await?
-        {
-            let e = rows::event(r)?;
-            db.events.insert((rows::run_id(r)?, e.seq), e);
-        }
-        for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let slot: i32 = r.try_get("slot")?;
-            let until: i64 = r.try_get("until_ms")?;
-            db.slots.insert(
-                (
-                    r.try_get("provider")?,
-                    u32::try_from(slot).map_err(|_| rows::corrupt("slot", slot.to_string()))?,
-                ),
-                (
-                    r.try_get("holder")?,
-                    pelican_model::time::Timestamp(rows::unsigned("until_ms", until)?),
-                ),
-            );
-        }
-        for r in &sqlx::query(
-            "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates",
-        )
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            let tat: i64 = r.try_get("tat_ns")?;
-            db.rates
-                .insert(r.try_get("provider")?, rows::unsigned("tat_ns", tat)?);
-        }
-        for r in &sqlx::query("SELECT key, requests FROM effects")
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let n: i64 = r.try_get("requests")?;
-            db.effects
-                .insert(r.try_get("key")?, rows::unsigned("requests", n)?);
-        }
+        read_records(&mut tx, &mut db).await?;
+        read_workers_and_limits(&mut tx, &mut db).await?;
         tx.commit().await?;
         Ok(db)
     }
@@ -580,4 +460,139 @@ pub async fn raw_execute(db: &PgDb, sql: &str) -> Result<u64, PgError> {
         .execute(&db.pool)
         .await?;
     Ok(r.rows_affected())
+}
+
+/// The runs, their attempts and dead letters, the submission keys and the
+/// deployment's settings, into `db`.
+async fn read_records(
+    tx: &mut sqlx::PgConnection,
+    db: &mut pelican_model::Db,
+) -> Result<(), PgError> {
+    let runs = sqlx::query(
+            "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, events FROM runs",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+    for r in &runs {
+        let row = rows::run_row(r)?;
+        db.run_ids = db.run_ids.max(row.run_id.0);
+        db.runs.insert(row.run_id, row);
+    }
+    for r in &sqlx::query(
+            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq FROM attempts",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            let run = rows::run_id(r)?;
+            let (n, a) = rows::attempt_row(r)?;
+            db.attempts.insert((run, n), a);
+        }
+    for r in &sqlx::query(
+        "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let (run, d) = rows::dead_letter(r)?;
+        db.dead_letters.insert(run, d);
+    }
+    for r in &sqlx::query("SELECT key, run_id, request, created_at FROM submit_keys")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let key = pelican_model::db::SubmitKey {
+            run: rows::run_id(r)?,
+            request: r.try_get("request")?,
+            created_at: pelican_model::time::Timestamp(rows::unsigned(
+                "created_at",
+                r.try_get("created_at")?,
+            )?),
+        };
+        db.keys.insert(r.try_get("key")?, key);
+    }
+    if let Some(r) = sqlx::query("SELECT value FROM deployment WHERE key = 'partitions'")
+        .fetch_optional(&mut *tx)
+        .await?
+    {
+        let n: i64 = r.try_get("value")?;
+        db.partitions =
+            Some(u32::try_from(n).map_err(|_| rows::corrupt("partitions", n.to_string()))?);
+    }
+    Ok(())
+}
+
+/// The worker registry, the steps, the run events, the providers' slots
+/// and rates and the tool service's ledger, into `db`.
+async fn read_workers_and_limits(
+    tx: &mut sqlx::PgConnection,
+    db: &mut pelican_model::Db,
+) -> Result<(), PgError> {
+    for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let id: i32 = r.try_get("worker_id")?;
+        let pid: i32 = r.try_get("pid")?;
+        let at: i64 = r.try_get("started_at")?;
+        db.workers.insert(
+            u32::try_from(id).map_err(|_| rows::corrupt("worker_id", id.to_string()))?,
+            (
+                r.try_get("host")?,
+                u32::try_from(pid).map_err(|_| rows::corrupt("pid", pid.to_string()))?,
+                pelican_model::time::Timestamp(rows::unsigned("started_at", at)?),
+            ),
+        );
+    }
+    for r in &sqlx::query("SELECT run_id, step, name, output, fence FROM steps")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let (step, row) = rows::step_row(r)?;
+        db.steps.insert((rows::run_id(r)?, step), row);
+    }
+    for r in &sqlx::query("SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let e = rows::event(r)?;
+        db.events.insert((rows::run_id(r)?, e.seq), e);
+    }
+    for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let slot: i32 = r.try_get("slot")?;
+        let until: i64 = r.try_get("until_ms")?;
+        db.slots.insert(
+            (
+                r.try_get("provider")?,
+                u32::try_from(slot).map_err(|_| rows::corrupt("slot", slot.to_string()))?,
+            ),
+            (
+                r.try_get("holder")?,
+                pelican_model::time::Timestamp(rows::unsigned("until_ms", until)?),
+            ),
+        );
+    }
+    for r in &sqlx::query(
+        "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let tat: i64 = r.try_get("tat_ns")?;
+        db.rates
+            .insert(r.try_get("provider")?, rows::unsigned("tat_ns", tat)?);
+    }
+    for r in &sqlx::query("SELECT key, requests FROM effects")
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let n: i64 = r.try_get("requests")?;
+        db.effects
+            .insert(r.try_get("key")?, rows::unsigned("requests", n)?);
+    }
+    Ok(())
 }
