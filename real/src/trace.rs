@@ -194,36 +194,28 @@ impl std::fmt::Display for Rejection {
 /// # Errors
 /// The first event the model does not allow (or a line that is not a trace
 /// line).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
 pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection> {
     let mut policy: Option<Policy> = None;
-    let mut machines: BTreeMap<RoleId, Machine> = BTreeMap::new();
-    let mut history: BTreeMap<RoleId, VecDeque<String>> = BTreeMap::new();
+    let mut replay = Replay::default();
     let mut events = 0;
     for (i, text) in lines.into_iter().enumerate() {
         let n = i + 1;
         if text.trim().is_empty() {
             continue;
         }
-        let reject =
-            |reason: String,
-             role: Option<&RoleId>,
-             history: &BTreeMap<RoleId, VecDeque<String>>| Rejection {
-                line: n,
-                reason,
-                before: role
-                    .and_then(|r| history.get(r))
-                    .map(|h| h.iter().cloned().collect())
-                    .unwrap_or_default(),
-            };
+        let reject = |(reason, role): Refusal, replay: &Replay| Rejection {
+            line: n,
+            reason,
+            before: role
+                .and_then(|r| replay.history.get(&r))
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default(),
+        };
         let line: Line = match serde_json::from_str(&text) {
             Ok(l) => l,
             // The last line of a killed process may be cut mid-write.
             Err(_) if n > 1 && !text.ends_with('}') => continue,
-            Err(e) => return Err(reject(format!("not a trace line: {e}"), None, &history)),
+            Err(e) => return Err(reject((format!("not a trace line: {e}"), None), &replay)),
         };
         events += 1;
         if let Line::Header { policy: p, .. } = line {
@@ -231,128 +223,136 @@ pub fn check(lines: impl IntoIterator<Item = String>) -> Result<usize, Rejection
             continue;
         }
         let Some(policy) = &policy else {
-            return Err(reject(
-                "no header line before the events".into(),
-                None,
-                &history,
-            ));
+            let why = ("no header line before the events".to_owned(), None);
+            return Err(reject(why, &replay));
         };
-        match line {
+        let done = match line {
             Line::Header { .. } => unreachable!("handled above"),
-            Line::Started { role, start } => {
-                // A new maintenance pass: the last one must have sent all it
-                // had to (a pass that skips its query is a bug, e.g. an
-                // outbox that never publishes).
-                if matches!(role, RoleId::Maintenance(_))
-                    && let Some(skipped) = machines.get_mut(&role).and_then(Machine::poll)
-                {
-                    return Err(reject(
-                        format!("{role:?} started a new pass without sending {skipped:?}"),
-                        Some(&role),
-                        &history,
-                    ));
-                }
-                let h = history.entry(role.clone()).or_default();
-                h.clear();
-                h.push_back(format!("started {start:?}"));
-                match (&role, start) {
-                    (
-                        RoleId::Delivery(w, ..),
-                        Start::Delivery {
-                            now,
-                            entry,
-                            job,
-                            entropy,
-                        },
-                    ) => {
-                        let d = Delivery::new(now, policy, *w, entry, job, entropy);
-                        machines.insert(role, Machine::Delivery(Box::new(d)));
-                    }
-                    (RoleId::Reclaimer(w), Start::Reclaim { now, free }) => {
-                        let m = machines.entry(role.clone()).or_insert_with(|| {
-                            Machine::Reclaimer(Box::new(Reclaimer::new(policy, *w)))
-                        });
-                        if let Machine::Reclaimer(r) = m {
-                            r.start(now, free);
-                        }
-                    }
-                    // One loop for the worker's life, as the driver keeps
-                    // it: the sweeper's cursor carries over from pass to
-                    // pass.
-                    (RoleId::Maintenance(_), Start::Maintenance { task, now }) => {
-                        let m = machines.entry(role.clone()).or_insert_with(|| {
-                            Machine::Maintenance(Box::new(Maintenance::new(policy)))
-                        });
-                        if let Machine::Maintenance(m) = m {
-                            m.start(task, now);
-                        }
-                    }
-                    (
-                        RoleId::Submitter(_),
-                        Start::Submit {
-                            run,
-                            kind,
-                            input,
-                            key,
-                        },
-                    ) => {
-                        let s = Submitter::new(policy, run, &kind, &input, key.as_deref());
-                        machines.insert(role, Machine::Submitter(Box::new(s)));
-                    }
-                    (role, start) => {
-                        return Err(reject(
-                            format!("{role:?} cannot start as {start:?}"),
-                            None,
-                            &history,
-                        ));
-                    }
-                }
-            }
-            Line::Sent { role, command } => {
-                if !traced(&role) {
-                    continue;
-                }
-                let Some(m) = machines.get_mut(&role) else {
-                    return Err(reject(
-                        format!("{role:?} sent {command:?} before it started"),
-                        None,
-                        &history,
-                    ));
-                };
-                let expected = m.poll();
-                if expected.as_ref() != Some(&command) {
-                    return Err(reject(
-                        format!(
-                            "{role:?} sent {command:?}, but the protocol sends {}",
-                            expected.map_or("nothing".to_owned(), |c| format!("{c:?}"))
-                        ),
-                        Some(&role),
-                        &history,
-                    ));
-                }
-                push(&mut history, &role, format!("sent {command:?}"));
-            }
-            Line::Received { role, now, input } => {
-                if !traced(&role) {
-                    continue;
-                }
-                let Some(m) = machines.get_mut(&role) else {
-                    return Err(reject(
-                        format!("{role:?} received {input:?} before it started"),
-                        None,
-                        &history,
-                    ));
-                };
-                push(
-                    &mut history,
-                    &role,
-                    format!("received {input:?} at {}", now.0),
-                );
-                m.handle(now, input);
-            }
+            Line::Started { role, start } => replay.started(policy, role, start),
+            Line::Sent { role, command } => replay.sent(role, command),
+            Line::Received { role, now, input } => replay.received(role, now, input),
+        };
+        if let Err(refusal) = done {
+            return Err(reject(refusal, &replay));
         }
     }
     Ok(events)
+}
+
+/// Why a line is refused, and the role whose history to show with it.
+type Refusal = (String, Option<RoleId>);
+
+/// The roles a trace has started, each with its state machine and the
+/// lines it has seen since its start.
+#[derive(Default)]
+struct Replay {
+    machines: BTreeMap<RoleId, Machine>,
+    history: BTreeMap<RoleId, VecDeque<String>>,
+}
+
+impl Replay {
+    /// `role` starts as `start` says.
+    fn started(&mut self, policy: &Policy, role: RoleId, start: Start) -> Result<(), Refusal> {
+        // A new maintenance pass: the last one must have sent all it had
+        // to (a pass that skips its query is a bug, e.g. an outbox that
+        // never publishes).
+        if matches!(role, RoleId::Maintenance(_))
+            && let Some(skipped) = self.machines.get_mut(&role).and_then(Machine::poll)
+        {
+            let why = format!("{role:?} started a new pass without sending {skipped:?}");
+            return Err((why, Some(role)));
+        }
+        let h = self.history.entry(role.clone()).or_default();
+        h.clear();
+        h.push_back(format!("started {start:?}"));
+        let machines = &mut self.machines;
+        match (&role, start) {
+            (
+                RoleId::Delivery(w, ..),
+                Start::Delivery {
+                    now,
+                    entry,
+                    job,
+                    entropy,
+                },
+            ) => {
+                let d = Delivery::new(now, policy, *w, entry, job, entropy);
+                machines.insert(role, Machine::Delivery(Box::new(d)));
+            }
+            (RoleId::Reclaimer(w), Start::Reclaim { now, free }) => {
+                let m = machines
+                    .entry(role.clone())
+                    .or_insert_with(|| Machine::Reclaimer(Box::new(Reclaimer::new(policy, *w))));
+                if let Machine::Reclaimer(r) = m {
+                    r.start(now, free);
+                }
+            }
+            // One loop for the worker's life, as the driver keeps it: the
+            // sweeper's cursor carries over from pass to pass.
+            (RoleId::Maintenance(_), Start::Maintenance { task, now }) => {
+                let m = machines
+                    .entry(role.clone())
+                    .or_insert_with(|| Machine::Maintenance(Box::new(Maintenance::new(policy))));
+                if let Machine::Maintenance(m) = m {
+                    m.start(task, now);
+                }
+            }
+            (
+                RoleId::Submitter(_),
+                Start::Submit {
+                    run,
+                    kind,
+                    input,
+                    key,
+                },
+            ) => {
+                let s = Submitter::new(policy, run, &kind, &input, key.as_deref());
+                machines.insert(role, Machine::Submitter(Box::new(s)));
+            }
+            (role, start) => return Err((format!("{role:?} cannot start as {start:?}"), None)),
+        }
+        Ok(())
+    }
+
+    /// `role` sent `command`: what its machine sends next.
+    fn sent(&mut self, role: RoleId, command: Command) -> Result<(), Refusal> {
+        if !traced(&role) {
+            return Ok(());
+        }
+        let Some(m) = self.machines.get_mut(&role) else {
+            return Err((format!("{role:?} sent {command:?} before it started"), None));
+        };
+        let expected = m.poll();
+        if expected.as_ref() != Some(&command) {
+            let why = format!(
+                "{role:?} sent {command:?}, but the protocol sends {}",
+                expected.map_or("nothing".to_owned(), |c| format!("{c:?}"))
+            );
+            return Err((why, Some(role)));
+        }
+        push(&mut self.history, &role, format!("sent {command:?}"));
+        Ok(())
+    }
+
+    /// `role` received `input` at `now`.
+    fn received(&mut self, role: RoleId, now: Timestamp, input: Input) -> Result<(), Refusal> {
+        if !traced(&role) {
+            return Ok(());
+        }
+        let Some(m) = self.machines.get_mut(&role) else {
+            return Err((
+                format!("{role:?} received {input:?} before it started"),
+                None,
+            ));
+        };
+        push(
+            &mut self.history,
+            &role,
+            format!("received {input:?} at {}", now.0),
+        );
+        m.handle(now, input);
+        Ok(())
+    }
 }
 
 fn push(history: &mut BTreeMap<RoleId, VecDeque<String>>, role: &RoleId, event: String) {
