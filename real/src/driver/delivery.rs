@@ -5,7 +5,9 @@ use crate::jobs::Executor;
 use futures_util::FutureExt;
 use futures_util::future::{Fuse, FusedFuture};
 use pelican_model::ids::{EntryId, WorkerId};
-use pelican_model::protocol::{Command, DbOp, Delivery, DeliveryEnd, Input, JobEntry, StreamOp};
+use pelican_model::protocol::{
+    Command, DbOp, Delivery, DeliveryEnd, Execution, Input, JobEntry, StreamOp, StreamReply,
+};
 use pelican_model::status::{ErrorClass, JobOutcome};
 use pelican_model::time::Timestamp;
 use pelican_model::world::Issuer;
@@ -17,10 +19,6 @@ use tokio::time::Instant;
 /// Handles `entry` (read or reclaimed by `worker`) to its end: claim, run the
 /// job with heartbeats, write the outcome, acknowledge, exactly as the core's
 /// [`Delivery`] decides.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
 pub(crate) async fn deliver<S, D, P, X>(
     io: &Io<S, D, P>,
     executor: &X,
@@ -39,15 +37,7 @@ where
     let entropy = io.entropy.next_u64();
     let start = io.now();
     if io.probe.keeps_roles() {
-        io.probe.started(
-            &role,
-            &super::Start::Delivery {
-                now: start,
-                entry,
-                job: job.clone(),
-                entropy,
-            },
-        );
+        io.probe.started(&role, &begun(start, entry, &job, entropy));
     }
     let mut d = Delivery::new(start, &io.config.policy, worker, entry, job, entropy);
     // The outstanding server call, pinned here once: each call's future is
@@ -64,20 +54,7 @@ where
             match command {
                 Command::Db(_) | Command::Stream(_) => {
                     debug_assert!(call.is_terminated(), "a role has one call outstanding");
-                    if matches!(command, Command::Stream(StreamOp::Ack { .. })) {
-                        crate::crash_point!("before_ack");
-                    }
-                    if let Command::Db(op) = &command
-                        && op.fenced_write().is_some()
-                        && !matches!(op, DbOp::Heartbeat { .. })
-                    {
-                        // A stall right before an outcome write (armed as
-                        // `before_write=sleep(MS)`: the delivery's thread
-                        // blocks, its lease runs out, another worker takes
-                        // the run, then the late write goes out).
-                        #[cfg(feature = "failpoints")]
-                        fail::fail_point!("before_write");
-                    }
+                    before_call(&command);
                     let by = Issuer {
                         worker: Some(worker),
                         own_fence: d.own_fence(),
@@ -89,31 +66,9 @@ where
                         io.probe.sent(&role, &Command::Execute(execution.clone()));
                     }
                     io.probe.executing(worker, &execution, d.own_fence());
-                    // The kind's attempt timeout or the run's budget, if
-                    // shorter than the driver's job timeout.
-                    let (ms, class) = match execution.limit {
-                        Some(l) if l.ms < io.config.job_timeout_ms => (l.ms, l.class),
-                        _ => (io.config.job_timeout_ms, ErrorClass::Retryable),
-                    };
-                    let started = Instant::now();
-                    let mut job = AssertUnwindSafe(executor.execute(execution)).catch_unwind();
-                    // The first poll runs here: a job that ends at once (a
-                    // no-op, an answer from its ledger) costs no task and
-                    // no timer. One that waits moves to a task of its own,
-                    // so that it runs beside this delivery's heartbeats.
-                    match std::future::poll_fn(|cx| Poll::Ready(job.poll_unpin(cx))).await {
-                        Poll::Ready(result) => ended = Some((settled(result), started)),
-                        Poll::Pending => {
-                            // The limit counts from the first poll.
-                            let left = Duration::from_millis(ms).saturating_sub(started.elapsed());
-                            let task = tokio::spawn(async move {
-                                match tokio::time::timeout(left, job).await {
-                                    Ok(result) => settled(result),
-                                    Err(_) => timed_out(class, ms),
-                                }
-                            });
-                            running = Some((task, started));
-                        }
+                    match start_job(io, executor, execution).await {
+                        Started::Ended(outcome, at) => ended = Some((outcome, at)),
+                        Started::Running(task, at) => running = Some((task, at)),
                     }
                 }
                 Command::Abort => {
@@ -143,19 +98,10 @@ where
         } else {
             tokio::select! {
                 biased;
-                (at, input) = call.as_mut(), if !call.is_terminated() => {
-                    if matches!(input, Input::Stream(Ok(pelican_model::protocol::StreamReply::Acked(_)))) {
-                        crate::crash_point!("after_ack");
-                    }
-                    (at, input)
-                }
+                (at, input) = call.as_mut(), if !call.is_terminated() => after_call(at, input),
                 outcome = maybe(running.as_mut().map(|(job, _)| job)) => {
                     let (_, started) = running.take().expect("the branch ran a job");
-                    let outcome = outcome.unwrap_or_else(|e| JobOutcome::Failed {
-                        class: ErrorClass::Panic,
-                        message: format!("job task ended abnormally: {e}"),
-                    });
-                    executed(io, &role, outcome, started)
+                    executed(io, &role, joined(outcome), started)
                 }
                 () = io.sleep_until(timer.unwrap_or_default()), if timer.is_some() => {
                     timer = None;
@@ -166,6 +112,91 @@ where
             }
         };
         d.handle(at, input);
+    }
+}
+
+/// The crash points before a delivery's call: before an XACK, and a
+/// stall right before an outcome write (armed as `before_write=sleep(MS)`:
+/// the delivery's thread blocks, its lease runs out, another worker takes
+/// the run, then the late write goes out).
+fn before_call(command: &Command) {
+    if matches!(command, Command::Stream(StreamOp::Ack { .. })) {
+        crate::crash_point!("before_ack");
+    }
+    if let Command::Db(op) = command
+        && op.fenced_write().is_some()
+        && !matches!(op, DbOp::Heartbeat { .. })
+    {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("before_write");
+    }
+}
+
+/// The crash point after an XACK's answer, then the answer.
+fn after_call(at: Timestamp, input: Input) -> (Timestamp, Input) {
+    if matches!(input, Input::Stream(Ok(StreamReply::Acked(_)))) {
+        crate::crash_point!("after_ack");
+    }
+    (at, input)
+}
+
+/// A delivery's start, as a probe that keeps roles records it.
+fn begun(now: Timestamp, entry: EntryId, job: &JobEntry, entropy: u64) -> super::Start {
+    super::Start::Delivery {
+        now,
+        entry,
+        job: job.clone(),
+        entropy,
+    }
+}
+
+/// A job's task's outcome, or a panic's if the task ended abnormally.
+fn joined(outcome: Result<JobOutcome, tokio::task::JoinError>) -> JobOutcome {
+    outcome.unwrap_or_else(|e| JobOutcome::Failed {
+        class: ErrorClass::Panic,
+        message: format!("job task ended abnormally: {e}"),
+    })
+}
+
+/// A job just started, and when.
+enum Started {
+    /// It ended at its first poll, with this outcome.
+    Ended(JobOutcome, Instant),
+    /// It waits, on a task of its own.
+    Running(tokio::task::JoinHandle<JobOutcome>, Instant),
+}
+
+/// Starts `execution`'s job. The first poll runs here: a job that ends at
+/// once (a no-op, an answer from its ledger) costs no task and no timer.
+/// One that waits moves to a task of its own, so that it runs beside its
+/// delivery's heartbeats, bounded by the kind's attempt timeout or the
+/// run's budget when shorter than the driver's job timeout.
+async fn start_job<S, D, P, X>(io: &Io<S, D, P>, executor: &X, execution: Execution) -> Started
+where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+    X: Executor,
+{
+    let (ms, class) = match execution.limit {
+        Some(l) if l.ms < io.config.job_timeout_ms => (l.ms, l.class),
+        _ => (io.config.job_timeout_ms, ErrorClass::Retryable),
+    };
+    let started = Instant::now();
+    let mut job = AssertUnwindSafe(executor.execute(execution)).catch_unwind();
+    match std::future::poll_fn(|cx| Poll::Ready(job.poll_unpin(cx))).await {
+        Poll::Ready(result) => Started::Ended(settled(result), started),
+        Poll::Pending => {
+            // The limit counts from the first poll.
+            let left = Duration::from_millis(ms).saturating_sub(started.elapsed());
+            let task = tokio::spawn(async move {
+                match tokio::time::timeout(left, job).await {
+                    Ok(result) => settled(result),
+                    Err(_) => timed_out(class, ms),
+                }
+            });
+            Started::Running(task, started)
+        }
     }
 }
 
