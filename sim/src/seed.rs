@@ -329,10 +329,6 @@ enum ApiCommand {
     Cancel(RunId),
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
 async fn api_main(
     oracle: Shared,
     scenario: Scenario,
@@ -352,82 +348,10 @@ async fn api_main(
         } else {
             group.iter().map(|p| vec![p.clone()]).collect()
         };
-        for mut runs in groups {
+        for runs in groups {
             let io = io.clone();
             let oracle = oracle.clone();
-            madsim::task::spawn(async move {
-                let left = (started + runs[0].at_ms).saturating_sub(pelican_real::now().0);
-                madsim::time::sleep(Duration::from_millis(left)).await;
-                for p in &runs {
-                    lock(&oracle)
-                        .effects_expected
-                        .insert(p.run, effects_of(&p.kind, &p.input));
-                }
-                if runs.len() > 1 {
-                    lock(&oracle).count("bulk_submissions");
-                }
-                // A client retries what got no answer; the run id makes
-                // the retry idempotent.
-                for _ in 0..4 {
-                    let batch: Vec<(RunId, NewRun)> = runs
-                        .iter()
-                        .map(|p| {
-                            let run = NewRun {
-                                kind: p.kind.clone(),
-                                input: p.input.clone(),
-                                key: Some(key_of(p.run)),
-                            };
-                            (p.run, run)
-                        })
-                        .collect();
-                    let ends = submit_many(&*io, &batch).await;
-                    let left = {
-                        let mut o = lock(&oracle);
-                        let mut left = Vec::new();
-                        for (p, end) in runs.into_iter().zip(ends) {
-                            match end {
-                                SubmitterEnd::Accepted { published } => {
-                                    o.world.accepted.insert(p.run);
-                                    if p.run.0 % 3 == 0 {
-                                        madsim::task::spawn(retry_under_key(
-                                            io.clone(),
-                                            oracle.clone(),
-                                            p.clone(),
-                                        ));
-                                    }
-                                    if p.run.0 % 2 == 1 {
-                                        madsim::task::spawn(watch_events(
-                                            io.clone(),
-                                            oracle.clone(),
-                                            p.run,
-                                        ));
-                                    }
-                                    o.count(if published {
-                                        "submitted"
-                                    } else {
-                                        "submitted_unpublished"
-                                    });
-                                }
-                                end @ (SubmitterEnd::Refused
-                                | SubmitterEnd::Existing(_)
-                                | SubmitterEnd::KeyConflict(_)) => {
-                                    unreachable!("a run's own key and valid text answer no {end:?}")
-                                }
-                                SubmitterEnd::Unavailable => {
-                                    o.count("submit_retries");
-                                    left.push(p);
-                                }
-                            }
-                        }
-                        left
-                    };
-                    runs = left;
-                    if runs.is_empty() {
-                        break;
-                    }
-                    madsim::time::sleep(Duration::from_millis(300)).await;
-                }
-            });
+            madsim::task::spawn(submit_group(io, oracle, started, runs));
         }
     }
     while let Some(command) = commands.recv().await {
@@ -440,6 +364,86 @@ async fn api_main(
             }
         }
     }
+}
+
+/// One group of planned runs submitted together at its first run's time
+/// (a bulk submission when there are several), and again while some got
+/// no answer: a client retries what got no answer, and the run id makes
+/// the retry idempotent.
+async fn submit_group(io: Arc<SimIo>, oracle: Shared, started: u64, mut runs: Vec<Planned>) {
+    let left = (started + runs[0].at_ms).saturating_sub(pelican_real::now().0);
+    madsim::time::sleep(Duration::from_millis(left)).await;
+    for p in &runs {
+        lock(&oracle)
+            .effects_expected
+            .insert(p.run, effects_of(&p.kind, &p.input));
+    }
+    if runs.len() > 1 {
+        lock(&oracle).count("bulk_submissions");
+    }
+    // A client retries what got no answer; the run id makes
+    // the retry idempotent.
+    for _ in 0..4 {
+        let batch: Vec<(RunId, NewRun)> = runs
+            .iter()
+            .map(|p| {
+                let run = NewRun {
+                    kind: p.kind.clone(),
+                    input: p.input.clone(),
+                    key: Some(key_of(p.run)),
+                };
+                (p.run, run)
+            })
+            .collect();
+        let ends = submit_many(&*io, &batch).await;
+        let left = submitted(&io, &oracle, runs, ends);
+        runs = left;
+        if runs.is_empty() {
+            break;
+        }
+        madsim::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The oracle's record of a group's ends: accepted runs (a third retried
+/// under their key later, half followed over their events), and the runs
+/// that got no answer, which it returns.
+fn submitted(
+    io: &Arc<SimIo>,
+    oracle: &Shared,
+    runs: Vec<Planned>,
+    ends: Vec<SubmitterEnd>,
+) -> Vec<Planned> {
+    let mut o = lock(oracle);
+    let mut left = Vec::new();
+    for (p, end) in runs.into_iter().zip(ends) {
+        match end {
+            SubmitterEnd::Accepted { published } => {
+                o.world.accepted.insert(p.run);
+                if p.run.0 % 3 == 0 {
+                    madsim::task::spawn(retry_under_key(io.clone(), oracle.clone(), p.clone()));
+                }
+                if p.run.0 % 2 == 1 {
+                    madsim::task::spawn(watch_events(io.clone(), oracle.clone(), p.run));
+                }
+                o.count(if published {
+                    "submitted"
+                } else {
+                    "submitted_unpublished"
+                });
+            }
+            end @ (SubmitterEnd::Refused
+            | SubmitterEnd::Existing(_)
+            | SubmitterEnd::KeyConflict(_)) => {
+                unreachable!("a run's own key and valid text answer no {end:?}")
+            }
+            SubmitterEnd::Unavailable => {
+                o.count("submit_retries");
+                left.push(p);
+            }
+        }
+    }
+    left
 }
 
 /// Run `run`'s idempotency key: every planned submission carries one.
