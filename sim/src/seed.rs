@@ -550,10 +550,6 @@ struct Nodes {
     workers: Vec<NodeId>,
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
 async fn simulate(
     seed: u64,
     mut scenario: Scenario,
@@ -562,15 +558,7 @@ async fn simulate(
     jobs: Jobs,
 ) -> SeedOutcome {
     if jobs.submit.is_some() {
-        // The policies users' kinds are registered with, for the API's
-        // submissions, the workers and the oracle alike.
-        let client = Client::bind("registry").await;
-        let external = External::new(client.clone(), Duration::from_millis(1));
-        let client = Arc::new(client);
-        let mut registry = Registry::new(client.clone(), client, &scenario.driver.policy);
-        (jobs.register)(&mut registry, &external);
-        let kinds = registry.policies().clone();
-        scenario.driver.policy.kinds.extend(kinds);
+        register_kinds(&mut scenario, &jobs).await;
     }
     let h = Handle::current();
     let mut rng = madsim::rand::thread_rng();
@@ -579,42 +567,8 @@ async fn simulate(
         None => plan(&mut rng, &scenario),
         Some(submit) => plan_with(&mut rng, &scenario, &**submit),
     };
-    let mut policy = scenario.driver.policy.clone();
-    policy.mutant = mutant;
-    let oracle: Shared = Arc::new(Mutex::new(Oracle::new(policy, faults.clone(), record)));
-    {
-        let mut o = lock(&oracle);
-        // The plan's ids (1..=runs) were handed out by the sequence.
-        o.world.db.run_ids = u64::from(scenario.runs);
-        let f = format!("{faults:?}");
-        o.note(
-            "nemesis",
-            format!(
-                "seed {seed}, scenario {}, mutant {mutant:?}, faults {f}",
-                scenario.name
-            ),
-        );
-    }
-
-    let server = |name: &'static str, listen: &'static str, fsync: bool| {
-        let o = oracle.clone();
-        h.create_node()
-            .name(name)
-            .ip(listen
-                .parse::<std::net::SocketAddr>()
-                .expect("constant")
-                .ip())
-            .init(move || {
-                let o = o.clone();
-                async move {
-                    if fsync {
-                        madsim::task::spawn(net::fsync_every_second(o.clone()));
-                    }
-                    net::serve(o, listen, name).await;
-                }
-            })
-            .build()
-    };
+    let oracle = new_oracle(seed, &scenario, mutant, record, &faults);
+    let server = |name, listen, fsync| server(&h, &oracle, name, listen, fsync);
     let redis = server("redis", REDIS, true);
     let pg = server("postgres", POSTGRES, false);
     let tools = server("tools", TOOLS, false);
@@ -626,43 +580,7 @@ async fn simulate(
 
     // Workers that crash themselves at a step boundary ask for it here.
     let (crash_tx, mut crash_rx) = mpsc::unbounded_channel::<u32>();
-    let mut workers = Vec::new();
-    for i in 0..scenario.workers {
-        let (o, sc, jobs, crash) = (
-            oracle.clone(),
-            scenario.clone(),
-            jobs.clone(),
-            crash_tx.clone(),
-        );
-        let node = h
-            .create_node()
-            .name(format!("w{i}"))
-            .ip(format!("10.0.1.{}", i + 1).parse().expect("valid IP"))
-            .init(move || {
-                let (o, sc, jobs, crash) = (o.clone(), sc.clone(), jobs.clone(), crash.clone());
-                async move {
-                    let name = format!("w{i}");
-                    let skew = i64::try_from(sc.clock_skew_ms).unwrap_or(i64::MAX);
-                    let offset = [0, skew, -skew][(i % 3) as usize];
-                    let (io, client) = io_for(&o, &name, &sc, mutant, offset).await;
-                    let timeout = Duration::from_millis(io.config.call_timeout_ms);
-                    let external = External::new(client.clone(), timeout);
-                    let client = Arc::new(client);
-                    let mut registry = Registry::new(client.clone(), client, &io.config.policy)
-                        .with_tool_timeout(timeout);
-                    (jobs.register)(&mut registry, &external);
-                    if jobs.step_crash_p > 0.0 {
-                        let hook = SimStepHook::new(o.clone(), i, jobs.step_crash_p, crash);
-                        registry = registry.with_step_hook(Arc::new(hook));
-                    }
-                    Worker::new(io, Arc::new(registry), WorkerId(i), true)
-                        .run(std::future::pending())
-                        .await;
-                }
-            })
-            .build();
-        workers.push(node.id());
-    }
+    let workers = spawn_workers(&h, &oracle, &scenario, &jobs, mutant, &crash_tx);
     let (api_tx, api_rx) = mpsc::unbounded_channel();
     let api = h
         .create_node()
@@ -701,20 +619,7 @@ async fn simulate(
     }
     heal(&oracle, &nodes, &damage);
 
-    // Liveness: everything settles within the bound.
-    let healed_at = lock(&oracle).elapsed_ms();
-    let mut settled = false;
-    while lock(&oracle).elapsed_ms() < healed_at + scenario.heal_bound_ms {
-        madsim::time::sleep(Duration::from_millis(250)).await;
-        let o = lock(&oracle);
-        if !o.broken.is_empty() {
-            break;
-        }
-        if o.settled() {
-            settled = true;
-            break;
-        }
-    }
+    let settled = settles(&oracle, &scenario).await;
     let outcome = conclude(&mut lock(&oracle), seed, settled, &scenario, faults);
     // The seed is over: end every task but this one, so that their futures
     // are dropped while the runtime runs. madsim does not drop a pending
@@ -734,6 +639,142 @@ async fn simulate(
     }
     madsim::time::sleep(Duration::from_millis(1)).await;
     outcome
+}
+
+/// The seed's oracle, its first note naming the seed, scenario, mutant and
+/// faults.
+fn new_oracle(
+    seed: u64,
+    scenario: &Scenario,
+    mutant: Option<Mutant>,
+    record: bool,
+    faults: &FaultMix,
+) -> Shared {
+    let mut policy = scenario.driver.policy.clone();
+    policy.mutant = mutant;
+    let oracle: Shared = Arc::new(Mutex::new(Oracle::new(policy, faults.clone(), record)));
+    {
+        let mut o = lock(&oracle);
+        // The plan's ids (1..=runs) were handed out by the sequence.
+        o.world.db.run_ids = u64::from(scenario.runs);
+        let f = format!("{faults:?}");
+        o.note(
+            "nemesis",
+            format!(
+                "seed {seed}, scenario {}, mutant {mutant:?}, faults {f}",
+                scenario.name
+            ),
+        );
+    }
+    oracle
+}
+
+/// A server node `name` listening on `listen`, serving the oracle's world
+/// (with an fsync every second, for Redis's AOF).
+fn server(
+    h: &Handle,
+    oracle: &Shared,
+    name: &'static str,
+    listen: &'static str,
+    fsync: bool,
+) -> madsim::runtime::NodeHandle {
+    let o = oracle.clone();
+    h.create_node()
+        .name(name)
+        .ip(listen
+            .parse::<std::net::SocketAddr>()
+            .expect("constant")
+            .ip())
+        .init(move || {
+            let o = o.clone();
+            async move {
+                if fsync {
+                    madsim::task::spawn(net::fsync_every_second(o.clone()));
+                }
+                net::serve(o, listen, name).await;
+            }
+        })
+        .build()
+}
+
+/// The scenario's worker nodes, each running `pelican_real::Worker` with
+/// the scenario's jobs (and, if asked, crashing itself at step boundaries
+/// through `crash_tx`).
+fn spawn_workers(
+    h: &Handle,
+    oracle: &Shared,
+    scenario: &Scenario,
+    jobs: &Jobs,
+    mutant: Option<Mutant>,
+    crash_tx: &mpsc::UnboundedSender<u32>,
+) -> Vec<NodeId> {
+    let mut workers = Vec::new();
+    for i in 0..scenario.workers {
+        let (o, sc, jobs, crash) = (
+            oracle.clone(),
+            scenario.clone(),
+            jobs.clone(),
+            crash_tx.clone(),
+        );
+        let node = h
+            .create_node()
+            .name(format!("w{i}"))
+            .ip(format!("10.0.1.{}", i + 1).parse().expect("valid IP"))
+            .init(move || {
+                let (o, sc, jobs, crash) = (o.clone(), sc.clone(), jobs.clone(), crash.clone());
+                async move {
+                    let name = format!("w{i}");
+                    let skew = i64::try_from(sc.clock_skew_ms).unwrap_or(i64::MAX);
+                    let offset = [0, skew, -skew][(i % 3) as usize];
+                    let (io, client) = io_for(&o, &name, &sc, mutant, offset).await;
+                    let timeout = Duration::from_millis(io.config.call_timeout_ms);
+                    let external = External::new(client.clone(), timeout);
+                    let client = Arc::new(client);
+                    let mut registry = Registry::new(client.clone(), client, &io.config.policy)
+                        .with_tool_timeout(timeout);
+                    (jobs.register)(&mut registry, &external);
+                    if jobs.step_crash_p > 0.0 {
+                        let hook = SimStepHook::new(o.clone(), i, jobs.step_crash_p, crash);
+                        registry = registry.with_step_hook(Arc::new(hook));
+                    }
+                    Worker::new(io, Arc::new(registry), WorkerId(i), true)
+                        .run(std::future::pending())
+                        .await;
+                }
+            })
+            .build();
+        workers.push(node.id());
+    }
+    workers
+}
+
+/// Liveness: whether everything settles within the scenario's bound after
+/// healing (a broken guarantee ends the wait).
+async fn settles(oracle: &Shared, scenario: &Scenario) -> bool {
+    let healed_at = lock(oracle).elapsed_ms();
+    while lock(oracle).elapsed_ms() < healed_at + scenario.heal_bound_ms {
+        madsim::time::sleep(Duration::from_millis(250)).await;
+        let o = lock(oracle);
+        if !o.broken.is_empty() {
+            return false;
+        }
+        if o.settled() {
+            return true;
+        }
+    }
+    false
+}
+
+/// The policies users' kinds are registered with, into the scenario's: for
+/// the API's submissions, the workers and the oracle alike.
+async fn register_kinds(scenario: &mut Scenario, jobs: &Jobs) {
+    let client = Client::bind("registry").await;
+    let external = External::new(client.clone(), Duration::from_millis(1));
+    let client = Arc::new(client);
+    let mut registry = Registry::new(client.clone(), client, &scenario.driver.policy);
+    (jobs.register)(&mut registry, &external);
+    let kinds = registry.policies().clone();
+    scenario.driver.policy.kinds.extend(kinds);
 }
 
 /// The seed's outcome, once it has settled (or not) after healing: what
