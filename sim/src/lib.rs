@@ -22,6 +22,7 @@
 #[cfg(madsim)]
 pub mod harness;
 #[cfg(madsim)]
+pub mod nemesis;
 pub mod net;
 #[cfg(madsim)]
 pub mod oracle;

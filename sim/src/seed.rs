@@ -1,22 +1,21 @@
-//! One seed: build the world, run the workload under the nemesis, heal,
-//! wait for every run to settle, check. One file, because those steps are
-//! one seed's timeline and share its nodes and oracle.
+//! One seed: build the world, run the workload under the nemesis
+//! (`nemesis.rs`), heal, wait for every run to settle, check. One file of
+//! over 600 lines, because those steps are one seed's timeline and share
+//! its nodes and oracle.
 
 use crate::harness::{External, Jobs, SimStepHook};
+use crate::nemesis::{Damage, Nodes, heal, kill_worker, nemesis};
 use crate::net::{self, Client, EXTERNAL, POSTGRES, REDIS, TOOLS};
 use crate::oracle::{LogLine, Oracle, Shared, lock};
 use crate::scenario::{FaultMix, Scenario};
-use madsim::net::NetSim;
 use madsim::rand::Rng;
 use madsim::runtime::{Handle, Runtime};
-use madsim::task::{AbortHandle, NodeId};
-use pelican_model::ids::{Dispatch, EntryId, Fence, RunId, WorkerId};
+use madsim::task::NodeId;
+use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::Broken;
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, JobEntry, Mutant, StreamOp, SubmitterEnd,
+    Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Mutant, SubmitterEnd,
 };
-use pelican_model::stream::Trim;
-use pelican_model::world::Redis;
 use pelican_real::jobs::{ProviderLimit, Registry, effects_of};
 use pelican_real::{Batching, Entropy, Io, NewRun, Probe, RoleId, Worker, cancel, submit_many};
 use std::collections::{BTreeMap, BTreeSet};
@@ -325,7 +324,7 @@ fn draw_mix(rng: &mut impl Rng, scenario: &Scenario) -> FaultMix {
 }
 
 /// Commands the supervisor sends the API node.
-enum ApiCommand {
+pub(crate) enum ApiCommand {
     Cancel(RunId),
 }
 
@@ -529,25 +528,6 @@ where
         }
         madsim::time::sleep(Duration::from_millis(150)).await;
     }
-}
-
-/// What the nemesis has broken and not yet mended.
-#[derive(Default)]
-struct Damage {
-    killed: BTreeSet<u32>,
-    paused: BTreeSet<u32>,
-    clogged: BTreeSet<(NodeId, NodeId)>,
-    redis_down: bool,
-    pg_down: bool,
-    /// The tasks that will mend it: aborted when the seed ends, as some may
-    /// still be waiting.
-    mends: Vec<AbortHandle>,
-}
-
-struct Nodes {
-    redis: NodeId,
-    pg: NodeId,
-    workers: Vec<NodeId>,
 }
 
 async fn simulate(
@@ -839,311 +819,6 @@ fn unsettled(o: &Oracle, bound_ms: u64) -> String {
         stuck.join(", "),
         w.redis.pel_len()
     )
-}
-
-/// Faults, one every `fault_every_ms` or so, until the fault phase ends.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than 80 lines; split along its seams in issue 53"
-)]
-async fn nemesis(
-    oracle: &Shared,
-    scenario: &Scenario,
-    mix: &FaultMix,
-    nodes: &Arc<Nodes>,
-    damage: &Arc<Mutex<Damage>>,
-    api: &mpsc::UnboundedSender<ApiCommand>,
-) {
-    let h = Handle::current();
-    let net = NetSim::current();
-    let mut rng = madsim::rand::thread_rng();
-    let lease_ms = scenario.driver.policy.lease_ms;
-    let weights = [
-        mix.kill,
-        mix.pause,
-        mix.partition,
-        mix.redis_restart,
-        mix.redis_wipe,
-        mix.pg_restart,
-        mix.trim,
-        mix.duplicate,
-        mix.malformed,
-        mix.cancel,
-    ];
-    let total: u32 = weights.iter().sum();
-    loop {
-        let gap = rng.gen_range(mix.fault_every_ms / 2..=mix.fault_every_ms * 3 / 2);
-        madsim::time::sleep(Duration::from_millis(gap)).await;
-        if lock(oracle).elapsed_ms() >= scenario.fault_phase_ms {
-            return;
-        }
-        if total == 0 {
-            continue;
-        }
-        let mut pick = rng.gen_range(0..total);
-        let mut fault = 0;
-        while pick >= weights[fault] {
-            pick -= weights[fault];
-            fault += 1;
-        }
-        let w = rng.gen_range(0..u32::try_from(nodes.workers.len()).expect("few workers"));
-        let node = nodes.workers[w as usize];
-        if fault == 0 {
-            let d = damage.lock().expect("single-threaded");
-            if !d.killed.contains(&w) && !d.paused.contains(&w) {
-                drop(d);
-                let back = rng.gen_range(200..3_000);
-                kill_worker(w, nodes, damage, oracle, "", back);
-            }
-            continue;
-        }
-        let mut d = damage.lock().expect("single-threaded");
-        let mut o = lock(oracle);
-        match fault {
-            1 => {
-                if d.killed.contains(&w) || d.paused.contains(&w) {
-                    continue;
-                }
-                h.pause(node);
-                d.paused.insert(w);
-                o.count("pauses");
-                o.note("nemesis", format!("pause w{w}"));
-                let back = lease_ms + rng.gen_range(0..3_000);
-                mend_later(back, damage, &mut d, oracle, move |d, o| {
-                    if d.paused.remove(&w) {
-                        Handle::current().resume(node);
-                        o.note("nemesis", format!("resume w{w}"));
-                    }
-                });
-            }
-            2 => {
-                let (target, name) = if rng.gen_bool(0.5) {
-                    (nodes.redis, "redis")
-                } else {
-                    (nodes.pg, "postgres")
-                };
-                net.clog_link(node, target);
-                net.clog_link(target, node);
-                d.clogged.insert((node, target));
-                o.count("partitions");
-                o.note("nemesis", format!("partition w{w} from {name}"));
-                let back = rng.gen_range(300..4_000);
-                mend_later(back, damage, &mut d, oracle, move |d, o| {
-                    if d.clogged.remove(&(node, target)) {
-                        let net = NetSim::current();
-                        net.unclog_link(node, target);
-                        net.unclog_link(target, node);
-                        o.note("nemesis", format!("heal partition w{w} / {name}"));
-                    }
-                });
-            }
-            3 | 4 => {
-                if d.redis_down {
-                    continue;
-                }
-                h.kill(nodes.redis);
-                d.redis_down = true;
-                if fault == 3 {
-                    o.world.redis = o.fsynced.clone();
-                    o.count("redis_restarts");
-                    o.note("nemesis", "restart Redis, keeping its last fsync".into());
-                } else {
-                    o.world.redis_wiped();
-                    o.fsynced = Redis::partitioned(o.policy.partitions).into();
-                    o.count("redis_wipes");
-                    o.note(
-                        "nemesis",
-                        "restart Redis with nothing: stream and group gone".into(),
-                    );
-                }
-                let redis = nodes.redis;
-                let back = rng.gen_range(100..2_000);
-                mend_later(back, damage, &mut d, oracle, move |d, o| {
-                    if std::mem::take(&mut d.redis_down) {
-                        Handle::current().restart(redis);
-                        o.note("nemesis", "Redis is back".into());
-                    }
-                });
-            }
-            5 => {
-                if d.pg_down {
-                    continue;
-                }
-                h.kill(nodes.pg);
-                d.pg_down = true;
-                o.count("pg_restarts");
-                o.note("nemesis", "restart Postgres".into());
-                let pg = nodes.pg;
-                let back = rng.gen_range(200..3_000);
-                mend_later(back, damage, &mut d, oracle, move |d, o| {
-                    if std::mem::take(&mut d.pg_down) {
-                        Handle::current().restart(pg);
-                        o.note("nemesis", "Postgres is back".into());
-                    }
-                });
-            }
-            6 => {
-                let p = rng.gen_range(0..o.policy.partitions.max(1));
-                let jobs = o.world.redis.part_mut(p);
-                let pending: Vec<EntryId> = jobs
-                    .group
-                    .as_ref()
-                    .map(|g| g.pel.keys().copied().collect())
-                    .unwrap_or_default();
-                if rng.gen_bool(0.5) && !pending.is_empty() {
-                    let id = pending[rng.gen_range(0..pending.len())];
-                    jobs.xdel(&[id]);
-                    let id = id.in_partition(p);
-                    o.note("nemesis", format!("XDEL pending {id}"));
-                } else {
-                    let keep = rng.gen_range(0..3);
-                    let n = jobs.xtrim(Trim::MaxLen(keep));
-                    o.note(
-                        "nemesis",
-                        format!("XTRIM MAXLEN {keep} partition {p}: {n} removed"),
-                    );
-                }
-                o.count("trims");
-            }
-            7 => {
-                let runs: Vec<(RunId, Dispatch)> = o
-                    .world
-                    .db
-                    .runs
-                    .values()
-                    .map(|r| (r.run_id, r.dispatch))
-                    .collect();
-                if runs.is_empty() {
-                    continue;
-                }
-                let (run, dispatch) = runs[rng.gen_range(0..runs.len())];
-                let now = pelican_real::now();
-                // Any partition: a run's entries may sit in another
-                // partition than its own (after `partitions` grew).
-                let partition = rng.gen_range(0..o.policy.partitions.max(1));
-                let _ = o.stream(
-                    "nemesis",
-                    &StreamOp::Publish {
-                        partition,
-                        entry: JobEntry::Job { run, dispatch },
-                        now,
-                    },
-                );
-                o.count("duplicates");
-            }
-            8 => {
-                let entry = if rng.gen_bool(0.5) {
-                    JobEntry::Malformed {
-                        reason: "missing field run_id".into(),
-                    }
-                } else {
-                    JobEntry::Job {
-                        run: RunId(1_000_000 + rng.gen_range(0..1_000)),
-                        dispatch: Dispatch(1),
-                    }
-                };
-                let now = pelican_real::now();
-                let partition = rng.gen_range(0..o.policy.partitions.max(1));
-                let _ = o.stream(
-                    "nemesis",
-                    &StreamOp::Publish {
-                        partition,
-                        entry,
-                        now,
-                    },
-                );
-                o.count("malformed");
-            }
-            _ => {
-                let run = RunId(rng.gen_range(1..=u64::from(scenario.runs)));
-                let _ = api.send(ApiCommand::Cancel(run));
-                o.count("cancels_sent");
-                o.note("nemesis", format!("cancel {run}"));
-            }
-        }
-    }
-}
-
-/// Kills worker `w` (unless it is down already, or paused and `why` is
-/// empty: the nemesis's kills leave paused workers alone) and restarts it
-/// after `back_ms`. A worker asking to die at a step boundary dies even if
-/// it was paused since: its job waits for that.
-fn kill_worker(
-    w: u32,
-    nodes: &Nodes,
-    damage: &Arc<Mutex<Damage>>,
-    oracle: &Shared,
-    why: &str,
-    back_ms: u64,
-) {
-    let mut d = damage.lock().expect("single-threaded");
-    if d.killed.contains(&w) || (why.is_empty() && d.paused.contains(&w)) {
-        return;
-    }
-    d.paused.remove(&w);
-    let node = nodes.workers[w as usize];
-    Handle::current().kill(node);
-    d.killed.insert(w);
-    let mut o = lock(oracle);
-    o.world.worker_crashed(WorkerId(w));
-    o.count(if why.is_empty() {
-        "kills"
-    } else {
-        "step_boundary_kills"
-    });
-    o.note("nemesis", format!("kill w{w} {why}").trim_end().to_owned());
-    drop(o);
-    mend_later(back_ms, damage, &mut d, oracle, move |d, o| {
-        if d.killed.remove(&w) {
-            Handle::current().restart(node);
-            o.note("nemesis", format!("restart w{w}"));
-        }
-    });
-}
-
-/// Mends damage after `ms`, unless healing mended it first. `held` is
-/// `damage`, locked by the caller; the task's handle goes to its
-/// [`Damage::mends`].
-fn mend_later(
-    ms: u64,
-    damage: &Arc<Mutex<Damage>>,
-    held: &mut Damage,
-    oracle: &Shared,
-    mend: impl FnOnce(&mut Damage, &mut Oracle) + Send + 'static,
-) {
-    let (damage, oracle) = (damage.clone(), oracle.clone());
-    let task = madsim::task::spawn(async move {
-        madsim::time::sleep(Duration::from_millis(ms)).await;
-        let mut d = damage.lock().expect("single-threaded");
-        mend(&mut d, &mut lock(&oracle));
-    });
-    held.mends.push(task.abort_handle());
-}
-
-/// Ends every fault: restart, resume, reconnect; no more lost messages.
-fn heal(oracle: &Shared, nodes: &Nodes, damage: &Arc<Mutex<Damage>>) {
-    let h = Handle::current();
-    let net = NetSim::current();
-    let mut d = damage.lock().expect("single-threaded");
-    let mut o = lock(oracle);
-    o.faulty = false;
-    for w in std::mem::take(&mut d.killed) {
-        h.restart(nodes.workers[w as usize]);
-    }
-    for w in std::mem::take(&mut d.paused) {
-        h.resume(nodes.workers[w as usize]);
-    }
-    for (a, b) in std::mem::take(&mut d.clogged) {
-        net.unclog_link(a, b);
-        net.unclog_link(b, a);
-    }
-    if std::mem::take(&mut d.redis_down) {
-        h.restart(nodes.redis);
-    }
-    if std::mem::take(&mut d.pg_down) {
-        h.restart(nodes.pg);
-    }
-    o.note("nemesis", "healed: every fault ends".into());
 }
 
 #[cfg(test)]
