@@ -23,6 +23,7 @@
 pub mod harness;
 #[cfg(madsim)]
 pub mod nemesis;
+#[cfg(madsim)]
 pub mod net;
 #[cfg(madsim)]
 pub mod oracle;
