@@ -1,3 +1,4 @@
+// Over 600 lines: the world every simulated server shares, with its counters, log and hash.
 //! The oracle: the one [`World`] every simulated server applies commands to,
 //! the guarantees checked as they do, the seed's event counters, its event
 //! log, and a running hash of every event (for determinism checks).
