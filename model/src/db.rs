@@ -33,11 +33,13 @@ macro_rules! summary_message_max {
     };
 }
 
+mod answers;
 pub mod sql;
 mod statements;
 
+pub use answers::{Answer, AnswerOf, Keyed, Query, QueryError, Shape, Shaped, Unfit, shape};
 pub use statements::{
-    Access, Column, DbOp, DbReply, Param, Pick, Picks, Shape, Statement, ToParam, columns,
+    Access, Column, DbOp, DbReply, Param, Pick, Picks, Statement, ToParam, columns, query,
 };
 
 /// One row of `runs`.

@@ -12,7 +12,7 @@
 //! recorded in [`World::violations`]; [`crate::invariants`] checks the rest
 //! over the state.
 
-use crate::db::{Claimed, Db, RunRow};
+use crate::db::{AnswerOf, Claimed, Db, Query, RunRow, Unfit};
 use crate::events::{self, EventFault, RunEvent};
 use crate::ids::{AttemptNo, EntryId, Fence, Partition, RunId, WorkerId, partition_at};
 use crate::invariants::Guarantee;
@@ -544,6 +544,16 @@ impl World {
                 .expect("creating a group on an empty Redis succeeds");
         }
         w
+    }
+
+    /// The statement `q`, run as [`World::db`] runs it: its typed answer.
+    ///
+    /// # Errors
+    /// The reference database refused the values.
+    pub fn query<Q: Query>(&mut self, q: Q, by: Issuer) -> Result<AnswerOf<Q>, Unfit> {
+        let op: DbOp = q.into();
+        let reply = self.db(&op, by);
+        Q::answer(op.statement(), reply)
     }
 
     /// Executes a SQL statement, checking S2, S3, S7 at this step.
@@ -1193,8 +1203,8 @@ mod tests {
         let policy = crate::protocol::Policy::default();
         let mut w = World::at(Timestamp(5_000));
         let by = Issuer::default();
-        let acquire = |h| limit.acquire(&policy, "p", h).expect("a concurrency limit");
-        w.db(&limit.ensure("p").expect("slots"), by);
+        let acquire = |h| DbOp::from(limit.acquire(&policy, "p", h).expect("a concurrency limit"));
+        w.db(&limit.ensure("p").expect("slots").into(), by);
         assert_eq!(w.db(&acquire("a"), by), DbReply::Rows(1));
         assert_eq!(w.db(&acquire("b"), by), DbReply::Rows(0), "held");
         w.db.clock = Timestamp(6_000);
@@ -1215,7 +1225,7 @@ mod tests {
         );
 
         let mut w = World::at(Timestamp(5_000));
-        let take = limit.take_token("p").expect("a rate limit");
+        let take = DbOp::from(limit.take_token("p").expect("a rate limit"));
         assert_eq!(w.db(&take, by), DbReply::Rows(1));
         assert_eq!(w.db(&take, by), DbReply::Rows(0), "too soon");
         w.db.clock = Timestamp(5_100);

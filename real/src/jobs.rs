@@ -25,6 +25,7 @@
 
 pub use crate::driver::BoxFuture;
 use crate::driver::{DbClient, Tools};
+use pelican_model::db::{AnswerOf, Query, QueryError, query};
 pub use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::{
     DbOp, DbReply, Execution, Ledger, Policy, ProgressError, StepError, StepPlan, Unavailable,
@@ -179,7 +180,7 @@ pub struct JobContext {
 /// its slots until dropped or [`Permit::release`]d.
 #[must_use = "the slot is freed when the permit is dropped"]
 pub struct Permit {
-    held: Option<(Arc<dyn LedgerStore>, DbOp, Issuer)>,
+    held: Option<(Arc<dyn LedgerStore>, query::ReleaseSlot, Issuer)>,
 }
 
 impl Permit {
@@ -187,7 +188,7 @@ impl Permit {
     /// frees it in the background).
     pub async fn release(mut self) {
         if let Some((store, op, by)) = self.held.take() {
-            let _ = store.call(op, by).await;
+            let _ = store.call(op.into(), by).await;
         }
     }
 }
@@ -196,7 +197,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         if let Some((store, op, by)) = self.held.take() {
             tokio::spawn(async move {
-                let _ = store.call(op, by).await;
+                let _ = store.call(op.into(), by).await;
             });
         }
     }
@@ -304,8 +305,7 @@ impl JobContext {
         };
         let mut slot = self.ledger.lock().await;
         if slot.is_none() {
-            let Some(DbReply::Steps(recorded)) = self.ledger_call(Ledger::read(self.run), by).await
-            else {
+            let Ok(recorded) = self.ledger_query(Ledger::read(self.run), by).await else {
                 let name = name.to_owned();
                 return Err(StepError::Unavailable { name }.into());
             };
@@ -319,13 +319,13 @@ impl JobContext {
                 let value = body.await?;
                 self.at(index, name, StepBoundary::Ran).await;
                 let output = serde_json::to_string(&value).map_err(json)?;
-                let op = ledger.record(index, name, output)?;
-                let reply = self.ledger_call(op, by).await;
-                if reply == Some(DbReply::Rows(1)) {
+                let record = ledger.record(index, name, output)?;
+                let recorded = ledger.recorded(name, self.ledger_query(record, by).await);
+                if recorded.is_ok() {
                     crate::crash_point!("after_step_record");
                     self.at(index, name, StepBoundary::Recorded).await;
                 }
-                ledger.recorded(name, reply.as_ref())?;
+                recorded?;
                 Ok(value)
             }
         }
@@ -369,18 +369,20 @@ impl JobContext {
         if let Some(acquire) = limit.acquire(&self.policy, provider, &holder) {
             let (mut ensured, mut poll_ms) = (false, SLOT_POLL_MS.0);
             loop {
-                match self.ledger_call(acquire.clone(), by).await {
-                    Some(DbReply::Rows(1)) => break,
-                    Some(DbReply::Rows(_)) if !ensured => {
+                match self.ledger_query(acquire.clone(), by).await {
+                    Ok(1) => break,
+                    Ok(_) if !ensured => {
                         let ensure = limit.ensure(provider).expect("a concurrency limit");
-                        self.ledger_call(ensure, by).await.ok_or_else(unanswered)?;
+                        self.ledger_query(ensure, by)
+                            .await
+                            .map_err(|_| unanswered())?;
                         ensured = true;
                     }
-                    Some(DbReply::Rows(_)) => {
+                    Ok(_) => {
                         tokio::time::sleep(Duration::from_millis(poll_ms)).await;
                         poll_ms = (poll_ms * 2).min(SLOT_POLL_MS.1);
                     }
-                    _ => return Err(unanswered()),
+                    Err(_) => return Err(unanswered()),
                 }
             }
             crate::crash_point!("after_permit");
@@ -389,12 +391,10 @@ impl JobContext {
         }
         if let (Some(take), Some(interval_ns)) = (limit.take_token(provider), limit.interval_ns()) {
             loop {
-                match self.ledger_call(take.clone(), by).await {
-                    Some(DbReply::Rows(1)) => break,
-                    Some(DbReply::Rows(_)) => {
-                        tokio::time::sleep(Duration::from_nanos(interval_ns)).await;
-                    }
-                    _ => return Err(unanswered()),
+                match self.ledger_query(take.clone(), by).await {
+                    Ok(1) => break,
+                    Ok(_) => tokio::time::sleep(Duration::from_nanos(interval_ns)).await,
+                    Err(_) => return Err(unanswered()),
                 }
             }
         }
@@ -428,14 +428,14 @@ impl JobContext {
         };
         let data = serde_json::to_string(value)
             .map_err(|e| unstorable(format!("a progress event does not serialize: {e}")))?;
-        let op = pelican_model::protocol::progress(&self.policy, self.run, self.fence, data)
+        let event = pelican_model::protocol::progress(&self.policy, self.run, self.fence, data)
             .map_err(|e| unstorable(e.to_string()))?;
         let by = Issuer {
             worker: None,
             own_fence: Some(self.fence),
         };
-        let reply = self.ledger_call(op, by).await;
-        pelican_model::protocol::progressed(reply.as_ref()).map_err(|e| match e {
+        let answer = self.ledger_query(event, by).await;
+        pelican_model::protocol::progressed(answer).map_err(|e| match e {
             ProgressError::TooLarge { .. } => unstorable(e.to_string()),
             ProgressError::Refused | ProgressError::Unavailable => {
                 JobError::retryable(e.to_string())
@@ -443,14 +443,16 @@ impl JobContext {
         })
     }
 
-    /// A ledger statement's answer, or `None` when Postgres does not
-    /// answer within the call timeout.
-    async fn ledger_call(&self, op: DbOp, by: Issuer) -> Option<DbReply> {
+    /// A ledger statement's typed answer: unavailable when Postgres does
+    /// not answer within the call timeout.
+    async fn ledger_query<Q: Query>(&self, q: Q, by: Issuer) -> Result<AnswerOf<Q>, QueryError> {
+        let op: DbOp = q.into();
+        let statement = op.statement();
         let call = self.store.call(op, by);
-        tokio::time::timeout(self.tool_timeout, call)
+        let reply = tokio::time::timeout(self.tool_timeout, call)
             .await
-            .ok()?
-            .ok()
+            .map_err(|_| Unavailable)??;
+        Ok(Q::answer(statement, reply)?)
     }
 
     async fn at(&self, step: u32, name: &str, at: StepBoundary) {

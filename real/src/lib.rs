@@ -62,7 +62,7 @@ pub mod live;
 pub mod trace;
 
 pub use driver::{
-    Batching, Config, DbClient, Entropy, Io, NewRun, NoProbe, Probe, Requeued, RoleId, Start,
-    StreamClient, StreamResult, Tools, Worker, cancel, maintain, new_run_ids, now, requeue_dead,
-    submit, submit_many,
+    Batching, Config, DbClient, Entropy, Io, NewRun, NoProbe, Probe, QueryError, Requeued, RoleId,
+    Start, StreamClient, StreamResult, Tools, Worker, cancel, maintain, new_run_ids, now,
+    requeue_dead, submit, submit_many,
 };

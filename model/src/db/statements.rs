@@ -28,6 +28,7 @@
 //! model): leases, retries and publication times are decided by one clock,
 //! whatever the clocks of the workers that send the statements say.
 
+use super::answers::{Query, Shape, shape};
 use super::{Candidate, Db, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
@@ -118,47 +119,6 @@ pub enum Access {
     /// Writes as one attempt, accepted only under the run's current fence
     /// (S3).
     FencedWrite,
-}
-
-/// The shape of a statement's answer: the binding has one decoder per
-/// shape, and a batched form answers each command by its run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Shape {
-    /// Rows affected ([`DbReply::Rows`]).
-    Rows,
-    /// One row with a boolean `applied` ([`DbReply::Rows`], 1 or 0).
-    Applied,
-    /// At most one claim row ([`DbReply::Claimed`]).
-    Claimed,
-    /// At most one `runs` row ([`DbReply::Run`]).
-    Run,
-    /// Sweeper candidates ([`DbReply::Candidates`]).
-    Candidates,
-    /// One new id ([`DbReply::NewRun`]).
-    NewRun,
-    /// New ids, in order ([`DbReply::NewRuns`]).
-    NewRuns,
-    /// One new worker number ([`DbReply::NewWorker`]).
-    NewWorker,
-    /// Attempt rows ([`DbReply::Attempts`]).
-    Attempts,
-    /// Dead-letter rows ([`DbReply::DeadLetters`]).
-    DeadLetters,
-    /// Counts by status ([`DbReply::Counts`]).
-    Counts,
-    /// An idempotency key's run, and whether its request is this one
-    /// ([`DbReply::Keyed`]).
-    Keyed,
-    /// Recorded steps ([`DbReply::Steps`]).
-    Steps,
-    /// A run's events ([`DbReply::Events`]).
-    Events,
-    /// `runs` rows ([`DbReply::Runs`]).
-    Runs,
-    /// Counts by minute and status ([`DbReply::PerMinute`]).
-    PerMinute,
-    /// One row's `value` ([`DbReply::Rows`]).
-    Value,
 }
 
 /// The answer to a [`DbOp`].
@@ -409,6 +369,35 @@ macro_rules! statements {
                     })*
                 }
             }
+        }
+
+        /// Each statement as a type of its own: its fields are the
+        /// statement's parameters, and its [`Query`] impl names its typed
+        /// answer. `db.query(query::Claim { .. })` answers an
+        /// `Option<ClaimedJob>`.
+        pub mod query {
+            #[allow(clippy::wildcard_imports)]
+            use super::*;
+            $(
+                $(#[cfg($cfg)])?
+                $(#[doc = $doc])*
+                #[derive(Clone, Debug, PartialEq, Eq)]
+                #[allow(missing_docs)]
+                pub struct $op { $($(pub $field: $ty),*)? }
+
+                $(#[cfg($cfg)])?
+                impl From<$op> for DbOp {
+                    fn from(q: $op) -> DbOp {
+                        let $op { $($($field),*)? } = q;
+                        DbOp::$op $({ $($field),* })?
+                    }
+                }
+
+                $(#[cfg($cfg)])?
+                impl Query for $op {
+                    type Shape = shape::$shape;
+                }
+            )*
         }
 
         impl Db {
@@ -1489,6 +1478,18 @@ mod tests {
     fn no_statement_takes_its_senders_clock() {
         for &s in Statement::ALL {
             let _ = DbOp::draw(s, &mut Fixed { times: false });
+        }
+    }
+
+    /// Each statement's model twin answers in the shape its entry declares,
+    /// so its typed answer ([`Query`]) is always there.
+    #[test]
+    fn each_twin_answers_in_its_declared_shape() {
+        let mut fixed = Fixed { times: true };
+        for &s in Statement::ALL {
+            let mut db = Db::default();
+            let reply = db.execute(&DbOp::draw(s, &mut fixed));
+            assert!(s.shape().fits(&reply), "{} answered {reply:?}", s.name());
         }
     }
 

@@ -427,7 +427,7 @@ fn a_rate_is_kept_as_stated() {
     for n in [1, 3, 7, 333, 501, 999, 1_000] {
         let mut db = Db::new();
         db.clock = t(1_000_000);
-        let Some(DbOp::TakeToken { interval_ns, .. }) = limit(n).take_token("p") else {
+        let Some(query::TakeToken { interval_ns, .. }) = limit(n).take_token("p") else {
             panic!("a rate limit of {n} takes tokens");
         };
         // Ten seconds, asked every millisecond, with a burst of two (the

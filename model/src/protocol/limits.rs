@@ -11,7 +11,7 @@
 //! Limits bound load on the provider; they never change what a run writes.
 
 use super::Policy;
-use crate::db::DbOp;
+use crate::db::{DbOp, Shaped, query, shape};
 use crate::ids::{Fence, RunId};
 use serde::{Deserialize, Serialize};
 
@@ -85,33 +85,38 @@ impl ProviderLimit {
     /// (`None`: no concurrency limit). Answers 1, or 0 when all are held
     /// or none exist yet ([`ProviderLimit::ensure`]).
     #[must_use]
-    pub fn acquire(&self, policy: &Policy, provider: &str, holder: &str) -> Option<DbOp> {
+    pub fn acquire(
+        &self,
+        policy: &Policy,
+        provider: &str,
+        holder: &str,
+    ) -> Option<Shaped<shape::Rows>> {
         let (provider, slots) = (provider.to_owned(), self.concurrent?);
         let (holder, hold_ms) = (holder.to_owned(), self.hold_ms);
         #[cfg(feature = "mutants")]
         if crate::injects!(policy, Overbooked) {
-            return Some(DbOp::AcquireAnySlot {
+            return Some(Shaped::new(DbOp::AcquireAnySlot {
                 provider,
                 slots,
                 holder,
                 hold_ms,
-            });
+            }));
         }
         #[cfg(not(feature = "mutants"))]
         let _ = policy;
-        Some(DbOp::AcquireSlot {
+        Some(Shaped::new(DbOp::AcquireSlot {
             provider,
             slots,
             holder,
             hold_ms,
-        })
+        }))
     }
 
     /// The statement that makes `provider`'s slots (free), for a first
     /// acquire that found none.
     #[must_use]
-    pub fn ensure(&self, provider: &str) -> Option<DbOp> {
-        Some(DbOp::EnsureSlots {
+    pub fn ensure(&self, provider: &str) -> Option<query::EnsureSlots> {
+        Some(query::EnsureSlots {
             provider: provider.to_owned(),
             slots: self.concurrent?,
         })
@@ -119,8 +124,8 @@ impl ProviderLimit {
 
     /// The statement that frees `holder`'s slot of `provider`.
     #[must_use]
-    pub fn release(provider: &str, holder: &str) -> DbOp {
-        DbOp::ReleaseSlot {
+    pub fn release(provider: &str, holder: &str) -> query::ReleaseSlot {
+        query::ReleaseSlot {
             provider: provider.to_owned(),
             holder: holder.to_owned(),
         }
@@ -138,8 +143,8 @@ impl ProviderLimit {
     /// The statement that takes a token of `provider`'s rate limit (`None`:
     /// no rate limit). Answers 1, or 0 when it is too soon.
     #[must_use]
-    pub fn take_token(&self, provider: &str) -> Option<DbOp> {
-        Some(DbOp::TakeToken {
+    pub fn take_token(&self, provider: &str) -> Option<query::TakeToken> {
+        Some(query::TakeToken {
             provider: provider.to_owned(),
             interval_ns: self.interval_ns()?,
             burst: self.burst.max(1),

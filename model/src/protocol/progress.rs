@@ -6,7 +6,7 @@
 //! The mutant twin of the write is chosen here, once.
 
 use super::Policy;
-use crate::db::{DbOp, DbReply};
+use crate::db::{DbOp, QueryError, Shaped, shape};
 use crate::ids::{Fence, RunId};
 
 /// Why a progress event was not written.
@@ -39,7 +39,7 @@ pub fn progress(
     run: RunId,
     fence: Fence,
     data: String,
-) -> Result<DbOp, ProgressError> {
+) -> Result<Shaped<shape::Rows>, ProgressError> {
     if data.len() > policy.value_bytes_max {
         return Err(ProgressError::TooLarge {
             len: data.len(),
@@ -48,19 +48,19 @@ pub fn progress(
     }
     #[cfg(feature = "mutants")]
     if crate::injects!(policy, ZombieProgress) {
-        return Ok(DbOp::AppendEventUnfenced { run, fence, data });
+        return Ok(Shaped::new(DbOp::AppendEventUnfenced { run, fence, data }));
     }
-    Ok(DbOp::AppendEvent { run, fence, data })
+    Ok(Shaped::new(DbOp::AppendEvent { run, fence, data }))
 }
 
-/// The answer to [`progress`]'s statement (`None`: no answer).
+/// The answer to [`progress`]'s statement: rows written.
 ///
 /// # Errors
 /// The event was refused, or it is not known whether it was written.
-pub fn progressed(reply: Option<&DbReply>) -> Result<(), ProgressError> {
-    match reply {
-        Some(DbReply::Rows(1)) => Ok(()),
-        Some(_) => Err(ProgressError::Refused),
-        None => Err(ProgressError::Unavailable),
+pub fn progressed(answer: Result<u64, QueryError>) -> Result<(), ProgressError> {
+    match answer {
+        Ok(1) => Ok(()),
+        Ok(_) | Err(QueryError::Unfit(_)) => Err(ProgressError::Refused),
+        Err(QueryError::Unavailable(_)) => Err(ProgressError::Unavailable),
     }
 }

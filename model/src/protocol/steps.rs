@@ -19,7 +19,7 @@
 //! therefore carry an idempotency key ([`Policy::step_key`]).
 
 use super::Policy;
-use crate::db::{DbOp, DbReply, StepRow};
+use crate::db::{QueryError, StepRow, Unfit, query};
 use crate::ids::{Fence, RunId};
 use crate::status::{ErrorClass, JobOutcome};
 use std::collections::BTreeMap;
@@ -113,8 +113,8 @@ pub struct Ledger {
 impl Ledger {
     /// The read that starts an attempt's ledger.
     #[must_use]
-    pub fn read(run: RunId) -> DbOp {
-        DbOp::ReadSteps { run }
+    pub fn read(run: RunId) -> query::ReadSteps {
+        query::ReadSteps { run }
     }
 
     /// The ledger of the attempt of `run` holding `fence`, from the answer
@@ -153,7 +153,12 @@ impl Ledger {
     ///
     /// # Errors
     /// [`StepError::TooLarge`]: `output` exceeds [`Policy::value_bytes_max`].
-    pub fn record(&self, index: u32, name: &str, output: String) -> Result<DbOp, StepError> {
+    pub fn record(
+        &self,
+        index: u32,
+        name: &str,
+        output: String,
+    ) -> Result<query::RecordStep, StepError> {
         if output.len() > self.policy.value_bytes_max {
             return Err(StepError::TooLarge {
                 name: name.to_owned(),
@@ -161,7 +166,7 @@ impl Ledger {
                 max: self.policy.value_bytes_max,
             });
         }
-        Ok(DbOp::RecordStep {
+        Ok(query::RecordStep {
             run: self.run,
             fence: self.fence,
             step: index,
@@ -170,22 +175,19 @@ impl Ledger {
         })
     }
 
-    /// The answer to [`Ledger::record`]'s statement (`None`: no answer).
+    /// The answer to [`Ledger::record`]'s statement: rows written.
     ///
     /// # Errors
     /// The step was not recorded, or it is not known whether it was.
-    pub fn recorded(&self, name: &str, reply: Option<&DbReply>) -> Result<(), StepError> {
-        match reply {
-            Some(DbReply::Rows(1)) => Ok(()),
-            Some(DbReply::Refused) => Err(StepError::Refused {
-                name: name.to_owned(),
-            }),
-            Some(_) => Err(StepError::NotRecorded {
-                name: name.to_owned(),
-            }),
-            None => Err(StepError::Unavailable {
-                name: name.to_owned(),
-            }),
+    pub fn recorded(&self, name: &str, answer: Result<u64, QueryError>) -> Result<(), StepError> {
+        let name = name.to_owned();
+        match answer {
+            Ok(1) => Ok(()),
+            Err(QueryError::Unfit(Unfit::Refused(_))) => Err(StepError::Refused { name }),
+            Ok(_) | Err(QueryError::Unfit(Unfit::Mismatch(_))) => {
+                Err(StepError::NotRecorded { name })
+            }
+            Err(QueryError::Unavailable(_)) => Err(StepError::Unavailable { name }),
         }
     }
 }

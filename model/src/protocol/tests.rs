@@ -627,7 +627,7 @@ fn a_delivery_for_a_deleted_run_is_stale() {
 
 #[test]
 fn a_recorded_step_is_replayed_and_an_unrecorded_one_runs() {
-    use crate::db::StepRow;
+    use crate::db::{QueryError, Statement, StepRow, Unfit};
     let p = policy();
     let row = |name: &str| StepRow {
         name: name.into(),
@@ -639,7 +639,7 @@ fn a_recorded_step_is_replayed_and_an_unrecorded_one_runs() {
     assert_eq!(l.plan("send"), Ok(StepPlan::Run(1)));
     assert_eq!(
         l.record(1, "send", "true".into()),
-        Ok(DbOp::RecordStep {
+        Ok(crate::db::query::RecordStep {
             run: RunId(1),
             fence: Fence(2),
             step: 1,
@@ -647,16 +647,18 @@ fn a_recorded_step_is_replayed_and_an_unrecorded_one_runs() {
             output: "true".into(),
         })
     );
-    assert_eq!(l.recorded("send", Some(&DbReply::Rows(1))), Ok(()));
+    assert_eq!(l.recorded("send", Ok(1)), Ok(()));
     assert!(matches!(
-        l.recorded("send", Some(&DbReply::Rows(0))),
+        l.recorded("send", Ok(0)),
         Err(StepError::NotRecorded { .. })
     ));
     assert!(matches!(
-        l.recorded("send", None),
+        l.recorded("send", Err(QueryError::Unavailable(Unavailable))),
         Err(StepError::Unavailable { .. })
     ));
-    let refused = l.recorded("se\0nd", Some(&DbReply::Refused)).unwrap_err();
+    let refused = l
+        .recorded("se\0nd", Err(Unfit::Refused(Statement::RecordStep).into()))
+        .unwrap_err();
     assert!(matches!(
         refused.outcome(),
         JobOutcome::Failed {

@@ -12,8 +12,9 @@ use crate::{
     Batching, Config, Entropy, Io, NoProbe, Probe, Requeued, Worker, cancel, requeue_dead, submit,
 };
 use anyhow::{Context, Result, bail};
+use pelican_model::db::query;
 use pelican_model::ids::{RunId, WorkerId};
-use pelican_model::protocol::{DbOp, DbReply, Policy, StreamOp, StreamReply, SubmitterEnd};
+use pelican_model::protocol::{Policy, StreamOp, StreamReply, SubmitterEnd};
 use pelican_model::status::RunStatus;
 use pelican_model::time::Timestamp;
 use serde_json::json;
@@ -232,13 +233,12 @@ async fn worker_id(a: &WorkerArgs, db: &PgDb) -> Result<WorkerId> {
         Some(n) => WorkerId(n),
         None => {
             let host = host_name();
-            let op = DbOp::RegisterWorker {
+            let q = query::RegisterWorker {
                 host: host.clone(),
                 pid: std::process::id(),
             };
-            match db.execute(&op).await {
-                Ok(DbReply::NewWorker(id)) => id,
-                Ok(other) => bail!("registering the worker: unexpected answer {other:?}"),
+            match db.query(q).await {
+                Ok(id) => id,
                 Err(e) => bail!("registering the worker (host {host}) in Postgres: {e}"),
             }
         }
@@ -475,10 +475,7 @@ async fn submit_one(
     let input: serde_json::Value = serde_json::from_str(input).context("the input is not JSON")?;
     let clients = connect(c, 0).await?;
     let io = io(clients, config, NoProbe);
-    let run = match io.db.execute(&DbOp::NextRunId).await? {
-        DbReply::NewRun(r) => r,
-        other => bail!("unexpected answer {other:?}"),
-    };
+    let run = io.db.query(query::NextRunId {}).await?;
     match submit(&io, run, kind, &input.to_string(), key).await {
         SubmitterEnd::Accepted { published } => {
             let answer = pelican_client::Submitted {
@@ -732,10 +729,7 @@ fn report_file(
 /// `pelican status` without a run: runs by status and the queue.
 async fn status(c: &Connection, json: bool) -> Result<()> {
     let db = connect_db(c).await?;
-    let counts = match db.execute(&DbOp::CountRuns).await? {
-        DbReply::Counts(c) => c,
-        other => bail!("unexpected answer {other:?}"),
-    };
+    let counts = db.query(query::CountRuns {}).await?;
     let clients = connect(c, 0).await?;
     let names = clients.stream.names().clone();
     let queue = match clients
@@ -802,16 +796,8 @@ fn check_traces(files: &[std::path::PathBuf]) -> Result<()> {
 /// `pelican dlq list`.
 async fn dlq_list(c: &Connection, limit: usize, json: bool) -> Result<()> {
     let db = connect_db(c).await?;
-    let letters = match db
-        .execute(&DbOp::ListDeadLetters {
-            after: RunId(0),
-            limit,
-        })
-        .await?
-    {
-        DbReply::DeadLetters(d) => d,
-        other => bail!("unexpected answer {other:?}"),
-    };
+    let after = RunId(0);
+    let letters = db.query(query::ListDeadLetters { after, limit }).await?;
     let rows: Vec<_> = letters
         .iter()
         .map(|(run, d)| api::dead_letter_view(*run, d))

@@ -9,7 +9,8 @@ use super::args::Connection;
 use super::commands::{connect_db, connect_unagreed};
 use crate::live::PgDb;
 use anyhow::{Result, bail};
-use pelican_model::protocol::{DbOp, DbReply, StreamOp};
+use pelican_model::db::query;
+use pelican_model::protocol::StreamOp;
 
 /// Agrees this process's `partitions` with the deployment's: stores it if
 /// none is stored yet, else refuses to go on with another.
@@ -18,18 +19,17 @@ use pelican_model::protocol::{DbOp, DbReply, StreamOp};
 /// A count that differs from the stored one, or Postgres unreachable or
 /// not migrated.
 pub(crate) async fn agree(db: &PgDb, partitions: u16) -> Result<()> {
-    let op = DbOp::AgreePartitions {
+    let q = query::AgreePartitions {
         partitions: u32::from(partitions),
     };
-    match db.execute(&op).await {
-        Ok(DbReply::Rows(n)) if n == u64::from(partitions) => Ok(()),
-        Ok(DbReply::Rows(n)) => bail!(
+    match db.query(q).await {
+        Ok(n) if n == u64::from(partitions) => Ok(()),
+        Ok(n) => bail!(
             "this deployment has {n} partitions (stored in Postgres), and this process was \
              started with --partitions {partitions}: start it with --partitions {n} \
              (PELICAN_PARTITIONS={n}), or change the deployment's count with \
              `pelican partitions --set {partitions}`"
         ),
-        Ok(other) => bail!("agreeing the partition count: unexpected answer {other:?}"),
         Err(e) => bail!(
             "reading the deployment's partition count from Postgres: {e} \
              (has `pelican migrate` run?)"
@@ -41,10 +41,9 @@ pub(crate) async fn agree(db: &PgDb, partitions: u16) -> Result<()> {
 pub(crate) async fn partitions(c: &Connection, set: Option<u16>) -> Result<()> {
     let Some(n) = set else {
         let db = connect_db(c).await?;
-        match db.execute(&DbOp::ReadPartitions).await {
-            Ok(DbReply::Rows(0)) => println!("no partition count stored yet"),
-            Ok(DbReply::Rows(n)) => println!("{n}"),
-            Ok(other) => bail!("reading the partition count: unexpected answer {other:?}"),
+        match db.query(query::ReadPartitions {}).await {
+            Ok(0) => println!("no partition count stored yet"),
+            Ok(n) => println!("{n}"),
             Err(e) => bail!("reading the partition count from Postgres: {e}"),
         }
         return Ok(());
@@ -64,21 +63,20 @@ pub(crate) async fn partitions(c: &Connection, set: Option<u16>) -> Result<()> {
             _ => bail!("creating the consumer group of partition {partition} failed"),
         }
     }
-    let op = DbOp::SetPartitions {
+    let q = query::SetPartitions {
         partitions: u32::from(n),
     };
-    match clients.db.execute(&op).await {
-        Ok(DbReply::Rows(1)) => {
+    match clients.db.query(q).await {
+        Ok(1) => {
             println!(
                 "the deployment has {n} partitions: restart every API and worker with --partitions {n}"
             );
             Ok(())
         }
-        Ok(DbReply::Rows(_)) => bail!(
+        Ok(_) => bail!(
             "the deployment has more than {n} partitions, and fewer is refused: entries in a \
              dropped partition would be read by no worker"
         ),
-        Ok(other) => bail!("storing the partition count: unexpected answer {other:?}"),
         Err(e) => bail!(
             "storing the partition count in Postgres: {e}; nothing is lost, and the command \
              is safe to repeat"

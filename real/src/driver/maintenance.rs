@@ -1,10 +1,10 @@
 //! Driving the short-lived roles: a maintenance pass, a submission, a cancel.
 
 use super::{DbClient, Io, Probe, RoleId, StreamClient};
+use pelican_model::db::query;
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{
-    Command, DbOp, DbReply, Input, Maintenance, MaintenanceTask, PassReport, Policy, Submitter,
-    SubmitterEnd, Unavailable,
+    Command, Maintenance, MaintenanceTask, PassReport, Policy, Submitter, SubmitterEnd, Unavailable,
 };
 use pelican_model::world::Issuer;
 
@@ -96,10 +96,10 @@ pub async fn new_run_ids<S: StreamClient, D: DbClient, P: Probe>(
     let count = u32::try_from(count).map_err(|_| Unavailable)?;
     match io
         .db
-        .call(DbOp::NextRunIds { count }, Issuer::default())
+        .query(query::NextRunIds { count }, Issuer::default())
         .await
     {
-        Ok(DbReply::NewRuns(ids)) if ids.len() == count as usize => Ok(ids),
+        Ok(ids) if ids.len() == count as usize => Ok(ids),
         _ => Err(Unavailable),
     }
 }
@@ -175,11 +175,11 @@ pub async fn cancel<S: StreamClient, D: DbClient, P: Probe>(
 ) -> Result<bool, Unavailable> {
     let role = RoleId::Cancel(run);
     match io
-        .run(&role, Command::Db(DbOp::Cancel { run }), Issuer::default())
+        .query(&role, query::Cancel { run }, Issuer::default())
         .await
     {
-        Input::Db(DbReply::Rows(n)) => Ok(n == 1),
-        _ => Err(Unavailable),
+        Ok(n) => Ok(n == 1),
+        Err(_) => Err(Unavailable),
     }
 }
 
@@ -209,18 +209,17 @@ pub async fn requeue_dead<D: DbClient>(
     extra_attempts: u32,
 ) -> Result<Requeued, Unavailable> {
     let by = Issuer::default();
-    let kind = match db.call(DbOp::ReadRunHead { run }, by).await? {
-        DbReply::Run(Some(r)) => r.kind,
-        DbReply::Run(None) => return Ok(Requeued::NoRun),
-        _ => return Err(Unavailable),
+    let head = db.query(query::ReadRunHead { run }, by).await;
+    let Some(kind) = head.map_err(|_| Unavailable)?.map(|r| r.kind) else {
+        return Ok(Requeued::NoRun);
     };
-    let op = DbOp::DlqRequeue {
+    let q = query::DlqRequeue {
         run,
         extra_attempts,
         budget_ms: policy.kind(&kind).budget_ms.unwrap_or(0),
     };
-    match db.call(op, by).await? {
-        DbReply::Rows(1) => Ok(Requeued::Yes),
+    match db.query(q, by).await.map_err(|_| Unavailable)? {
+        1 => Ok(Requeued::Yes),
         _ => Ok(Requeued::NotDead),
     }
 }

@@ -1,6 +1,8 @@
 //! The driver: the clients it needs, its configuration, and the loops that
 //! run the protocol's roles (see the crate docs).
 
+pub use pelican_model::db::QueryError;
+use pelican_model::db::{AnswerOf, Query};
 use pelican_model::ids::{EntryId, Fence, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, DeliveryEnd, Execution, Input, MaintenanceTask, PassReport, Policy,
@@ -79,6 +81,21 @@ pub trait DbClient: Send + Sync + 'static {
     fn bounds_wait(&self, op: &DbOp) -> bool {
         let _ = op;
         false
+    }
+
+    /// Runs the statement `q`, issued by `by`: its typed answer.
+    ///
+    /// # Errors
+    /// No answer ([`QueryError::Unavailable`]), or Postgres refused the
+    /// values ([`QueryError::Unfit`]).
+    fn query<Q: Query + Send>(
+        &self,
+        q: Q,
+        by: Issuer,
+    ) -> impl Future<Output = Result<AnswerOf<Q>, QueryError>> + Send {
+        let op: DbOp = q.into();
+        let statement = op.statement();
+        async move { Ok(Q::answer(statement, self.call(op, by).await?)?) }
     }
 
     /// Runs `ops` as a batch (what a batch means:
@@ -435,6 +452,25 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
     pub async fn sleep_until(&self, at: Timestamp) {
         let left = at.0.saturating_sub(self.now().0);
         tokio::time::sleep(Duration::from_millis(left)).await;
+    }
+
+    /// Runs the statement `q` as `role`'s command ([`Io::run`]): its typed
+    /// answer.
+    ///
+    /// # Errors
+    /// As [`DbClient::query`].
+    pub async fn query<Q: Query>(
+        &self,
+        role: &RoleId,
+        q: Q,
+        by: Issuer,
+    ) -> Result<AnswerOf<Q>, QueryError> {
+        let op: DbOp = q.into();
+        let statement = op.statement();
+        match self.run(role, Command::Db(op), by).await {
+            Input::Db(reply) => Ok(Q::answer(statement, reply)?),
+            _ => Err(QueryError::Unavailable(Unavailable)),
+        }
     }
 
     /// Runs one server command of `role` and turns its answer into the

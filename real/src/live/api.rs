@@ -37,9 +37,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pelican_client::wire;
+use pelican_model::db::query;
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply, QueueState, StreamOp, StreamReply, SubmitterEnd};
+use pelican_model::protocol::{QueueState, StreamOp, StreamReply, SubmitterEnd};
 use pelican_model::status::{ErrorClass, RunStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -100,6 +101,17 @@ fn unavailable(what: &str) -> ApiError {
         StatusCode::SERVICE_UNAVAILABLE,
         format!("{what} is unavailable; retry later"),
     )
+}
+
+/// 503 for a statement without its answer; the error is logged.
+fn postgres(e: super::pg::PgError) -> ApiError {
+    tracing::warn!(error = %e, "a statement of the API failed");
+    unavailable("Postgres")
+}
+
+/// 404 for run `run`.
+fn no_run(run: RunId) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0))
 }
 
 /// The API's OpenAPI document: its routes and bodies are added by

@@ -7,10 +7,11 @@ use super::pg::PgDb;
 use super::redis::RedisStream;
 use crate::driver::{Probe, RoleId};
 use metrics::{Counter, Gauge, Histogram};
+use pelican_model::db::query;
 use pelican_model::ids::{EntryId, WorkerId};
 use pelican_model::protocol::{
-    AckReason, DbOp, DbReply, DeliveryEnd, Input, MaintenanceTask, PassReport, PendingReason,
-    StreamOp, StreamReply,
+    AckReason, DeliveryEnd, Input, MaintenanceTask, PassReport, PendingReason, StreamOp,
+    StreamReply,
 };
 use pelican_model::status::{ErrorClass, JobOutcome, RunStatus};
 use pelican_model::time::Timestamp;
@@ -32,7 +33,7 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
         metrics::gauge!("pelican_oldest_pending_idle_ms")
             .set(group.oldest_idle_ms.unwrap_or(0) as f64);
     }
-    if let Ok(DbReply::Counts(counts)) = db.execute(&DbOp::CountLive).await {
+    if let Ok(counts) = db.query(query::CountLive {}).await {
         for (status, n) in live_runs(&counts) {
             metrics::gauge!("pelican_runs", "status" => status.as_str()).set(n as f64);
         }
@@ -40,7 +41,7 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
 }
 
 /// Every live status (queued, running, retry_wait) with its count in
-/// `counts` ([`DbOp::CountLive`]'s answer, which leaves out statuses with
+/// `counts` ([`query::CountLive`]'s answer, which leaves out statuses with
 /// none), zero where it has none.
 pub fn live_runs(counts: &[(RunStatus, u64)]) -> impl Iterator<Item = (RunStatus, u64)> + '_ {
     RunStatus::ALL
@@ -227,10 +228,11 @@ impl Probe for MetricsProbe {
     fn db_answered(&self, _role: &RoleId, statement: &'static str, input: &Input) {
         let answered = matches!(input, Input::Db(_));
         self.readiness.postgres.store(answered, Ordering::Relaxed);
-        if let Input::Db(DbReply::Rows(n)) = input
+        if let Input::Db(reply) = input
+            && let Some(n) = reply.rows()
             && let Some((_, counters)) = self.writes.iter().find(|(s, _)| *s == statement)
         {
-            counters[usize::from(*n > 0)].increment(1);
+            counters[usize::from(n > 0)].increment(1);
         }
     }
 

@@ -3,7 +3,7 @@
 //! number of watchers.
 //!
 //! Every [`POLL`] the reader asks Postgres for the head of every watched
-//! run at once ([`DbOp::ReadRunHead`]'s batched form: its status and event
+//! run at once ([`query::ReadRunHead`]'s batched form: its status and event
 //! count, none of its values), then reads the new events of the runs whose
 //! count moved past what some watcher has, one read per such run, and
 //! hands each watcher the events after its own position. A watcher whose
@@ -13,9 +13,9 @@
 //! (retention deleted it).
 
 use super::pg::PgDb;
+use pelican_model::db::query;
 use pelican_model::events::RunEvent;
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -174,39 +174,36 @@ async fn read_loop(watchers: std::sync::Weak<Watchers>, db: PgDb) {
 /// One poll of `watched` (run, earliest position): their heads in one
 /// statement, then the new events of each run that has some.
 async fn poll(w: &Watchers, db: &PgDb, watched: &[(RunId, u32)]) {
-    let heads: Vec<DbOp> = watched
+    let heads: Vec<_> = watched
         .iter()
-        .map(|(run, _)| DbOp::ReadRunHead { run: *run })
+        .map(|(run, _)| query::ReadRunHead { run: *run })
         .collect();
     let statements = metrics::counter!("pelican_events_statements_total");
     statements.increment(1);
-    let Ok(heads) = db.execute_batch(&heads).await else {
+    let Ok(heads) = db.query_batch(heads).await else {
         tracing::warn!(runs = watched.len(), "reading the watched runs failed");
         return;
     };
     for (&(run, after), head) in watched.iter().zip(heads) {
-        let events = match head {
-            DbReply::Run(Some(r)) => r.events,
+        let Some(events) = head.map(|r| r.events) else {
             // Gone: retention deleted it.
-            _ => {
-                w.deliver(run, &[], None);
-                continue;
-            }
+            w.deliver(run, &[], None);
+            continue;
         };
         if events <= after {
             w.deliver(run, &[], Some(events));
             continue;
         }
-        let read = DbOp::ReadEvents {
+        let read = query::ReadEvents {
             run,
             after,
             limit: READ_MAX,
             bytes_max: READ_BYTES_MAX,
         };
         statements.increment(1);
-        match db.execute(&read).await {
-            Ok(DbReply::Events(batch)) => w.deliver(run, &batch, Some(events)),
-            _ => tracing::warn!(run = run.0, "reading events failed"),
+        match db.query(read).await {
+            Ok(batch) => w.deliver(run, &batch, Some(events)),
+            Err(e) => tracing::warn!(run = run.0, error = %e, "reading events failed"),
         }
     }
 }

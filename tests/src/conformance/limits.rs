@@ -50,6 +50,7 @@ fn acquire(policy: &Policy, slots: u32, holder: &str) -> DbOp {
     limit
         .acquire(policy, "p", holder)
         .expect("a concurrency limit")
+        .into()
 }
 
 fn ensure(slots: u32) -> DbOp {

@@ -6,6 +6,7 @@ use super::symmetry::permutations;
 use super::{Action, ApiRun, Fate, Job, Proc, Source, State, WorkerProc, run_id};
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
+use pelican_model::db::{QueryError, query};
 use pelican_model::ids::{EntryId, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, MaintenanceTask,
@@ -214,10 +215,7 @@ impl State {
         };
         let mut run_it = true;
         if cfg.steps {
-            let recorded = match self.world.db(&Ledger::read(run), by) {
-                DbReply::Steps(s) => s,
-                other => unreachable!("read_steps answers steps, not {other:?}"),
-            };
+            let recorded = (self.world.query(Ledger::read(run), by)).expect("steps are read");
             let mut ledger = Ledger::new(&cfg.policy, run, fence, recorded);
             match ledger.plan(STEP) {
                 Ok(StepPlan::Replay(_)) => {
@@ -233,7 +231,7 @@ impl State {
         job.record_due = run_it && cfg.steps;
         if run_it {
             let key = cfg.policy.idempotency_key(run, 0, fence);
-            let applied = self.world.db(&DbOp::ApplyEffect { key }, by) == DbReply::Rows(1);
+            let applied = self.world.query(query::ApplyEffect { key }, by) == Ok(true);
             self.world.effect_applied(run, 0, applied);
         }
     }
@@ -254,11 +252,11 @@ impl State {
             let acquire = limit
                 .acquire(&cfg.policy, PROVIDER, &holder)
                 .expect("a concurrency limit");
-            let mut granted = self.world.db(&acquire, by) == DbReply::Rows(1);
+            let mut granted = self.world.query(acquire.clone(), by) == Ok(1);
             if !granted && self.world.db.slots.is_empty() {
                 let ensure = limit.ensure(PROVIDER).expect("a concurrency limit");
-                self.world.db(&ensure, by);
-                granted = self.world.db(&acquire, by) == DbReply::Rows(1);
+                let _ = self.world.query(ensure, by);
+                granted = self.world.query(acquire, by) == Ok(1);
             }
             if !granted {
                 self.seen.slot_waited = true;
@@ -271,7 +269,7 @@ impl State {
                 .permit = true;
         }
         let take = limit.take_token(PROVIDER).expect("a rate limit");
-        self.world.db(&take, by) == DbReply::Rows(1)
+        self.world.query(take, by) == Ok(1)
     }
 
     /// Worker `w`'s job reports its progress, then records its step
@@ -287,14 +285,14 @@ impl State {
             own_fence: Some(fence),
         };
         let report = progress(&cfg.policy, run, fence, "{}".into()).expect("a small event");
-        let reply = self.world.db(&report, by);
-        if progressed(Some(&reply)).is_err() {
+        let answer = self.world.query(report, by).map_err(QueryError::from);
+        if progressed(answer).is_err() {
             self.seen.progress_refused = true;
         }
         let op = Ledger::new(&cfg.policy, run, fence, Vec::new())
             .record(0, STEP, "true".into())
             .expect("a small output");
-        let _ = self.world.db(&op, by);
+        let _ = self.world.query(op, by);
     }
 
     /// Worker `w`'s job ends with an outcome of kind `kind`.
@@ -306,7 +304,7 @@ impl State {
                 own_fence: Some(job.fence),
             };
             let holder = ProviderLimit::holder(job.run, job.fence, 0);
-            self.world.db(&ProviderLimit::release("p", &holder), by);
+            let _ = self.world.query(ProviderLimit::release("p", &holder), by);
         }
         let wp = &mut self.workers[usize::from(w)];
         let outcome = match kind {

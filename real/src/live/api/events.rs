@@ -82,13 +82,11 @@ pub(super) async fn run_events(
     };
     let after = last_seen.or(query.after).unwrap_or(0);
     let db = state.io.db.inner().clone();
-    let row = match db.execute(&DbOp::ReadRunHead { run }).await {
-        Ok(DbReply::Run(Some(r))) => r,
-        Ok(DbReply::Run(None)) => {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
-        }
-        _ => return Err(unavailable("Postgres")),
-    };
+    let row = db
+        .query(query::ReadRunHead { run })
+        .await
+        .map_err(postgres)?;
+    let row = row.ok_or_else(|| no_run(run))?;
     if after > row.events {
         return Err(bad(format!(
             "run {} has {} events; there is no event {after}",

@@ -7,10 +7,7 @@ use super::*;
 #[utoipa::path(get, path = "/healthz", tag = "meta",
     responses((status = 200, body = wire::Health), (status = 503, description = "a server does not answer", body = wire::Health)))]
 pub(super) async fn healthz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = matches!(
-        state.io.db.inner().execute(&DbOp::Ping).await,
-        Ok(DbReply::Rows(1))
-    );
+    let pg = matches!(state.io.db.inner().query(query::Ping {}).await, Ok(1));
     let mut conn = state.io.stream.inner().connection();
     let redis = redis::cmd("PING")
         .query_async::<String>(&mut conn)
@@ -74,7 +71,7 @@ pub fn queue_view(names: &crate::live::StreamNames, q: &QueueState) -> wire::Que
 /// The minutes `GET /queue` reports throughput over.
 pub(super) const THROUGHPUT_MINUTES: u32 = 10;
 
-/// [`DbReply::PerMinute`] as the last `minutes` minutes up to `now_minute`,
+/// the answer of [`query::FinishedPerMinute`] as the last `minutes` minutes up to `now_minute`,
 /// each listed (zero when none finished).
 pub(super) fn per_minute(
     rows: &[(pelican_model::time::Timestamp, RunStatus, u64)],
@@ -125,21 +122,16 @@ pub(super) async fn queue(
     let Ok(Ok(StreamReply::Queue(q))) = stream.execute(op).await else {
         return Err(unavailable("Redis"));
     };
-    let Ok(DbReply::Counts(counts)) = state.io.db.inner().execute(&DbOp::CountLive).await else {
-        return Err(unavailable("Postgres"));
-    };
+    let db = state.io.db.inner();
+    let counts = db.query(query::CountLive {}).await.map_err(postgres)?;
     let mut view = queue_view(stream.names(), &q);
     view.runs = Some(
         metrics::live_runs(&counts)
             .map(|(s, n)| (s.as_str().to_owned(), n))
             .collect(),
     );
-    let op = DbOp::FinishedPerMinute {
-        minutes: THROUGHPUT_MINUTES,
-    };
-    let Ok(DbReply::PerMinute(rows)) = state.io.db.inner().execute(&op).await else {
-        return Err(unavailable("Postgres"));
-    };
+    let minutes = THROUGHPUT_MINUTES;
+    let rows = (db.query(query::FinishedPerMinute { minutes }).await).map_err(postgres)?;
     view.throughput = Some(per_minute(&rows, THROUGHPUT_MINUTES));
     Ok(Json(view))
 }

@@ -8,19 +8,13 @@ use super::*;
 /// # Errors
 /// 404 for an unknown run, 503 when Postgres does not answer.
 pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
-    let row = match db.execute(&DbOp::ReadRun { run }).await {
-        Ok(DbReply::Run(Some(r))) => r,
-        Ok(DbReply::Run(None)) => {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)));
-        }
-        _ => return Err(unavailable("Postgres")),
-    };
-    let Ok(DbReply::Attempts(attempts)) = db.execute(&DbOp::ReadAttempts { run }).await else {
-        return Err(unavailable("Postgres"));
-    };
-    let Ok(DbReply::Steps(steps)) = db.execute(&DbOp::ReadSteps { run }).await else {
-        return Err(unavailable("Postgres"));
-    };
+    let row = db.query(query::ReadRun { run }).await.map_err(postgres)?;
+    let row = row.ok_or_else(|| no_run(run))?;
+    let attempts = db
+        .query(query::ReadAttempts { run })
+        .await
+        .map_err(postgres)?;
+    let steps = db.query(query::ReadSteps { run }).await.map_err(postgres)?;
     Ok(wire::Run {
         run_id: row.run_id,
         kind: row.kind,
@@ -201,15 +195,13 @@ pub(super) async fn list_runs(
     if !kind.is_empty() {
         validate_kind(&kind).map_err(bad)?;
     }
-    let op = DbOp::ListRuns {
+    let list = query::ListRuns {
         status,
         kind,
         after,
         limit,
     };
-    let Ok(DbReply::Runs(rows)) = state.io.db.inner().execute(&op).await else {
-        return Err(unavailable("Postgres"));
-    };
+    let rows = state.io.db.inner().query(list).await.map_err(postgres)?;
     let next = next_cursor(rows.last().map(|r| r.run_id), rows.len(), limit);
     let runs = rows
         .into_iter()
@@ -259,10 +251,10 @@ pub(super) async fn refused(
     run: RunId,
     conflict: impl FnOnce(RunStatus) -> String,
 ) -> ApiError {
-    match db.execute(&DbOp::ReadRunHead { run }).await {
-        Ok(DbReply::Run(Some(r))) => ApiError(StatusCode::CONFLICT, conflict(r.status)),
-        Ok(DbReply::Run(None)) => ApiError(StatusCode::NOT_FOUND, format!("no run {}", run.0)),
-        _ => unavailable("Postgres"),
+    match db.query(query::ReadRunHead { run }).await {
+        Ok(Some(r)) => ApiError(StatusCode::CONFLICT, conflict(r.status)),
+        Ok(None) => no_run(run),
+        Err(e) => postgres(e),
     }
 }
 
@@ -278,10 +270,8 @@ pub(super) async fn list_dead_letters(
 ) -> Result<Json<wire::DeadLetterPage>, ApiError> {
     let q = page(query)?;
     let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
-    let op = DbOp::ListDeadLetters { after, limit };
-    let Ok(DbReply::DeadLetters(rows)) = state.io.db.inner().execute(&op).await else {
-        return Err(unavailable("Postgres"));
-    };
+    let list = query::ListDeadLetters { after, limit };
+    let rows = state.io.db.inner().query(list).await.map_err(postgres)?;
     let next = next_cursor(rows.last().map(|(r, _)| *r), rows.len(), limit);
     let dead_letters = rows
         .iter()

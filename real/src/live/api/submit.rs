@@ -86,7 +86,7 @@ pub(super) async fn create_run(
     })?;
     validate_kind(&new.kind).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
-    let Ok(DbReply::NewRun(run)) = state.io.db.inner().execute(&DbOp::NextRunId).await else {
+    let Ok(run) = state.io.db.inner().query(query::NextRunId {}).await else {
         // Nothing was sent that could store a run.
         return Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -100,15 +100,11 @@ pub(super) async fn create_run(
     let mut answer = answer_of(end, run, key.as_deref());
     if answer.existing {
         // A lone submission answers the key's run with its status.
-        answer.status = match (state.io.db.inner())
-            .execute(&DbOp::ReadRun {
-                run: answer.run_id.unwrap_or(run),
-            })
-            .await
-        {
-            Ok(DbReply::Run(Some(r))) => Some(r.status),
-            _ => None,
+        let read = query::ReadRun {
+            run: answer.run_id.unwrap_or(run),
         };
+        let row = state.io.db.inner().query(read).await;
+        answer.status = row.ok().flatten().map(|r| r.status);
     }
     Ok(response_of(answer))
 }
@@ -281,13 +277,13 @@ pub async fn expire_keys(io: Arc<ApiState>, keep: std::time::Duration) {
                 .io
                 .db
                 .inner()
-                .execute(&DbOp::ExpireKeys {
+                .query(query::ExpireKeys {
                     keep_ms,
                     limit: BATCH,
                 })
                 .await
             {
-                Ok(DbReply::Rows(n)) if n as usize == BATCH => {}
+                Ok(n) if n as usize == BATCH => {}
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "expiring idempotency keys failed");

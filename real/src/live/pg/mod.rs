@@ -10,7 +10,9 @@
 //! ([`migrator`]).
 
 use crate::driver::{BoxFuture, DbClient, Tools};
-use pelican_model::db::{Access, Column, DbOp, DbReply, Param, Shape, Statement, columns, sql};
+use pelican_model::db::{
+    Access, AnswerOf, Column, DbOp, DbReply, Param, Query, Shape, Statement, columns, query, sql,
+};
 use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::Unavailable;
 use pelican_model::world::Issuer;
@@ -41,6 +43,9 @@ pub enum PgError {
     /// Migrations failed.
     #[error("migrating the schema: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The reply is not the statement's typed answer ([`PgDb::query`]).
+    #[error(transparent)]
+    Unfit(#[from] pelican_model::db::Unfit),
     /// A stored value the model cannot represent.
     #[error("unexpected value in column {column}: {value:?}")]
     Corrupt {
@@ -203,6 +208,31 @@ impl PgDb {
         run_one(&mut *self.pool.acquire().await?, op).await
     }
 
+    /// Runs the statement `q`: its typed answer.
+    ///
+    /// # Errors
+    /// As [`PgDb::execute`], or Postgres refused the values
+    /// ([`PgError::Unfit`]).
+    pub async fn query<Q: Query>(&self, q: Q) -> Result<AnswerOf<Q>, PgError> {
+        let op: DbOp = q.into();
+        Ok(Q::answer(op.statement(), self.execute(&op).await?)?)
+    }
+
+    /// Runs the statements `qs` as a batch ([`PgDb::execute_batch`]): their
+    /// typed answers, in order.
+    ///
+    /// # Errors
+    /// As [`PgDb::execute_batch`], or Postgres refused one command's values
+    /// ([`PgError::Unfit`]).
+    pub async fn query_batch<Q: Query>(&self, qs: Vec<Q>) -> Result<Vec<AnswerOf<Q>>, PgError> {
+        let ops: Vec<DbOp> = qs.into_iter().map(Into::into).collect();
+        let replies = self.execute_batch(&ops).await?;
+        let answers = ops.iter().zip(replies);
+        answers
+            .map(|(op, reply)| Ok(Q::answer(op.statement(), reply)?))
+            .collect()
+    }
+
     /// Runs `ops` as [`pelican_model::Db::execute_batch`] defines a batch:
     /// independent commands, each answering for itself. Commands of one
     /// statement that has a batched form ([`Statement::many_sql`]), on
@@ -252,6 +282,15 @@ impl PgSession {
     /// As [`PgDb::execute`].
     pub async fn execute(&mut self, op: &DbOp) -> Result<DbReply, PgError> {
         run_one(&mut self.conn, op).await
+    }
+
+    /// As [`PgDb::query`], in this session.
+    ///
+    /// # Errors
+    /// As [`PgDb::query`].
+    pub async fn query<Q: Query>(&mut self, q: Q) -> Result<AnswerOf<Q>, PgError> {
+        let op: DbOp = q.into();
+        Ok(Q::answer(op.statement(), self.execute(&op).await?)?)
     }
 
     /// As [`PgDb::execute_batch`], in this session.
@@ -438,9 +477,8 @@ impl Tools for PgTools {
     ) -> BoxFuture<Result<bool, Unavailable>> {
         let db = self.0.clone();
         Box::pin(async move {
-            match db.execute(&DbOp::ApplyEffect { key }).await {
-                Ok(DbReply::Rows(n)) => Ok(n == 1),
-                Ok(_) => Err(Unavailable),
+            match db.query(query::ApplyEffect { key }).await {
+                Ok(applied) => Ok(applied),
                 Err(e) => {
                     tracing::warn!(error = %e, "tool service unavailable");
                     Err(Unavailable)
