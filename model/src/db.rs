@@ -34,10 +34,12 @@ macro_rules! summary_message_max {
 }
 
 mod answers;
+mod class;
 pub mod sql;
 mod statements;
 
 pub use answers::{Answer, AnswerOf, Keyed, Query, QueryError, Shape, Shaped, Unfit, shape};
+pub use class::{Class, SlotTake};
 pub use statements::{
     Access, Column, DbOp, DbReply, Param, Pick, Picks, Statement, ToParam, columns, query,
 };

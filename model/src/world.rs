@@ -12,7 +12,7 @@
 //! recorded in [`World::violations`]; [`crate::invariants`] checks the rest
 //! over the state.
 
-use crate::db::{AnswerOf, Claimed, Db, Query, RunRow, Unfit};
+use crate::db::{AnswerOf, Claimed, Class, Db, Query, RunRow, Unfit};
 use crate::events::{self, EventFault, RunEvent};
 use crate::ids::{AttemptNo, EntryId, Fence, Partition, RunId, WorkerId, partition_at};
 use crate::invariants::Guarantee;
@@ -496,19 +496,10 @@ pub struct World {
     pub violations: BTreeSet<Violation>,
 }
 
-/// The run whose events `op` may write (S13 is checked around it).
+/// The run whose events `op` may write (S13 is checked around it): the
+/// one its class names, or the one it writes under a fence.
 fn event_target(op: &DbOp) -> Option<RunId> {
-    match op {
-        DbOp::Claim { run, .. }
-        | DbOp::DeadLetterExhausted { run, .. }
-        | DbOp::Cancel { run }
-        | DbOp::DlqRequeue { run, .. } => Some(*run),
-        #[cfg(feature = "mutants")]
-        DbOp::ClaimReviving { run, .. }
-        | DbOp::ClaimAt { run, .. }
-        | DbOp::AppendEventUnfenced { run, .. } => Some(*run),
-        _ => op.fenced_write().map(|(run, _)| run),
-    }
+    (op.class().events).or_else(|| op.fenced_write().map(|(run, _)| run))
 }
 
 /// How many of a provider's latest token grants [`World::tokens`] keeps:
@@ -558,31 +549,25 @@ impl World {
 
     /// Executes a SQL statement, checking S2, S3, S7 at this step.
     pub fn db(&mut self, op: &DbOp, by: Issuer) -> DbReply {
-        let target = match op {
-            DbOp::Claim { run, .. } => Some(*run),
-            #[cfg(feature = "mutants")]
-            DbOp::ClaimReviving { run, .. } | DbOp::ClaimAt { run, .. } => Some(*run),
-            _ => op.fenced_write().map(|(run, _)| run),
-        };
+        let class = op.class();
+        let target = (class.claims).or_else(|| op.fenced_write().map(|(run, _)| run));
         let before = target.and_then(|r| self.db.runs.get(&r).cloned());
-        let (terminal_before, live_before) = self.runs_before(op, before.as_ref());
+        let (terminal_before, live_before) = self.runs_before(class, before.as_ref());
         let logged = event_target(op);
         let log_before = logged.map(|run| self.db.read_events(run, 0, usize::MAX));
-        let step_before = match op {
-            DbOp::RecordStep { run, step, .. } => self.db.steps.get(&(*run, *step)).cloned(),
-            _ => None,
-        };
+        let step = class.records_step;
+        let step_before = step.and_then(|key| self.db.steps.get(&key).cloned());
         let reply = self.db.execute(op);
-        self.check_keys(op, &reply);
+        self.check_keys(class, &reply);
         if let (Some(run), DbReply::Claimed(Some(job))) = (target, &reply)
             && job.claimed.budget_left_ms.is_some_and(|left| left <= 0)
         {
             self.spent_claims.insert((run, job.claimed.fence));
         }
-        if let (Some(before), DbOp::RecordStep { run, step, .. }) = (step_before, op)
-            && self.db.steps.get(&(*run, *step)) != Some(&before)
+        if let (Some(before), Some((run, step))) = (step_before, step)
+            && self.db.steps.get(&(run, step)) != Some(&before)
         {
-            self.violations.insert(Violation::StepReplaced(*run, *step));
+            self.violations.insert(Violation::StepReplaced(run, step));
         }
         for run in live_before {
             if !self.db.runs.contains_key(&run) {
@@ -600,12 +585,12 @@ impl World {
             }
         }
         self.check_fences(op, by, target, &reply, before.as_ref());
-        if let (DbOp::RequeueEntry { entry, .. }, Some(w)) = (op, by.worker)
+        if let (Some(entry), Some(w)) = (class.requeues_entry, by.worker)
             && let Some(owed) = self.trimmed_owed.get_mut(&w)
         {
-            owed.remove(entry);
+            owed.remove(&entry);
         }
-        self.check_limits(op, &reply);
+        self.check_limits(class, &reply);
         if let (Some(run), Some(before)) = (logged, log_before) {
             self.check_events(run, &before);
         }
@@ -616,20 +601,10 @@ impl World {
     /// (each with its status and result) and, for retention, the live
     /// runs before it; a set-based statement's over every run, another's
     /// over its target (`before`).
-    fn runs_before(&self, op: &DbOp, before: Option<&RunRow>) -> (Vec<Ended>, Vec<RunId>) {
+    fn runs_before(&self, class: Class, before: Option<&RunRow>) -> (Vec<Ended>, Vec<RunId>) {
         // Retention: every live run must survive it (S1).
-        let deletes = matches!(op, DbOp::DeleteFinished { .. });
-        #[cfg(feature = "mutants")]
-        let deletes = deletes
-            || matches!(
-                op,
-                DbOp::DeletePublished { .. } | DbOp::DeleteFinishedKeys { .. }
-            );
-        let set_based = deletes
-            || matches!(
-                op,
-                DbOp::PromoteRetries { .. } | DbOp::RequeueEntry { .. } | DbOp::RequeueRun { .. }
-            );
+        let deletes = class.deletes;
+        let set_based = deletes || class.sweeps;
         // Set-based statements: snapshot every terminal run.
         let terminal = |r: &RunRow| {
             r.status
@@ -750,48 +725,29 @@ impl World {
     /// counts until it is released or its hold runs out by Postgres's
     /// clock, whether or not its holder is still alive: a dead holder's
     /// slot is free only once its hold has run out.
-    fn check_limits(&mut self, op: &DbOp, reply: &DbReply) {
+    fn check_limits(&mut self, class: Class, reply: &DbReply) {
         let now = self.db.clock;
         let granted = *reply == DbReply::Rows(1);
-        let (provider, slots, holder, hold_ms) = match op {
-            DbOp::AcquireSlot {
-                provider,
-                slots,
-                holder,
-                hold_ms,
-            } => (provider, *slots, holder, *hold_ms),
-            #[cfg(feature = "mutants")]
-            DbOp::AcquireAnySlot {
-                provider,
-                slots,
-                holder,
-                hold_ms,
-            } => (provider, *slots, holder, *hold_ms),
-            DbOp::ReleaseSlot { provider, holder } => {
-                if let Some(held) = self.permits.get_mut(provider) {
-                    held.remove(holder);
-                }
-                return;
-            }
-            DbOp::TakeToken {
-                provider,
-                interval_ns,
-                burst,
-            } if granted && *interval_ns > 0 => {
-                self.token_granted(provider, *interval_ns, *burst);
-                return;
-            }
-            _ => return,
-        };
-        if !granted {
-            return;
+        if let Some((provider, holder)) = class.frees_slot
+            && let Some(held) = self.permits.get_mut(provider)
+        {
+            held.remove(holder);
         }
-        let held = self.permits.entry(provider.clone()).or_default();
+        if let Some((provider, interval_ns, burst)) = class.takes_token
+            && granted
+            && interval_ns > 0
+        {
+            self.token_granted(provider, interval_ns, burst);
+        }
+        let Some(take) = class.takes_slot.filter(|_| granted) else {
+            return;
+        };
+        let held = self.permits.entry(take.provider.to_owned()).or_default();
         held.retain(|_, until| *until > now);
-        held.insert(holder.clone(), now.add_ms(hold_ms));
-        if held.len() > slots as usize {
+        held.insert(take.holder.to_owned(), now.add_ms(take.hold_ms));
+        if held.len() > take.slots as usize {
             self.violations
-                .insert(Violation::SlotOverbooked(provider.clone()));
+                .insert(Violation::SlotOverbooked(take.provider.to_owned()));
         }
     }
 
@@ -799,24 +755,21 @@ impl World {
     /// A key the database expired ([`DbOp::ExpireKeys`]) is forgotten here
     /// too; a key that vanished any other way is found out by its next
     /// submission.
-    fn check_keys(&mut self, op: &DbOp, reply: &DbReply) {
-        match (op, reply) {
-            (DbOp::InsertRunKeyed { key, .. }, DbReply::Keyed { run, .. }) => {
-                match self.keys.get(key) {
-                    Some(first) if first != run => {
-                        self.violations.insert(Violation::KeyForgotten(*first));
-                    }
-                    Some(_) => {}
-                    None => {
-                        self.keys.insert(key.clone(), *run);
-                    }
+    fn check_keys(&mut self, class: Class, reply: &DbReply) {
+        if let (Some(key), DbReply::Keyed { run, .. }) = (class.binds_key, reply) {
+            match self.keys.get(key) {
+                Some(first) if first != run => {
+                    self.violations.insert(Violation::KeyForgotten(*first));
+                }
+                Some(_) => {}
+                None => {
+                    self.keys.insert(key.to_owned(), *run);
                 }
             }
-            (DbOp::ExpireKeys { .. }, _) => {
-                let db = &self.db;
-                self.keys.retain(|key, _| db.keys.contains_key(key));
-            }
-            _ => {}
+        }
+        if class.expires_keys {
+            let db = &self.db;
+            self.keys.retain(|key, _| db.keys.contains_key(key));
         }
     }
 

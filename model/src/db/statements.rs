@@ -3,13 +3,16 @@
 //!
 //! Each entry of the table at the bottom is one statement: its parameters
 //! (the fields of its [`DbOp`] variant, bound as `$1, $2, ...` in that
-//! order), its name, whether it reads, writes, or writes under a fence, the
-//! shape of its answer, its SQL text (and, for a few, the text of the
-//! batched form), the fields a timeline shows, and its reference semantics
-//! (a call of the [`Db`] method that is its twin). Everything else follows
-//! from the table:
+//! order), its name, whether it reads, writes, or writes under a fence, its
+//! class (what the world's checks watch: [`Class`]), the shape of its
+//! answer, its SQL text (and, for a few, the text of the batched form), the
+//! fields a timeline shows, and its reference semantics (a call of the
+//! [`Db`] method that is its twin). Everything else follows from the table:
 //!
 //! * [`DbOp`], the command a role sends, and [`Statement`], its kind;
+//! * one struct per statement in [`query`], whose [`Query`] impl types its
+//!   answer by its shape;
+//! * [`DbOp::class`], which [`World::db`](crate::world::World::db) reads;
 //! * [`Db::execute`], the model's dispatch;
 //! * [`DbOp::params`] and [`Statement::sql`], which the Postgres binding
 //!   binds and sends without knowing any statement by name; it decodes the
@@ -29,6 +32,7 @@
 //! whatever the clocks of the workers that send the statements say.
 
 use super::answers::{Query, Shape, shape};
+use super::class::{Class, class_of};
 use super::{Candidate, Db, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
@@ -209,6 +213,7 @@ macro_rules! statements {
         $op:ident $({ $($field:ident : $ty:ty),* $(,)? })? => {
             name: $name:literal,
             access: $access:ident $(($frun:ident, $ffence:ident))?,
+            class: [$($class:ident $(($($carg:ident),*))?),*],
             reply: $shape:ident,
             sql: $sql:expr,
             $(many: $many:expr,)?
@@ -324,6 +329,20 @@ macro_rules! statements {
                         let fenced: Option<(RunId, Fence)> = None;
                         $(let fenced = Some((*$frun, *$ffence));)?
                         fenced
+                    })*
+                }
+            }
+
+            /// What it does that the world's checks watch, as its entry
+            /// declares.
+            #[must_use]
+            #[allow(unused_variables, unused_mut)]
+            pub fn class(&self) -> Class<'_> {
+                match self {
+                    $($(#[cfg($cfg)])? DbOp::$op $({ $($field),* })? => {
+                        let mut class = Class::default();
+                        $(class_of!(class, $class $(($($carg),*))?);)*
+                        class
                     })*
                 }
             }
@@ -562,6 +581,7 @@ statements! {
     InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64 } => {
         name: "insert_run",
         access: Write,
+        class: [],
         reply: Rows,
         sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
               VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0)) \
@@ -586,6 +606,7 @@ statements! {
     InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String } => {
         name: "insert_run_keyed",
         access: Write,
+        class: [binds_key(key)],
         reply: Keyed,
         sql: "WITH k AS ( \
                 INSERT INTO submit_keys (key, run_id, request, created_at) \
@@ -630,6 +651,7 @@ statements! {
     ExpireKeys { keep_ms: u64, limit: usize } => {
         name: "expire_keys",
         access: Write,
+        class: [expires_keys],
         reply: Rows,
         sql: "WITH old AS MATERIALIZED (SELECT key FROM submit_keys \
                 WHERE created_at <= pelican_now_ms() - $1 ORDER BY created_at, key COLLATE \"C\" LIMIT $2) \
@@ -642,6 +664,7 @@ statements! {
     MarkPublished { run: RunId, dispatch: Dispatch, entry: EntryId } => {
         name: "mark_published",
         access: Write,
+        class: [],
         reply: Rows,
         sql: "UPDATE runs SET published_at = pelican_now_ms(), entry_id = $3 \
               WHERE run_id = $1 AND dispatch = $2 AND status = 'queued'",
@@ -660,6 +683,7 @@ statements! {
     Claim { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, lease_ms: u64 } => {
         name: "claim",
         access: Write,
+        class: [claims(run), events(run)],
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
@@ -699,6 +723,7 @@ statements! {
     ReadRun { run: RunId } => {
         name: "read_run",
         access: Read,
+        class: [],
         reply: Run,
         sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, \
@@ -717,6 +742,7 @@ statements! {
     ReadRunHead { run: RunId } => {
         name: "read_run_head",
         access: Read,
+        class: [],
         reply: Run,
         sql: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
               lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
@@ -733,6 +759,7 @@ statements! {
     ReadSteps { run: RunId } => {
         name: "read_steps",
         access: Read,
+        class: [],
         reply: Steps,
         sql: "SELECT step, name, output, fence FROM steps WHERE run_id = $1 ORDER BY step",
         show: [run],
@@ -746,6 +773,7 @@ statements! {
     RecordStep { run: RunId, fence: Fence, step: u32, name: String, output: String } => {
         name: "record_step",
         access: FencedWrite(run, fence),
+        class: [records_step(run, step)],
         reply: Rows,
         sql: "INSERT INTO steps (run_id, step, name, output, fence) \
               SELECT run_id, $3, $4, $5, active_fence FROM runs \
@@ -759,6 +787,7 @@ statements! {
     Heartbeat { run: RunId, fence: Fence, lease_ms: u64 } => {
         name: "heartbeat",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: "UPDATE runs SET lease_until = pelican_now_ms() + $3 \
               WHERE run_id = $1 AND active_fence = $2 AND status = 'running'",
@@ -772,6 +801,7 @@ statements! {
     AppendEvent { run: RunId, fence: Fence, data: String } => {
         name: "append_event",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: concat!("WITH held AS ( \
                 UPDATE runs SET events = events + 1 \
@@ -788,6 +818,7 @@ statements! {
     AppendEventUnfenced { run: RunId, fence: Fence, data: String } => {
         name: "append_event_unfenced",
         access: Write,
+        class: [events(run)],
         reply: Rows,
         sql: concat!("WITH held AS ( \
                 UPDATE runs SET events = events + 1 \
@@ -806,6 +837,7 @@ statements! {
     ReadEvents { run: RunId, after: u32, limit: usize, bytes_max: u64 } => {
         name: "read_events",
         access: Read,
+        class: [],
         reply: Events,
         sql: "SELECT seq, kind, attempt, fence, class, data FROM ( \
                 SELECT *, sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before FROM ( \
@@ -828,6 +860,7 @@ statements! {
     Complete { run: RunId, fence: Fence, result: String } => {
         name: "complete",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: "UPDATE runs SET status = 'succeeded', result = $3, lease_until = NULL, finished_at = pelican_now_ms(), \
                      events = events + 1 \
@@ -845,6 +878,7 @@ statements! {
     Fail { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
         name: "fail",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'failed', error_class = $3, error_message = $4, lease_until = NULL, \
@@ -861,6 +895,7 @@ statements! {
     ScheduleRetry { run: RunId, fence: Fence, class: ErrorClass, message: String, backoff_ms: u64 } => {
         name: "schedule_retry",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'retry_wait', retry_at = pelican_now_ms() + $5, dispatch = dispatch + 1, \
@@ -879,6 +914,7 @@ statements! {
     DeadLetter { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
         name: "dead_letter",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'dead', error_class = $3, error_message = $4, lease_until = NULL, \
@@ -902,6 +938,7 @@ statements! {
     DeadLetterExhausted { run: RunId, dispatch: Dispatch } => {
         name: "dead_letter_exhausted",
         access: Write,
+        class: [events(run)],
         reply: Rows,
         sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'dead', error_class = 'exhausted', error_message = 'attempts exhausted', \
@@ -926,6 +963,7 @@ statements! {
     Cancel { run: RunId } => {
         name: "cancel",
         access: Write,
+        class: [events(run)],
         reply: Rows,
         sql: concat!("WITH done AS ( \
                 UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
@@ -948,6 +986,7 @@ statements! {
     PromoteRetries { limit: usize } => {
         name: "promote_retries",
         access: Write,
+        class: [sweeps],
         reply: Candidates,
         sql: "WITH due AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
@@ -967,6 +1006,7 @@ statements! {
     ClaimOutbox { limit: usize } => {
         name: "claim_outbox",
         access: Write,
+        class: [],
         reply: Candidates,
         sql: "WITH picked AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE status = 'queued' AND published_at IS NULL \
@@ -989,6 +1029,7 @@ statements! {
     OrphanCandidates { grace_ms: u64, after_published_ms: u64, after: RunId, limit: usize } => {
         name: "orphan_candidates",
         access: Read,
+        class: [],
         reply: Candidates,
         sql: "SELECT run_id, dispatch, entry_id, published_at FROM runs \
               WHERE finished_at IS NULL AND published_at <= GREATEST(pelican_now_ms() - $1, 0) \
@@ -1004,6 +1045,7 @@ statements! {
     RequeueRun { run: RunId, dispatch: Dispatch } => {
         name: "requeue_run",
         access: Write,
+        class: [sweeps],
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
                      lease_until = NULL, retry_at = NULL \
@@ -1025,6 +1067,7 @@ statements! {
     RequeueEntry { entry: EntryId } => {
         name: "requeue_entry",
         access: Write,
+        class: [sweeps, requeues_entry(entry)],
         reply: Rows,
         sql: "UPDATE runs SET status = 'queued', dispatch = dispatch + 1, published_at = NULL, \
                      lease_until = NULL, retry_at = NULL \
@@ -1038,6 +1081,7 @@ statements! {
     ApplyEffect { key: String } => {
         name: "apply_effect",
         access: Write,
+        class: [],
         reply: Applied,
         sql: "INSERT INTO effects (key, requests) VALUES ($1, 1) \
               ON CONFLICT (key) DO UPDATE SET requests = effects.requests + 1 RETURNING (requests = 1) AS applied",
@@ -1051,6 +1095,7 @@ statements! {
     RegisterWorker { host: String, pid: u32 } => {
         name: "register_worker",
         access: Write,
+        class: [],
         reply: NewWorker,
         sql: "INSERT INTO workers (host, pid, started_at) VALUES ($1, $2, pelican_now_ms()) RETURNING worker_id",
         show: [host, pid],
@@ -1064,6 +1109,7 @@ statements! {
     AgreePartitions { partitions: u32 } => {
         name: "agree_partitions",
         access: Write,
+        class: [],
         reply: Value,
         sql: "INSERT INTO deployment (key, value) VALUES ('partitions', $1) \
               ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING value",
@@ -1075,6 +1121,7 @@ statements! {
     ReadPartitions => {
         name: "read_partitions",
         access: Read,
+        class: [],
         reply: Value,
         sql: "SELECT coalesce((SELECT value FROM deployment WHERE key = 'partitions'), 0) AS value",
         show: [],
@@ -1087,6 +1134,7 @@ statements! {
     SetPartitions { partitions: u32 } => {
         name: "set_partitions",
         access: Write,
+        class: [],
         reply: Rows,
         sql: "INSERT INTO deployment AS d (key, value) VALUES ('partitions', $1) \
               ON CONFLICT (key) DO UPDATE SET value = $1 WHERE d.value <= $1",
@@ -1098,6 +1146,7 @@ statements! {
     NextRunId => {
         name: "next_run_id",
         access: Write,
+        class: [],
         reply: NewRun,
         sql: "SELECT nextval('run_ids')",
         show: [],
@@ -1108,6 +1157,7 @@ statements! {
     NextRunIds { count: u32 } => {
         name: "next_run_ids",
         access: Write,
+        class: [],
         reply: NewRuns,
         sql: "SELECT nextval('run_ids') AS run_id FROM generate_series(1, $1) ORDER BY 1",
         show: [count],
@@ -1119,6 +1169,7 @@ statements! {
     ReadAttempts { run: RunId } => {
         name: "read_attempts",
         access: Read,
+        class: [],
         reply: Attempts,
         sql: "SELECT a.attempt, a.fence, a.worker, a.entry_id, a.dispatch, \
                      coalesce(a.outcome, CASE WHEN r.status = 'succeeded' AND a.fence = r.active_fence \
@@ -1134,6 +1185,7 @@ statements! {
     ListDeadLetters { after: RunId, limit: usize } => {
         name: "list_dead_letters",
         access: Read,
+        class: [],
         reply: DeadLetters,
         sql: "SELECT run_id, source_entry, class, message, attempts, requeued \
               FROM dead_letters WHERE run_id > $1 ORDER BY run_id LIMIT $2",
@@ -1148,6 +1200,7 @@ statements! {
     ListRuns { status: String, kind: String, after: RunId, limit: usize } => {
         name: "list_runs",
         access: Read,
+        class: [],
         reply: Runs,
         sql: concat!(
             "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
@@ -1168,6 +1221,7 @@ statements! {
     CountRuns => {
         name: "count_runs",
         access: Read,
+        class: [],
         reply: Counts,
         sql: "SELECT status, count(*) AS n FROM runs GROUP BY status ORDER BY status",
         show: [],
@@ -1179,6 +1233,7 @@ statements! {
     CountLive => {
         name: "count_live",
         access: Read,
+        class: [],
         reply: Counts,
         // The counts kept by migration 13's triggers (`SCHEMA_COUNTS`):
         // their base and the deltas not folded into it yet.
@@ -1196,6 +1251,7 @@ statements! {
     FinishedPerMinute { minutes: u32 } => {
         name: "finished_per_minute",
         access: Read,
+        class: [],
         reply: PerMinute,
         sql: "SELECT (finished_at / 60000) * 60000 AS minute, status, count(*) AS n FROM runs \
               WHERE finished_at > pelican_now_ms() - $1::bigint * 60000 \
@@ -1209,6 +1265,7 @@ statements! {
     RunIssued { run: RunId } => {
         name: "run_issued",
         access: Read,
+        class: [],
         reply: Applied,
         sql: "SELECT $1 <= (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM run_ids) AS applied",
         show: [run],
@@ -1219,6 +1276,7 @@ statements! {
     Ping => {
         name: "ping",
         access: Read,
+        class: [],
         reply: Rows,
         sql: "SELECT 1",
         show: [],
@@ -1232,6 +1290,7 @@ statements! {
     DeleteFinished { keep_ms: u64, limit: usize } => {
         name: "delete_finished",
         access: Write,
+        class: [deletes],
         reply: Rows,
         sql: concat!(pick_finished!(), delete_picked!()),
         show: [],
@@ -1242,6 +1301,7 @@ statements! {
     EnsureSlots { provider: String, slots: u32 } => {
         name: "ensure_slots",
         access: Write,
+        class: [],
         reply: Rows,
         sql: "INSERT INTO provider_slots (provider, slot) SELECT $1, g FROM generate_series(0, $2 - 1) g \
               ON CONFLICT (provider, slot) DO NOTHING",
@@ -1255,6 +1315,7 @@ statements! {
     AcquireSlot { provider: String, slots: u32, holder: String, hold_ms: u64 } => {
         name: "acquire_slot",
         access: Write,
+        class: [takes_slot(provider, slots, holder, hold_ms)],
         reply: Rows,
         sql: "WITH free AS ( \
                 SELECT slot FROM provider_slots \
@@ -1272,6 +1333,7 @@ statements! {
     AcquireAnySlot { provider: String, slots: u32, holder: String, hold_ms: u64 } => {
         name: "acquire_any_slot",
         access: Write,
+        class: [takes_slot(provider, slots, holder, hold_ms)],
         reply: Rows,
         sql: "UPDATE provider_slots SET holder = $3, until_ms = pelican_now_ms() + $4 \
                WHERE provider = $1 AND slot = ( \
@@ -1284,6 +1346,7 @@ statements! {
     ReleaseSlot { provider: String, holder: String } => {
         name: "release_slot",
         access: Write,
+        class: [frees_slot(provider, holder)],
         reply: Rows,
         sql: "UPDATE provider_slots SET holder = '', until_ms = 0 WHERE provider = $1 AND holder = $2",
         show: [provider, holder],
@@ -1297,6 +1360,7 @@ statements! {
     TakeToken { provider: String, interval_ns: u64, burst: u32 } => {
         name: "take_token",
         access: Write,
+        class: [takes_token(provider, interval_ns, burst)],
         reply: Rows,
         sql: "INSERT INTO provider_rates AS r (provider, tat_ms, tat_ns) \
               VALUES ($1, (pelican_now_ns() + $2) / 1000000, pelican_now_ns() + $2) \
@@ -1316,6 +1380,7 @@ statements! {
     DlqRequeue { run: RunId, extra_attempts: u32, budget_ms: u64 } => {
         name: "dlq_requeue",
         access: Write,
+        class: [events(run)],
         reply: Rows,
         sql: concat!("WITH d AS (UPDATE dead_letters SET requeued = true WHERE run_id = $1 AND NOT requeued \
                 RETURNING run_id), \
@@ -1336,6 +1401,7 @@ statements! {
     ClaimReviving { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, lease_ms: u64 } => {
         name: "claim_reviving",
         access: Write,
+        class: [claims(run), events(run)],
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
@@ -1361,6 +1427,7 @@ statements! {
     ClaimAt { run: RunId, dispatch: Dispatch, entry: EntryId, worker: String, now: Timestamp, lease_ms: u64 } => {
         name: "claim_at",
         access: Write,
+        class: [claims(run), events(run)],
         reply: Claimed,
         sql: concat!("WITH claimed AS ( \
                 UPDATE runs SET status = 'running', active_fence = active_fence + 1, attempts = attempts + 1, \
@@ -1385,6 +1452,7 @@ statements! {
     DeletePublished { keep_ms: u64, limit: usize } => {
         name: "delete_published",
         access: Write,
+        class: [deletes],
         reply: Rows,
         sql: concat!("WITH picked AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE published_at <= GREATEST(pelican_now_ms() - $1, 0) \
@@ -1400,6 +1468,7 @@ statements! {
     DeleteFinishedKeys { keep_ms: u64, limit: usize } => {
         name: "delete_finished_keys",
         access: Write,
+        class: [deletes],
         reply: Rows,
         sql: concat!(pick_finished!(),
               "k AS (DELETE FROM submit_keys WHERE run_id = ANY (ARRAY(SELECT run_id FROM picked))), ",
@@ -1414,6 +1483,7 @@ statements! {
     RecordFailureOnly { run: RunId, fence: Fence, class: ErrorClass, message: String } => {
         name: "record_failure_only",
         access: FencedWrite(run, fence),
+        class: [],
         reply: Rows,
         sql: "WITH done AS ( \
                 UPDATE runs SET error_class = $3, error_message = $4 \
