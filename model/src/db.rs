@@ -33,6 +33,32 @@ macro_rules! summary_message_max {
     };
 }
 
+/// The columns of a `runs` row, in the order and with the names that
+/// [`RunRow`]'s decoder reads, stated once for every statement and read
+/// that answers rows: the full row; its head (`head`: the users' values,
+/// input, result and error message, read as empty, as [`RunRow::head`]);
+/// or the three user columns given as SQL expressions.
+macro_rules! run_columns {
+    () => {
+        run_columns!("input", "result", "error_message")
+    };
+    (head) => {
+        run_columns!("'' AS input", "NULL::text AS result", "'' AS error_message")
+    };
+    ($input:expr, $result:expr, $message:expr) => {
+        concat!(
+            "run_id, kind, ",
+            $input,
+            ", status, dispatch, active_fence, attempts, attempts_max, lease_until, retry_at, \
+             published_at, finished_at, entry_id, ",
+            $result,
+            ", error_class, ",
+            $message,
+            ", unknown_failures, deadline_ms, events"
+        )
+    };
+}
+
 mod answers;
 mod class;
 pub mod sql;

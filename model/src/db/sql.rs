@@ -437,3 +437,43 @@ pub const SCHEMA_RETRY_ORDER: &str = r#"
 CREATE INDEX IF NOT EXISTS runs_retry_order ON runs (retry_at, run_id) WHERE retry_at IS NOT NULL;
 DROP INDEX IF EXISTS runs_retry_due;
 "#;
+
+/// The reads of a snapshot of every table (`PgDb::snapshot`, for tests and
+/// operators' checks: the invariants run over it), one per table, in one
+/// transaction opened with [`snapshot::ISOLATION`]. Each reads the columns
+/// the binding's row decoders read.
+pub mod snapshot {
+    /// One moment for every read, and no write.
+    pub const ISOLATION: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+    /// `runs`.
+    pub const RUNS: &str = concat!("SELECT ", run_columns!(), " FROM runs");
+    /// `attempts`.
+    pub const ATTEMPTS: &str = "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, \
+                                claimed_seq FROM attempts";
+    /// `dead_letters`.
+    pub const DEAD_LETTERS: &str =
+        "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters";
+    /// `submit_keys`.
+    pub const SUBMIT_KEYS: &str = "SELECT key, run_id, request, created_at FROM submit_keys";
+    /// The deployment's partition count.
+    pub const PARTITIONS: &str = "SELECT value FROM deployment WHERE key = 'partitions'";
+    /// `workers`.
+    pub const WORKERS: &str = "SELECT worker_id, host, pid, started_at FROM workers";
+    /// `steps`.
+    pub const STEPS: &str = "SELECT run_id, step, name, output, fence FROM steps";
+    /// `run_events`.
+    pub const RUN_EVENTS: &str =
+        "SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events";
+    /// `provider_slots`.
+    pub const PROVIDER_SLOTS: &str = "SELECT provider, slot, holder, until_ms FROM provider_slots";
+    /// `provider_rates`, each rate's theoretical arrival time in
+    /// nanoseconds (rows from before migration 16 hold it in ms).
+    pub const PROVIDER_RATES: &str =
+        "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates";
+    /// `effects`, the demo tool service's ledger.
+    pub const EFFECTS: &str = "SELECT key, requests FROM effects";
+}
+
+/// The server process of a session (`PgSession::pid`), for tests that
+/// kill one.
+pub const BACKEND_PID: &str = "SELECT pg_backend_pid()";

@@ -725,12 +725,8 @@ statements! {
         access: Read,
         class: [],
         reply: Run,
-        sql: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, \
-              events FROM runs WHERE run_id = $1",
-        many: "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, \
-               events FROM runs WHERE run_id = ANY($1::bigint[])",
+        sql: concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = $1"),
+        many: concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = ANY($1::bigint[])"),
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run)),
     }
@@ -744,13 +740,8 @@ statements! {
         access: Read,
         class: [],
         reply: Run,
-        sql: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
-              '' AS error_message, unknown_failures, deadline_ms, events FROM runs WHERE run_id = $1",
-        many: "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
-               lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
-               '' AS error_message, unknown_failures, deadline_ms, events FROM runs \
-               WHERE run_id = ANY($1::bigint[])",
+        sql: concat!("SELECT ", run_columns!(head), " FROM runs WHERE run_id = $1"),
+        many: concat!("SELECT ", run_columns!(head), " FROM runs WHERE run_id = ANY($1::bigint[])"),
         show: [run],
         model: |db| DbReply::Run(db.read_run(*run).map(RunRow::head)),
     }
@@ -1203,12 +1194,13 @@ statements! {
         class: [],
         reply: Runs,
         sql: concat!(
-            "SELECT run_id, kind, '' AS input, status, dispatch, active_fence, attempts, attempts_max, \
-              lease_until, retry_at, published_at, finished_at, entry_id, NULL::text AS result, error_class, \
-              left(error_message, ",
-            summary_message_max!(),
-            ") AS error_message, unknown_failures, deadline_ms, events FROM runs \
-              WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
+            "SELECT ",
+            run_columns!(
+                "'' AS input",
+                "NULL::text AS result",
+                concat!("left(error_message, ", summary_message_max!(), ") AS error_message")
+            ),
+            " FROM runs WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
               ORDER BY run_id LIMIT $4"
         ),
         show: [after],

@@ -12,6 +12,7 @@
 use crate::driver::{BoxFuture, DbClient, Tools};
 use pelican_model::db::{
     Access, AnswerOf, Column, DbOp, DbReply, Param, Query, Shape, Statement, columns, query, sql,
+    sql::snapshot,
 };
 use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::Unavailable;
@@ -189,9 +190,7 @@ impl PgDb {
         // the processes go on writing (retention deleting a run's rows,
         // say): every read sees the same moment.
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(snapshot::ISOLATION).execute(&mut *tx).await?;
         let mut db = pelican_model::Db::new();
         read_records(&mut tx, &mut db).await?;
         read_workers_and_limits(&mut tx, &mut db).await?;
@@ -317,7 +316,7 @@ impl PgSession {
     /// # Errors
     /// Postgres failed to answer.
     pub async fn pid(&mut self) -> Result<i32, PgError> {
-        Ok(sqlx::query_scalar("SELECT pg_backend_pid()")
+        Ok(sqlx::query_scalar(sql::BACKEND_PID)
             .fetch_one(&mut *self.conn)
             .await?)
     }
@@ -506,37 +505,25 @@ async fn read_records(
     tx: &mut sqlx::PgConnection,
     db: &mut pelican_model::Db,
 ) -> Result<(), PgError> {
-    let runs = sqlx::query(
-            "SELECT run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
-             lease_until, retry_at, published_at, finished_at, entry_id, result, error_class, error_message, unknown_failures, deadline_ms, events FROM runs",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
+    let runs = sqlx::query(snapshot::RUNS).fetch_all(&mut *tx).await?;
     for r in &runs {
         let row = rows::run_row(r)?;
         db.run_ids = db.run_ids.max(row.run_id.0);
         db.runs.insert(row.run_id, row);
     }
-    for r in &sqlx::query(
-            "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, claimed_seq FROM attempts",
-        )
+    for r in &sqlx::query(snapshot::ATTEMPTS).fetch_all(&mut *tx).await? {
+        let run = rows::run_id(r)?;
+        let (n, a) = rows::attempt_row(r)?;
+        db.attempts.insert((run, n), a);
+    }
+    for r in &sqlx::query(snapshot::DEAD_LETTERS)
         .fetch_all(&mut *tx)
         .await?
-        {
-            let run = rows::run_id(r)?;
-            let (n, a) = rows::attempt_row(r)?;
-            db.attempts.insert((run, n), a);
-        }
-    for r in &sqlx::query(
-        "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters",
-    )
-    .fetch_all(&mut *tx)
-    .await?
     {
         let (run, d) = rows::dead_letter(r)?;
         db.dead_letters.insert(run, d);
     }
-    for r in &sqlx::query("SELECT key, run_id, request, created_at FROM submit_keys")
+    for r in &sqlx::query(snapshot::SUBMIT_KEYS)
         .fetch_all(&mut *tx)
         .await?
     {
@@ -550,7 +537,7 @@ async fn read_records(
         };
         db.keys.insert(r.try_get("key")?, key);
     }
-    if let Some(r) = sqlx::query("SELECT value FROM deployment WHERE key = 'partitions'")
+    if let Some(r) = sqlx::query(snapshot::PARTITIONS)
         .fetch_optional(&mut *tx)
         .await?
     {
@@ -567,10 +554,7 @@ async fn read_workers_and_limits(
     tx: &mut sqlx::PgConnection,
     db: &mut pelican_model::Db,
 ) -> Result<(), PgError> {
-    for r in &sqlx::query("SELECT worker_id, host, pid, started_at FROM workers")
-        .fetch_all(&mut *tx)
-        .await?
-    {
+    for r in &sqlx::query(snapshot::WORKERS).fetch_all(&mut *tx).await? {
         let id: i32 = r.try_get("worker_id")?;
         let pid: i32 = r.try_get("pid")?;
         let at: i64 = r.try_get("started_at")?;
@@ -583,21 +567,18 @@ async fn read_workers_and_limits(
             ),
         );
     }
-    for r in &sqlx::query("SELECT run_id, step, name, output, fence FROM steps")
-        .fetch_all(&mut *tx)
-        .await?
-    {
+    for r in &sqlx::query(snapshot::STEPS).fetch_all(&mut *tx).await? {
         let (step, row) = rows::step_row(r)?;
         db.steps.insert((rows::run_id(r)?, step), row);
     }
-    for r in &sqlx::query("SELECT run_id, seq, kind, attempt, fence, class, data FROM run_events")
+    for r in &sqlx::query(snapshot::RUN_EVENTS)
         .fetch_all(&mut *tx)
         .await?
     {
         let e = rows::event(r)?;
         db.events.insert((rows::run_id(r)?, e.seq), e);
     }
-    for r in &sqlx::query("SELECT provider, slot, holder, until_ms FROM provider_slots")
+    for r in &sqlx::query(snapshot::PROVIDER_SLOTS)
         .fetch_all(&mut *tx)
         .await?
     {
@@ -614,20 +595,15 @@ async fn read_workers_and_limits(
             ),
         );
     }
-    for r in &sqlx::query(
-        "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates",
-    )
-    .fetch_all(&mut *tx)
-    .await?
+    for r in &sqlx::query(snapshot::PROVIDER_RATES)
+        .fetch_all(&mut *tx)
+        .await?
     {
         let tat: i64 = r.try_get("tat_ns")?;
         db.rates
             .insert(r.try_get("provider")?, rows::unsigned("tat_ns", tat)?);
     }
-    for r in &sqlx::query("SELECT key, requests FROM effects")
-        .fetch_all(&mut *tx)
-        .await?
-    {
+    for r in &sqlx::query(snapshot::EFFECTS).fetch_all(&mut *tx).await? {
         let n: i64 = r.try_get("requests")?;
         db.effects
             .insert(r.try_get("key")?, rows::unsigned("requests", n)?);
