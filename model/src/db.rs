@@ -1,4 +1,5 @@
-// Over 600 lines: one reference method a statement, twins of statements.rs; split by table in issue 53.
+// Over 600 lines: the reference database is one type, a method per statement (the twins the
+// table in statements.rs calls) beside the rows they read and write.
 //! Reference semantics of Pelican's PostgreSQL schema.
 //!
 //! Each method of [`Db`] is the twin of exactly one SQL statement, declared

@@ -1,4 +1,4 @@
-// Over 600 lines: one stream's reference semantics, a method a command; split in issue 53.
+// Over 600 lines: one stream's reference semantics, a method a Redis command it models.
 //! Reference semantics of one Redis stream with one consumer group. One
 //! file, because every command shares the entries and the PEL's bookkeeping.
 //!

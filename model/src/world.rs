@@ -1,4 +1,5 @@
-// Over 600 lines: the world and its per-guarantee checks; the checks go apart in issue 53.
+// Over 600 lines: the world and its per-guarantee checks, which read one another's records at
+// each step; splitting them would make those records public.
 //! The world every level checks: Redis (the job stream and the dead-letter
 //! stream), Postgres, the external effects, and the history the invariants
 //! need.

@@ -1,4 +1,4 @@
-// Over 600 lines: the CLI's subcommands and their reports; the reports go apart in issue 53.
+// Over 600 lines: the CLI's subcommands, each with the report it prints.
 //! `pelican-sim`: sweep seeds, replay one, check the saved traces, check
 //! determinism. Run it through `cargo xtask sim` / `cargo xtask replay`,
 //! which build it with `--cfg madsim` in their own target directory.

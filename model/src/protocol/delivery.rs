@@ -1,4 +1,4 @@
-// Over 600 lines: one state machine with its phases; its tests go apart in issue 53.
+// Over 600 lines: one state machine, the delivery, with its phases in one match.
 //! The worker's handling of one delivery, from receipt to acknowledgement.
 //! One state machine in one file: its phases and transitions read together.
 //!

@@ -1,4 +1,4 @@
-// Over 600 lines: the policy and the roles' shared types; split in issue 53.
+// Over 600 lines: the policy and the types every role shares (commands, inputs, replies).
 //! The protocol: each role of Pelican as a sans-IO state machine.
 //!
 //! A role never awaits, never reads a clock and never draws randomness. The

@@ -1,4 +1,4 @@
-// Over 600 lines: one function a command; worker, API and operator commands go apart in issue 53.
+// Over 600 lines: one function a command of the binary, with the connections they share.
 //! What each command does: connecting, the worker, the API and the
 //! operator's commands.
 

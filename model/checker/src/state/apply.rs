@@ -1,4 +1,4 @@
-// Over 600 lines: one action's effect per method; the worker's steps and the API's go apart in issue 53's split.
+// Over 600 lines: one action's effect per method, over one state.
 //! Applying an action to a state: the API, the workers' role machines and
 //! maintenance run their commands against the world, and faults strike.
 
