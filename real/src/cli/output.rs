@@ -17,26 +17,21 @@ pub(crate) fn show<T: Serialize>(json: bool, value: &T, human: impl FnOnce(&T) -
     }
 }
 
-/// Columns aligned by their widest cell, two spaces apart.
+/// Columns aligned by their widest cell, two spaces apart, without
+/// borders (`comfy-table`'s layout, never wrapped to a terminal's width).
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(header.to_vec())
+        .add_rows(rows.iter().cloned());
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
     }
     let mut out = String::new();
-    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut text = String::new();
-        for (cell, w) in cells.zip(&widths) {
-            let _ = write!(text, "{cell:<w$}  ");
-        }
-        out.push_str(text.trim_end());
+    for line in t.lines() {
+        out.push_str(line.trim_end());
         out.push('\n');
-    };
-    line(&mut header.iter().copied());
-    for row in rows {
-        line(&mut row.iter().map(String::as_str));
     }
     out
 }
