@@ -23,27 +23,27 @@
 //! carries one: the caller's ([`Submit::key`]), or one the client makes.
 //! A request that fails in transit, or that the API answers with 502, 503
 //! or 504, is sent again with the same key (up to [`Retry::attempts`]
-//! times, backing off), and the API answers the run the first request
+//! times, backing off exponentially with jitter), and the API answers the run the first request
 //! stored, if it did. Reads and cancels are idempotent on their own.
+//!
+//! **HTTPS** is rustls: an `https://` API's certificate must chain to a
+//! root the system trusts, or to one given with
+//! [`Client::with_root_certificate`].
 //!
 //! [`Client::watch`] follows a run's events over SSE and reconnects with
 //! `Last-Event-ID` when the connection drops: each event is yielded once,
 //! in order, numbered 1, 2, 3, ...; the stream ends after the run's
 //! terminal event.
 
-use bytes::Bytes;
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use eventsource_stream::Eventsource;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
-use http_body_util::{BodyDataStream, BodyExt, Full};
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
-use hyper::{Method, Request, StatusCode, Uri};
-use hyper_util::client::legacy::Client as Http;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 pub use pelican_model::events::EventKind;
 pub use pelican_model::ids::RunId;
 pub use pelican_model::status::RunStatus;
+use reqwest::header::{AUTHORIZATION, HeaderValue};
+use reqwest::{Method, RequestBuilder, StatusCode, Url};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -53,8 +53,9 @@ pub use wire::{Attempt, Event, Run, RunError, Submit, Submitted};
 /// What went wrong with a call.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// The base URL is not an `http://` URL.
-    #[error("bad API address {0:?}: expected http://host:port")]
+    /// The base URL is not an `http://` or `https://` URL, or a root
+    /// certificate is not one.
+    #[error("bad API address {0:?}: expected http://host:port or https://host:port")]
     Address(String),
     /// The request was refused as malformed (400, 413, 422): retrying the
     /// same request cannot help.
@@ -103,6 +104,9 @@ pub struct Retry {
     /// Sends in all (1: no retry).
     pub attempts: u32,
     /// The wait before the first retry; it doubles, up to `backoff_max`.
+    /// Each wait is lengthened by a random part of itself (jitter, up to
+    /// as much again), so that clients that failed together do not retry
+    /// together.
     pub backoff: Duration,
     /// The longest wait between two sends.
     pub backoff_max: Duration,
@@ -121,13 +125,46 @@ impl Default for Retry {
     }
 }
 
+impl Retry {
+    /// The waits between sends, with jitter: one fewer than the sends.
+    fn waits(&self) -> ExponentialBackoff {
+        ExponentialBuilder::default()
+            .with_min_delay(self.backoff)
+            .with_max_delay(self.backoff_max)
+            .with_max_times(self.attempts.max(1) as usize - 1)
+            .with_jitter()
+            .build()
+    }
+}
+
 /// A client of one Pelican API. Cheap to clone: clones share connections.
 #[derive(Clone, Debug)]
 pub struct Client {
-    base: String,
+    base: Url,
     token: Option<HeaderValue>,
     retry: Retry,
-    http: Http<HttpConnector, Full<Bytes>>,
+    roots: Vec<reqwest::Certificate>,
+    http: reqwest::Client,
+}
+
+/// A connection pool that trusts the system's root certificates and
+/// `roots`, over rustls.
+fn pool(roots: &[reqwest::Certificate]) -> Result<reqwest::Client, Error> {
+    let mut builder = reqwest::Client::builder();
+    for root in roots {
+        builder = builder.add_root_certificate(root.clone());
+    }
+    builder
+        .build()
+        .map_err(|e| Error::Address(format!("no HTTP client: {e}")))
+}
+
+/// Why one send got no answer to give the caller.
+enum Failure {
+    /// None arrived, or a 502, 503 or 504: send again.
+    Transient(String),
+    /// An answer that settles it.
+    Final(Error),
 }
 
 /// An idempotency key no other submission carries: a UUID of version 7
@@ -187,22 +224,44 @@ fn retryable(status: StatusCode) -> bool {
 }
 
 impl Client {
-    /// A client of the API at `base` (`http://host:port`), without a token.
+    /// A client of the API at `base` (`http://host:port` or
+    /// `https://host:port`), without a token. An `https` API's certificate
+    /// must chain to a root the system trusts, or to one given with
+    /// [`Client::with_root_certificate`].
     ///
     /// # Errors
-    /// [`Error::Address`]: `base` is not an `http://` URL.
+    /// [`Error::Address`]: `base` is not an `http://` or `https://` URL.
     pub fn new(base: &str) -> Result<Client, Error> {
-        let base = base.trim_end_matches('/');
-        let uri: Uri = base.parse().map_err(|_| Error::Address(base.to_owned()))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(Error::Address(base.to_owned()));
+        let bad = || Error::Address(base.to_owned());
+        let url = Url::parse(base.trim_end_matches('/')).map_err(|_| bad())?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(bad());
         }
         Ok(Client {
-            base: base.to_owned(),
+            base: url,
             token: None,
             retry: Retry::default(),
-            http: Http::builder(TokioExecutor::new()).build_http(),
+            roots: Vec::new(),
+            http: pool(&[])?,
         })
+    }
+
+    /// Trusts the root certificates in `pem` (one or more, in PEM) besides
+    /// the system's: for an API whose certificate a private authority
+    /// signed.
+    ///
+    /// # Errors
+    /// [`Error::Address`]: `pem` is not a certificate.
+    pub fn with_root_certificate(mut self, pem: &[u8]) -> Result<Client, Error> {
+        let bad =
+            |why: String| Error::Address(format!("a root certificate that is not one: {why}"));
+        let roots = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| bad(e.to_string()))?;
+        if roots.is_empty() {
+            return Err(bad("no PEM certificate in it".into()));
+        }
+        self.roots.extend(roots);
+        self.http = pool(&self.roots)?;
+        Ok(self)
     }
 
     /// Sends `token` as `Authorization: Bearer <token>`.
@@ -225,26 +284,19 @@ impl Client {
         self
     }
 
-    fn request(&self, method: &Method, path: &str, body: Option<&Value>) -> Request<Full<Bytes>> {
-        let mut req = Request::builder()
-            .method(method.clone())
-            .uri(format!("{}{path}", self.base));
-        if let Some(token) = &self.token {
-            req = req.header(AUTHORIZATION, token.clone());
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let mut url = self.base.clone();
+        url.set_path(&format!("{}{path}", self.base.path().trim_end_matches('/')));
+        let req = self.http.request(method, url);
+        match &self.token {
+            Some(token) => req.header(AUTHORIZATION, token.clone()),
+            None => req,
         }
-        let body = match body {
-            Some(b) => {
-                req = req.header(CONTENT_TYPE, "application/json");
-                Full::new(Bytes::from(b.to_string()))
-            }
-            None => Full::new(Bytes::new()),
-        };
-        req.body(body).expect("a request of a valid base URL")
     }
 
     /// Sends a request (with idempotency key `key`), again while it fails
-    /// in transit or the API answers 502, 503 or 504; the last answer, or
-    /// why there was none.
+    /// in transit or the API answers 502, 503 or 504, waiting as
+    /// [`Retry`] says; the last answer, or why there was none.
     async fn send(
         &self,
         method: Method,
@@ -260,25 +312,29 @@ impl Client {
                 })
             })
             .transpose()?;
-        let mut backoff = self.retry.backoff;
-        let mut last = String::from("no answer");
-        for attempt in 0..self.retry.attempts.max(1) {
-            if attempt > 0 {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(self.retry.backoff_max);
+        let once = || async {
+            let mut req = self.request(method.clone(), path);
+            if let Some(body) = body {
+                req = req.json(body);
             }
-            let mut req = self.request(&method, path, body);
             if let Some(k) = &key {
-                req.headers_mut().insert("idempotency-key", k.clone());
+                req = req.header("idempotency-key", k.clone());
             }
             match self.exchange(req).await {
-                Ok(a) if retryable(a.status) => last = a.message(),
-                Ok(a) => return Ok(a),
-                Err(Some(e)) => return Err(e),
-                Err(None) => {}
+                Ok(a) if retryable(a.status) => Err(Failure::Transient(a.message())),
+                Ok(a) => Ok(a),
+                Err(e) => Err(e),
             }
-        }
-        Err(Error::Unavailable(last))
+        };
+        let sent = once
+            .retry(self.retry.waits())
+            .sleep(tokio::time::sleep)
+            .when(|f| matches!(f, Failure::Transient(_)))
+            .await;
+        sent.map_err(|f| match f {
+            Failure::Transient(last) => Error::Unavailable(last),
+            Failure::Final(e) => e,
+        })
     }
 
     /// Submits one run. Without a key of its own, it gets one, so that a
@@ -302,23 +358,21 @@ impl Client {
         }
     }
 
-    /// One request and its whole answer (`Err(None)`: none arrived).
-    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<Answer, Option<Error>> {
-        let answer = tokio::time::timeout(self.retry.timeout, self.http.request(req))
+    /// One request and its whole answer.
+    async fn exchange(&self, req: RequestBuilder) -> Result<Answer, Failure> {
+        let transient = |e: reqwest::Error| Failure::Transient(e.to_string());
+        let answer = req
+            .timeout(self.retry.timeout)
+            .send()
             .await
-            .map_err(|_| None)?
-            .map_err(|_| None)?;
+            .map_err(transient)?;
         let status = answer.status();
-        let bytes = tokio::time::timeout(self.retry.timeout, answer.into_body().collect())
-            .await
-            .map_err(|_| None)?
-            .map_err(|_| None)?
-            .to_bytes();
+        let bytes = answer.bytes().await.map_err(transient)?;
         let body = if bytes.is_empty() {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).map_err(|e| {
-                Some(Error::Unexpected {
+                Failure::Final(Error::Unexpected {
                     status: status.as_u16(),
                     message: format!("not JSON: {e}"),
                 })
@@ -441,6 +495,7 @@ impl Client {
             run,
             last: after,
             failures: 0,
+            waits: self.retry.waits(),
             open: None,
             done: false,
         };
@@ -457,7 +512,7 @@ type Sse = std::pin::Pin<
         dyn Stream<
                 Item = Result<
                     eventsource_stream::Event,
-                    eventsource_stream::EventStreamError<hyper::Error>,
+                    eventsource_stream::EventStreamError<reqwest::Error>,
                 >,
             > + Send,
     >,
@@ -471,6 +526,8 @@ struct Watch {
     last: u32,
     /// Connections in a row that failed.
     failures: u32,
+    /// The waits before the next connections, while they fail.
+    waits: ExponentialBackoff,
     open: Option<Sse>,
     done: bool,
 }
@@ -511,6 +568,7 @@ impl Watch {
                     }
                     Ok(e) => {
                         self.failures = 0;
+                        self.waits = self.client.retry.waits();
                         self.last = e.seq;
                         return Some(Ok(e));
                     }
@@ -534,38 +592,29 @@ impl Watch {
     async fn connect(&mut self) -> Result<Option<Sse>, Option<Error>> {
         let c = &self.client;
         if self.failures > 0 {
-            let shift = (self.failures - 1).min(16);
-            let wait = (c.retry.backoff * 2u32.pow(shift)).min(c.retry.backoff_max);
+            let Some(wait) = self.waits.next() else {
+                return Err(Some(Error::Unavailable(format!(
+                    "the events of run {} could not be read {} times in a row",
+                    self.run.0, self.failures
+                ))));
+            };
             tokio::time::sleep(wait).await;
         }
-        if self.failures >= c.retry.attempts.max(1) {
-            return Err(Some(Error::Unavailable(format!(
-                "the events of run {} could not be read {} times in a row",
-                self.run.0, self.failures
-            ))));
-        }
         self.failures += 1;
-        let mut req = c.request(&Method::GET, &format!("/runs/{}/events", self.run.0), None);
-        req.headers_mut()
-            .insert("last-event-id", HeaderValue::from(self.last));
-        let answer = tokio::time::timeout(c.retry.timeout, c.http.request(req))
+        let req = (c.request(Method::GET, &format!("/runs/{}/events", self.run.0)))
+            .header("last-event-id", HeaderValue::from(self.last));
+        // The timeout bounds the wait for the answer's head only: the body
+        // is the stream of events, as long as the run lasts.
+        let answer = tokio::time::timeout(c.retry.timeout, req.send())
             .await
             .map_err(|_| None)?
             .map_err(|_| None)?;
         match answer.status() {
-            StatusCode::OK => {
-                let body = BodyDataStream::new(answer.into_body());
-                Ok(Some(Box::pin(body.eventsource())))
-            }
+            StatusCode::OK => Ok(Some(Box::pin(answer.bytes_stream().eventsource()))),
             StatusCode::NO_CONTENT => Ok(None),
             s if retryable(s) => Err(None),
             status => {
-                let bytes = answer
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(http_body_util::Collected::to_bytes)
-                    .unwrap_or_default();
+                let bytes = answer.bytes().await.unwrap_or_default();
                 let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                 Err(Some(Answer { status, body }.error(Some(self.run))))
             }

@@ -42,7 +42,7 @@ pub trait Probe: Send + Sync + 'static {
     fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {
         let _ = (role, outcome, took);
     }
-    /// `role`'s statement `statement` (a [`DbOp::name`]) got `input`: a
+    /// `role`'s statement `statement` (a [`DbOp::name`](pelican_model::db::DbOp::name)) got `input`: a
     /// reply, or [`Input::Unavailable`].
     fn db_answered(&self, role: &RoleId, statement: &'static str, input: &Input) {
         let _ = (role, statement, input);
