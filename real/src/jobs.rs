@@ -66,8 +66,11 @@ impl<D: DbClient + Clone> LedgerStore for D {
 }
 
 /// A handler's own failure: its class decides what happens to the run.
+/// Made by [`JobError::retryable`], [`JobError::unknown`] or
+/// [`JobError::terminal`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
+#[non_exhaustive]
 pub struct JobError {
     /// Retryable, terminal, ...
     pub class: ErrorClass,
@@ -113,6 +116,7 @@ impl From<JobError> for JobOutcome {
 
 /// Why [`JobContext::step`] did not return the step's output.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StepFailed {
     /// The step's own work failed (nothing was recorded).
     #[error("{0}")]
@@ -640,13 +644,11 @@ impl Registry {
     /// use pelican_real::jobs::{JobContext, JobError, KindPolicy, Registry};
     /// async fn charge(ctx: JobContext) -> Result<(), JobError> { Ok(()) }
     /// fn handlers(registry: &mut Registry) {
-    ///     let policy = KindPolicy {
-    ///         attempts_max: Some(8),
-    ///         backoff_base_ms: Some(500),
-    ///         attempt_timeout_ms: Some(30_000),
-    ///         budget_ms: Some(15 * 60_000),
-    ///         ..KindPolicy::default()
-    ///     };
+    ///     let policy = KindPolicy::default()
+    ///         .attempts_max(8)
+    ///         .backoff_ms(500, 10_000)
+    ///         .attempt_timeout_ms(30_000)
+    ///         .budget_ms(15 * 60_000);
     ///     registry.register_with("charge", charge, policy);
     /// }
     /// ```

@@ -1,6 +1,11 @@
 //! Pelican's async driver, shared by the simulator (`pelican-sim`, under
 //! madsim) and the live worker (the `pelican` binary, on Redis and Postgres).
 //!
+//! **Writing jobs?** Depend on `pelican-sdk`: it holds what a job author's
+//! crate needs, and it is the API that stays. This crate is the
+//! implementation; its driver, bindings and traces are public for the
+//! simulator and the tests, hidden from the docs, and change freely.
+//!
 //! The protocol lives in [`pelican_model::protocol`] as sans-IO state
 //! machines. This crate runs them: it owns the clock, the randomness, the
 //! network and the job executions, and it feeds each role one input at a
@@ -55,12 +60,16 @@ macro_rules! crash_point {
 
 #[cfg(feature = "live")]
 pub mod cli;
+#[doc(hidden)]
 pub mod driver;
 pub mod jobs;
 #[cfg(feature = "live")]
+#[doc(hidden)]
 pub mod live;
+#[doc(hidden)]
 pub mod trace;
 
+#[doc(hidden)]
 pub use driver::{
     Batching, Config, DbClient, Entropy, Io, NewRun, NoProbe, Probe, QueryError, Requeued, RoleId,
     Start, StreamClient, StreamResult, Tools, Worker, cancel, maintain, new_run_ids, now,

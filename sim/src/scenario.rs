@@ -124,16 +124,11 @@ impl Scenario {
 /// back-off of their own and an elapsed budget that some exhaust; sleeps
 /// longer than their attempt timeout time out and are retried.
 fn kinds() -> std::collections::BTreeMap<String, KindPolicy> {
-    let fail = KindPolicy {
-        backoff_base_ms: Some(300),
-        budget_ms: Some(7_000),
-        ..KindPolicy::default()
-    };
-    let sleep = KindPolicy {
-        attempt_timeout_ms: Some(3_000),
-        attempts_max: Some(5),
-        ..KindPolicy::default()
-    };
+    let mut fail = KindPolicy::default().budget_ms(7_000);
+    fail.backoff_base_ms = Some(300);
+    let sleep = KindPolicy::default()
+        .attempt_timeout_ms(3_000)
+        .attempts_max(5);
     [("fail".to_owned(), fail), ("sleep".to_owned(), sleep)].into()
 }
 

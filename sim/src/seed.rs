@@ -191,12 +191,11 @@ pub(crate) const PROVIDER: &str = "p";
 /// Its limits: one call at once and two a second; a dead holder's slot is
 /// free after 1.5 s.
 pub(crate) fn provider_limit() -> ProviderLimit {
-    ProviderLimit {
-        concurrent: Some(1),
-        per_second: Some(2),
-        burst: 1,
-        hold_ms: 1_500,
-    }
+    ProviderLimit::default()
+        .concurrent(1)
+        .per_second(2)
+        .burst(1)
+        .hold_ms(1_500)
 }
 
 /// A run the API will submit.

@@ -382,12 +382,13 @@ pub fn unknown_errors_are_retried_up_to_the_cap(mutant: Option<&str>) {
 /// bound the retries.
 pub fn budgets_and_timeouts_bound_runs(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
-    let policy = |attempts_max, backoff_ms, attempt_timeout_ms, budget_ms| KindPolicy {
-        attempts_max,
-        backoff_base_ms: backoff_ms,
-        backoff_cap_ms: backoff_ms,
-        attempt_timeout_ms,
-        budget_ms,
+    let policy = |attempts_max, backoff_ms, attempt_timeout_ms, budget_ms| {
+        let mut p = KindPolicy::default();
+        p.attempts_max = attempts_max;
+        (p.backoff_base_ms, p.backoff_cap_ms) = (backoff_ms, backoff_ms);
+        p.attempt_timeout_ms = attempt_timeout_ms;
+        p.budget_ms = budget_ms;
+        p
     };
     env.kinds = [
         ("fail", policy(Some(20), Some(300), None, Some(1_500))),

@@ -11,7 +11,7 @@
 //! HTTP client, in tests the simulator's external service
 //! (`tests/sim.rs`), in the example binary a [`CountingProvider`].
 
-use pelican_real::jobs::{
+use pelican_sdk::{
     BoxFuture, JobContext, JobError, KindPolicy, ProviderLimit, Registry, RunId, StepFailed,
 };
 use serde::{Deserialize, Serialize};
@@ -103,25 +103,22 @@ pub async fn agent(ctx: JobContext, provider: Arc<dyn Provider>) -> Result<Answe
 /// providers rate-limit), a minute per attempt, ten minutes in all.
 #[must_use]
 pub fn policy() -> KindPolicy {
-    KindPolicy {
-        attempts_max: Some(6),
-        backoff_base_ms: Some(2_000),
-        backoff_cap_ms: Some(30_000),
-        attempt_timeout_ms: Some(60_000),
-        budget_ms: Some(10 * 60_000),
-    }
+    KindPolicy::default()
+        .attempts_max(6)
+        .backoff_ms(2_000, 30_000)
+        .attempt_timeout_ms(60_000)
+        .budget_ms(10 * 60_000)
 }
 
 /// The model provider's limits: 4 calls at once and 20 a second, across
 /// every worker; a dead worker's slot is free again after 30 s.
 #[must_use]
 pub fn model_limit() -> ProviderLimit {
-    ProviderLimit {
-        concurrent: Some(4),
-        per_second: Some(20),
-        burst: 4,
-        hold_ms: 30_000,
-    }
+    ProviderLimit::default()
+        .concurrent(4)
+        .per_second(20)
+        .burst(4)
+        .hold_ms(30_000)
 }
 
 /// Registers the `agent` kind, calling `provider`, under [`policy`], and

@@ -3,7 +3,7 @@
 //! ones. Build it with `cargo worker`; run `agent worker --help`.
 
 use pelican_example_agent::CountingProvider;
-use pelican_real::jobs::Registry;
+use pelican_sdk::Registry;
 use std::sync::Arc;
 
 fn handlers(registry: &mut Registry) {
@@ -12,5 +12,5 @@ fn handlers(registry: &mut Registry) {
 }
 
 fn main() -> std::process::ExitCode {
-    pelican_real::cli::main_with(handlers)
+    pelican_sdk::main_with(handlers)
 }

@@ -7,8 +7,9 @@
 #[cfg(madsim)]
 mod simulated {
     use pelican_example_agent::{Provider, Question, TOOLS, register};
-    use pelican_real::jobs::{BoxFuture, JobContext, JobError, Registry, RunId, StepFailed};
-    use pelican_sim::{External, JobSim};
+    use pelican_sdk::{
+        BoxFuture, External, JobContext, JobError, JobSim, Registry, RunId, StepFailed,
+    };
     use std::sync::Arc;
 
     /// The agent's provider in the simulation: the simulator's external

@@ -124,10 +124,7 @@ impl Config {
     /// The checker's runs' kind (its submissions name none) with an
     /// elapsed budget: a tick spends it.
     fn with_budget(policy: &mut Policy) {
-        let budget = pelican_model::protocol::KindPolicy {
-            budget_ms: Some(1_000),
-            ..Default::default()
-        };
+        let budget = pelican_model::protocol::KindPolicy::default().budget_ms(1_000);
         policy.kinds.insert(String::new(), budget);
     }
 
@@ -351,12 +348,11 @@ impl Config {
     /// slot, held until a tick, and one call a tick (burst 1).
     #[must_use]
     pub fn provider_limit() -> pelican_model::protocol::ProviderLimit {
-        pelican_model::protocol::ProviderLimit {
-            concurrent: Some(1),
-            per_second: Some(1),
-            burst: 1,
-            hold_ms: 30_000,
-        }
+        pelican_model::protocol::ProviderLimit::default()
+            .concurrent(1)
+            .per_second(1)
+            .burst(1)
+            .hold_ms(30_000)
     }
 
     /// Two runs on two workers whose jobs call one provider under its

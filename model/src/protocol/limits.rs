@@ -15,8 +15,11 @@ use crate::db::{DbOp, Shaped, query, shape};
 use crate::ids::{Fence, RunId};
 use serde::{Deserialize, Serialize};
 
-/// A provider's limits, shared by every worker.
+/// A provider's limits, shared by every worker. Built from its default (no
+/// limit) with a setter a limit: it will grow, so other crates cannot
+/// build one field by field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProviderLimit {
     /// Calls in flight at once, across all workers (`None`: no limit).
     pub concurrent: Option<u32>,
@@ -42,6 +45,34 @@ impl Default for ProviderLimit {
 }
 
 impl ProviderLimit {
+    /// At most `n` calls in flight at once, across all workers.
+    #[must_use]
+    pub const fn concurrent(mut self, n: u32) -> ProviderLimit {
+        self.concurrent = Some(n);
+        self
+    }
+
+    /// At most `n` calls started per second, on average.
+    #[must_use]
+    pub const fn per_second(mut self, n: u32) -> ProviderLimit {
+        self.per_second = Some(n);
+        self
+    }
+
+    /// Up to `n` calls may start together after a quiet spell.
+    #[must_use]
+    pub const fn burst(mut self, n: u32) -> ProviderLimit {
+        self.burst = n;
+        self
+    }
+
+    /// A permit holds its slot for at most `ms` milliseconds.
+    #[must_use]
+    pub const fn hold_ms(mut self, ms: u64) -> ProviderLimit {
+        self.hold_ms = ms;
+        self
+    }
+
     /// The fastest rate a limit can state: one call a millisecond (the
     /// clock's unit) on average; a larger burst lets more start together.
     pub const PER_SECOND_MAX: u32 = 1_000;

@@ -120,9 +120,12 @@ pub struct Policy {
 
 /// What a kind of job changes of the [`Policy`] for its runs. Attempts and
 /// the budget are fixed when a run is submitted; back-off and the attempt
-/// timeout are the worker's at each attempt.
+/// timeout are the worker's at each attempt. Built from its default (the
+/// [`Policy`]'s values) with a setter a field: it will grow, so other crates
+/// cannot build one field by field.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct KindPolicy {
     /// Attempts allowed per run (instead of [`Policy::attempts_max`]).
     pub attempts_max: Option<u32>,
@@ -137,6 +140,57 @@ pub struct KindPolicy {
     /// `budget_exhausted` without running it, and an attempt is cut short
     /// when it runs out.
     pub budget_ms: Option<u64>,
+}
+
+impl KindPolicy {
+    /// `n` attempts per run.
+    #[must_use]
+    pub const fn attempts_max(mut self, n: u32) -> KindPolicy {
+        self.attempts_max = Some(n);
+        self
+    }
+
+    /// Retries back off from `base_ms`, doubling, up to `cap_ms`.
+    #[must_use]
+    pub const fn backoff_ms(mut self, base_ms: u64, cap_ms: u64) -> KindPolicy {
+        self.backoff_base_ms = Some(base_ms);
+        self.backoff_cap_ms = Some(cap_ms);
+        self
+    }
+
+    /// One attempt may run `ms` milliseconds.
+    #[must_use]
+    pub const fn attempt_timeout_ms(mut self, ms: u64) -> KindPolicy {
+        self.attempt_timeout_ms = Some(ms);
+        self
+    }
+
+    /// A run may take `ms` milliseconds from its submission, over all its
+    /// attempts and waits.
+    #[must_use]
+    pub const fn budget_ms(mut self, ms: u64) -> KindPolicy {
+        self.budget_ms = Some(ms);
+        self
+    }
+
+    /// Each field this policy sets, else `base`'s.
+    #[must_use]
+    pub fn over(self, base: &KindPolicy) -> KindPolicy {
+        let KindPolicy {
+            attempts_max,
+            backoff_base_ms,
+            backoff_cap_ms,
+            attempt_timeout_ms,
+            budget_ms,
+        } = self;
+        KindPolicy {
+            attempts_max: attempts_max.or(base.attempts_max),
+            backoff_base_ms: backoff_base_ms.or(base.backoff_base_ms),
+            backoff_cap_ms: backoff_cap_ms.or(base.backoff_cap_ms),
+            attempt_timeout_ms: attempt_timeout_ms.or(base.attempt_timeout_ms),
+            budget_ms: budget_ms.or(base.budget_ms),
+        }
+    }
 }
 
 /// How long an attempt may run, and the class it fails with past that.

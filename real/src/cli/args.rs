@@ -240,18 +240,7 @@ impl Connection {
         let mut kinds = Registry::policies_of(handlers);
         for (kind, p) in &self.kind_policy {
             let k = kinds.entry(kind.clone()).or_default();
-            let KindPolicy {
-                attempts_max,
-                backoff_base_ms,
-                backoff_cap_ms,
-                attempt_timeout_ms,
-                budget_ms,
-            } = p.clone();
-            k.attempts_max = attempts_max.or(k.attempts_max);
-            k.backoff_base_ms = backoff_base_ms.or(k.backoff_base_ms);
-            k.backoff_cap_ms = backoff_cap_ms.or(k.backoff_cap_ms);
-            k.attempt_timeout_ms = attempt_timeout_ms.or(k.attempt_timeout_ms);
-            k.budget_ms = budget_ms.or(k.budget_ms);
+            *k = p.clone().over(k);
         }
         kinds
     }

@@ -42,11 +42,7 @@ struct Race {
 
 /// The acquire `policy` sends (a mutant's twin, if it injects one).
 fn acquire(policy: &Policy, slots: u32, holder: &str) -> DbOp {
-    let limit = ProviderLimit {
-        concurrent: Some(slots),
-        hold_ms: 60_000,
-        ..ProviderLimit::default()
-    };
+    let limit = ProviderLimit::default().concurrent(slots).hold_ms(60_000);
     limit
         .acquire(policy, "p", holder)
         .expect("a concurrency limit")

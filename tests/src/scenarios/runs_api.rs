@@ -342,10 +342,7 @@ pub fn the_api_conforms_to_its_openapi_document(mutant: Option<&str>) {
 pub fn requeue_gives_a_fresh_budget_and_unknown_count(mutant: Option<&str>) {
     use pelican_model::protocol::KindPolicy;
     let mut env = Env::mutated(mutant);
-    let budget = KindPolicy {
-        budget_ms: Some(1_500),
-        ..KindPolicy::default()
-    };
+    let budget = KindPolicy::default().budget_ms(1_500);
     env.kinds = [("fail".to_owned(), budget)].into();
     let args = env.kind_policy_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
