@@ -1,4 +1,5 @@
-// Over 600 lines: the job-author API, the registry and the job context with its steps and limits, which issue 53 moves to a crate of its own.
+// Over 600 lines: the job-author API (re-exported by pelican-sdk): the registry and the job
+// context with its steps, limits and progress, which share the context's ledger.
 //! Job handlers: the [`Executor`] the driver starts jobs with, a [`Registry`]
 //! of handlers by job kind for library users, and the built-in kinds that
 //! make the binary and the simulator useful on their own.

@@ -138,121 +138,133 @@ pub fn through_the_api(mutant: Option<&str>) {
     assert!(text.contains("pelican_pel_count 0"), "{text}");
 }
 
-/// Kill right after XREADGROUP: the entries stay pending and another worker
-/// reclaims and runs them.
-pub fn kill_right_after_receive(mutant: Option<&str>) {
+/// What the first worker left when its crash point killed it.
+enum Killed {
+    /// Its deliveries, pending in the group.
+    Pending,
+    /// The run's outcome committed, its entry not acknowledged.
+    Committed,
+    /// Nothing this scenario looks at.
+    Anything,
+}
+
+/// A crash-point scenario: runs of `kind` with `input`, whose first worker
+/// dies at crash point `point`, finished by a second worker (both with
+/// `flags`); what the kill left, and the history every run must have after.
+struct Crash {
+    point: &'static str,
+    kind: &'static str,
+    input: &'static str,
+    runs: usize,
+    flags: &'static [&'static str],
+    killed: Killed,
+    /// Attempts each run took (`None`: not fixed).
+    attempts: Option<u32>,
+    /// How often the tool service was asked for each call, by call.
+    requests: &'static [u64],
+    /// Each recorded step, with the fence of the attempt that recorded it.
+    recorded_by: &'static [(u32, u64)],
+}
+
+/// One scenario a row of the table: its doc, its name, the crash point and
+/// the expected history.
+macro_rules! crash_points {
+    ($($(#[doc = $doc:literal])* $name:ident: $crash:expr;)*) => {$(
+        $(#[doc = $doc])*
+        pub fn $name(mutant: Option<&str>) {
+            killed_at(mutant, &$crash);
+        }
+    )*};
+}
+
+crash_points! {
+    /// Kill right after XREADGROUP: the entries stay pending and another
+    /// worker reclaims and runs them.
+    kill_right_after_receive: Crash {
+        point: "after_receive", kind: "noop", input: "{}", runs: 3, flags: &[],
+        killed: Killed::Pending, attempts: None, requests: &[], recorded_by: &[],
+    };
+    /// Kill after the outcome is committed, before XACK: the run is not run
+    /// again; the redelivered entry is acknowledged as already terminal.
+    kill_after_commit_before_ack: Crash {
+        point: "before_ack", kind: "effect", input: r#"{"calls":1}"#, runs: 1, flags: &[],
+        killed: Killed::Committed, attempts: Some(1), requests: &[1], recorded_by: &[],
+    };
+    /// Kill right after XACK: with ack-after-commit the outcome is already
+    /// durable, so nothing is left to recover (the sweeper is off).
+    kill_right_after_ack: Crash {
+        point: "after_ack", kind: "noop", input: "{}", runs: 1, flags: NO_SWEEP,
+        killed: Killed::Anything, attempts: None, requests: &[], recorded_by: &[],
+    };
+    /// Kill right after a side effect: the retry sends the same idempotency
+    /// key and the tool service does not apply it twice.
+    kill_right_after_the_side_effect: Crash {
+        point: "after_effect", kind: "effect", input: r#"{"calls":2}"#, runs: 1, flags: &[],
+        killed: Killed::Anything, attempts: Some(2), requests: &[2, 1], recorded_by: &[],
+    };
+    /// Kill between a durable step's external call and its record: the next
+    /// attempt runs the step again (the key keeps the call applied once) and
+    /// records both steps under its own fence.
+    kill_between_a_steps_call_and_its_record: Crash {
+        point: "after_effect", kind: "steps", input: r#"{"calls":2}"#, runs: 1, flags: &[],
+        killed: Killed::Anything, attempts: Some(2), requests: &[2, 1],
+        recorded_by: &[(0, 2), (1, 2)],
+    };
+    /// Kill right after a durable step is recorded: the next attempt replays
+    /// it without calling out again, and runs only the step after it.
+    kill_right_after_a_step_is_recorded: Crash {
+        point: "after_step_record", kind: "steps", input: r#"{"calls":2}"#, runs: 1, flags: &[],
+        killed: Killed::Anything, attempts: Some(2), requests: &[1, 1],
+        recorded_by: &[(0, 1), (1, 2)],
+    };
+}
+
+/// Runs crash-point scenario `c` (see [`Crash`]) and checks its history.
+fn killed_at(mutant: Option<&str>, c: &Crash) {
     let mut env = Env::mutated(mutant);
-    let runs: Vec<_> = (0..3).map(|_| env.submit("noop", "{}", 3)).collect();
-    let mut w1 = env.worker(1, Some("after_receive"), &[]);
+    let runs: Vec<_> = (0..c.runs)
+        .map(|_| env.submit(c.kind, c.input, 3))
+        .collect();
+    let mut w1 = env.worker(1, Some(c.point), c.flags);
     let status = w1.wait(Duration::from_secs(20));
-    assert!(!status.success(), "the crash point killed it");
-    assert!(env.pel_len() > 0, "its deliveries are pending");
-    let _w2 = env.worker(2, None, &[]);
-    env.settle();
-    let db = env.check(&[]);
-    for r in runs {
-        assert_eq!(db.runs[&r].status, RunStatus::Succeeded);
+    match c.killed {
+        Killed::Pending => {
+            assert!(!status.success(), "the crash point killed it");
+            assert!(env.pel_len() > 0, "its deliveries are pending");
+        }
+        Killed::Committed => {
+            assert_eq!(env.db().runs[&runs[0]].status, RunStatus::Succeeded);
+            assert_eq!(env.pel_len(), 1, "committed but not acknowledged");
+        }
+        Killed::Anything => {}
     }
-}
-
-/// Kill after the outcome is committed, before XACK: the run is not run
-/// again; the redelivered entry is acknowledged as already terminal.
-pub fn kill_after_commit_before_ack(mutant: Option<&str>) {
-    let mut env = Env::mutated(mutant);
-    let run = env.submit("effect", r#"{"calls":1}"#, 3);
-    let mut w1 = env.worker(1, Some("before_ack"), &[]);
-    w1.wait(Duration::from_secs(20));
-    assert_eq!(env.db().runs[&run].status, RunStatus::Succeeded);
-    assert_eq!(env.pel_len(), 1, "committed but not acknowledged");
-    let _w2 = env.worker(2, None, &[]);
+    let _w2 = env.worker(2, None, c.flags);
     env.settle();
     let db = env.check(&[]);
-    assert_eq!(db.runs[&run].attempts, 1, "no new attempt");
-    assert_eq!(
-        db.effects[&format!("{run}/0")],
-        1,
-        "the finished run was not executed again"
-    );
-}
-
-/// Kill right after XACK: with ack-after-commit the outcome is already
-/// durable, so nothing is left to recover (the sweeper is off).
-pub fn kill_right_after_ack(mutant: Option<&str>) {
-    let mut env = Env::mutated(mutant);
-    let run = env.submit("noop", "{}", 3);
-    let mut w1 = env.worker(1, Some("after_ack"), NO_SWEEP);
-    w1.wait(Duration::from_secs(20));
-    let _w2 = env.worker(2, None, NO_SWEEP);
-    env.settle();
-    let db = env.check(&[]);
-    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
-}
-
-/// Kill right after a side effect: the retry sends the same idempotency key
-/// and the tool service does not apply it twice.
-pub fn kill_right_after_the_side_effect(mutant: Option<&str>) {
-    let mut env = Env::mutated(mutant);
-    let run = env.submit("effect", r#"{"calls":2}"#, 3);
-    let mut w1 = env.worker(1, Some("after_effect"), &[]);
-    w1.wait(Duration::from_secs(20));
-    let _w2 = env.worker(2, None, &[]);
-    env.settle();
-    let db = env.check(&[]);
-    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
-    assert_eq!(db.runs[&run].attempts, 2);
-    assert_eq!(
-        db.effects[&format!("{run}/0")],
-        2,
-        "requested twice, applied once"
-    );
-    assert_eq!(db.effects[&format!("{run}/1")], 1);
-}
-
-/// Kill between a durable step's external call and its record: the next
-/// attempt runs the step again (the key keeps the call applied once) and
-/// records it under its own fence.
-pub fn kill_between_a_steps_call_and_its_record(mutant: Option<&str>) {
-    let (requests, recorded_by) = killed_in_a_step(mutant, "after_effect");
-    assert_eq!(
-        requests,
-        [2, 1],
-        "the unrecorded step ran again, applied once"
-    );
-    assert_eq!(
-        recorded_by,
-        [(0, 2), (1, 2)],
-        "both recorded by the second attempt"
-    );
-}
-
-/// Kill right after a durable step is recorded: the next attempt replays it
-/// without calling out again, and runs only the step after it.
-pub fn kill_right_after_a_step_is_recorded(mutant: Option<&str>) {
-    let (requests, recorded_by) = killed_in_a_step(mutant, "after_step_record");
-    assert_eq!(requests, [1, 1], "a recorded step ran again");
-    assert_eq!(
-        recorded_by,
-        [(0, 1), (1, 2)],
-        "each step recorded by the attempt that ran it"
-    );
-}
-
-/// A `steps` run of two calls whose first worker dies at crash point
-/// `point`, finished by a second worker: how often each call was requested
-/// of the tool service, and which fence recorded each step.
-fn killed_in_a_step(mutant: Option<&str>, point: &str) -> (Vec<u64>, Vec<(u32, u64)>) {
-    let mut env = Env::mutated(mutant);
-    let run = env.submit("steps", r#"{"calls":2}"#, 3);
-    let mut w1 = env.worker(1, Some(point), &[]);
-    w1.wait(Duration::from_secs(20));
-    let _w2 = env.worker(2, None, &[]);
-    env.settle();
-    let db = env.check(&[]);
-    assert_eq!(db.runs[&run].status, RunStatus::Succeeded);
-    assert_eq!(db.runs[&run].attempts, 2);
-    let requests = (0..2).map(|n| db.effects[&format!("{run}/{n}")]).collect();
-    let recorded_by = db.steps.iter().map(|((_, i), s)| (*i, s.fence.0)).collect();
-    (requests, recorded_by)
+    for run in &runs {
+        let r = &db.runs[run];
+        assert_eq!(r.status, RunStatus::Succeeded, "run {run}");
+        if let Some(attempts) = c.attempts {
+            assert_eq!(r.attempts, attempts, "run {run}: attempts");
+        }
+        let requests: Vec<u64> = (0..c.requests.len())
+            .map(|n| db.effects[&format!("{run}/{n}")])
+            .collect();
+        assert_eq!(
+            requests, c.requests,
+            "run {run}: requests by call, applied once each"
+        );
+        let recorded_by: Vec<(u32, u64)> = db
+            .steps
+            .iter()
+            .filter(|((r, _), _)| r == run)
+            .map(|((_, i), s)| (*i, s.fence.0))
+            .collect();
+        assert_eq!(
+            recorded_by, c.recorded_by,
+            "run {run}: each step's recording fence"
+        );
+    }
 }
 
 fn result_attempt(env: &Env, run: RunId) -> u64 {
