@@ -18,14 +18,18 @@ use crate::events::{self, EventFault, RunEvent};
 use crate::ids::{AttemptNo, EntryId, Fence, Partition, RunId, WorkerId, partition_at};
 use crate::invariants::Guarantee;
 use crate::protocol::{
-    DbOp, DbReply, DeadEntry, DeliveryEnd, GroupState, JobEntry, QueueState, StreamOp, StreamReply,
+    DbOp, DbReply, DeadEntry, DeliveryEnd, GroupState, JobEntry, QueueState, StreamReply,
 };
 use crate::shared::Shared;
 use crate::status::RunStatus;
-use crate::stream::{AddId, AutoClaim, Stream, StreamError, Trim};
+use crate::stream::{AutoClaim, Stream, StreamError, Trim};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+
+mod commands;
+
+pub use commands::StreamOp;
 
 /// The consumer group's name.
 pub const GROUP: &str = "pelican";
@@ -116,81 +120,6 @@ impl Redis {
     #[must_use]
     pub fn pel_len(&self) -> usize {
         self.jobs.iter().map(Stream::pel_len).sum()
-    }
-
-    /// Executes one stream command against the reference streams: on the
-    /// stream of its partition, with IDs as Redis knows them (without
-    /// partition), and the reply's IDs put back in the partition.
-    pub fn execute(&mut self, op: &StreamOp) -> Result<StreamReply, StreamError> {
-        match op {
-            StreamOp::PublishDead { entry, now } => self
-                .dead
-                .xadd(AddId::Auto, entry.clone(), *now)
-                .map(StreamReply::Added),
-            StreamOp::Queue { now } => Ok(StreamReply::Queue(self.queue(*now))),
-            StreamOp::Publish {
-                partition,
-                entry,
-                now,
-            } => self.on(*partition, |jobs| {
-                jobs.xadd(AddId::Auto, entry.clone(), *now)
-                    .map(StreamReply::Added)
-            }),
-            StreamOp::EnsureGroup { partition } => self.on(*partition, |jobs| {
-                match jobs.xgroup_create(GROUP, Some(EntryId::ZERO), true) {
-                    Ok(()) | Err(StreamError::BusyGroup) => Ok(StreamReply::GroupReady),
-                    Err(e) => Err(e),
-                }
-            }),
-            StreamOp::Read {
-                partition,
-                consumer,
-                count,
-                now,
-            } => self.on(*partition, |jobs| {
-                jobs.xreadgroup(consumer, *count, *now)
-                    .map(StreamReply::Entries)
-            }),
-            StreamOp::Ack { ids } => {
-                let p = StreamOp::ack_partition(ids);
-                debug_assert!(
-                    ids.iter().all(|id| id.partition == p),
-                    "one XACK acknowledges IDs of one partition"
-                );
-                let local: Vec<EntryId> = ids.iter().map(|id| id.local()).collect();
-                self.on(p, |jobs| jobs.xack(&local).map(StreamReply::Acked))
-            }
-            StreamOp::AutoClaim {
-                consumer,
-                min_idle_ms,
-                start,
-                count,
-                now,
-            } => self.on(start.partition, |jobs| {
-                autoclaim(jobs, consumer, *min_idle_ms, *start, *count, *now)
-            }),
-            StreamOp::Touch { consumer, id, now } => self.on(id.partition, |jobs| {
-                jobs.xclaim(consumer, 0, &[id.local()], None, true, *now)
-                    .map(|got| StreamReply::Touched(!got.is_empty()))
-            }),
-            StreamOp::Locate { id } => self.on(id.partition, |jobs| Ok(locate(jobs, id.local()))),
-            StreamOp::ForgetConsumers {
-                partition,
-                idle_ms,
-                now,
-            } => self.on(*partition, |jobs| {
-                Ok(StreamReply::Forgot(forget(jobs, *idle_ms, *now, false)))
-            }),
-            #[cfg(feature = "mutants")]
-            StreamOp::DropConsumers {
-                partition,
-                idle_ms,
-                now,
-            } => self.on(*partition, |jobs| {
-                Ok(StreamReply::Forgot(forget(jobs, *idle_ms, *now, true)))
-            }),
-            StreamOp::Retain { partition, before } => self.retain_all(*partition, *before),
-        }
     }
 
     /// `Retain` on `partition`; partition 0's trims the dead-letter stream
