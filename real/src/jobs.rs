@@ -55,14 +55,15 @@ const SLOT_POLL_MS: (u64, u64) = (10, 200);
 /// Postgres as a job sees it: the statements of its run's execution
 /// ledger ([`Ledger`]). Every [`DbClient`] that can be cloned is one.
 pub trait LedgerStore: Send + Sync + 'static {
-    /// Runs `op`, issued by `by` (see [`DbClient::call`]).
+    /// Runs `op`, issued by `by` (see [`DbClient::call_as`]: a binding
+    /// ignores `by`; the simulator's world checks the attempt's own fence).
     fn call(&self, op: DbOp, by: Issuer) -> BoxFuture<Result<DbReply, Unavailable>>;
 }
 
 impl<D: DbClient + Clone> LedgerStore for D {
     fn call(&self, op: DbOp, by: Issuer) -> BoxFuture<Result<DbReply, Unavailable>> {
         let db = self.clone();
-        Box::pin(async move { DbClient::call(&db, op, by).await })
+        Box::pin(async move { DbClient::call_as(&db, op, by).await })
     }
 }
 

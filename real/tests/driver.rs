@@ -34,13 +34,19 @@ impl Mem {
 }
 
 impl StreamClient for Mem {
-    async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
-        Ok(self.world().stream(&op, by))
+    async fn call(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
+        Ok(self.world().stream(&op, Issuer::default()))
     }
 }
 
+/// A checker's wrapper: each statement reaches the world with who issued
+/// it (`call_as`), as the simulator's client does.
 impl DbClient for Mem {
-    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+    async fn call(&self, op: DbOp) -> Result<DbReply, Unavailable> {
+        self.call_as(op, Issuer::default()).await
+    }
+
+    async fn call_as(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         Ok(self.world().db(&op, by))
     }
 }

@@ -203,18 +203,14 @@ impl Client {
 }
 
 impl StreamClient for Client {
-    async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
+    async fn call(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         match Client::call(self, REDIS, Request::Stream(op)).await? {
             Reply::Stream(r) => Ok(r),
             _ => Err(Unavailable),
         }
     }
 
-    async fn call_batch(
-        &self,
-        ops: Vec<(StreamOp, Issuer)>,
-    ) -> Result<Vec<StreamResult>, Unavailable> {
-        let ops = ops.into_iter().map(|(op, _)| op).collect();
+    async fn call_batch(&self, ops: Vec<StreamOp>) -> Result<Vec<StreamResult>, Unavailable> {
         match Client::call(self, REDIS, Request::StreamBatch(ops)).await? {
             Reply::StreamBatch(r) => Ok(r),
             _ => Err(Unavailable),
@@ -222,15 +218,28 @@ impl StreamClient for Client {
     }
 }
 
+/// The checker's wrapper: each statement goes to the simulated Postgres
+/// with who issued it, which the world's S3 check needs (a binding drops
+/// it, [`DbClient::call_as`]); a statement sent without one
+/// ([`DbClient::call`]) is nobody's in particular.
 impl DbClient for Client {
-    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+    async fn call(&self, op: DbOp) -> Result<DbReply, Unavailable> {
+        self.call_as(op, Issuer::default()).await
+    }
+
+    async fn call_batch(&self, ops: Vec<DbOp>) -> Result<Vec<DbReply>, Unavailable> {
+        let ops = ops.into_iter().map(|op| (op, Issuer::default())).collect();
+        self.call_batch_as(ops).await
+    }
+
+    async fn call_as(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         match Client::call(self, POSTGRES, Request::Db(op, by)).await? {
             Reply::Db(r) => Ok(r),
             _ => Err(Unavailable),
         }
     }
 
-    async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
+    async fn call_batch_as(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
         match Client::call(self, POSTGRES, Request::DbBatch(ops)).await? {
             Reply::DbBatch(r) => Ok(r),
             _ => Err(Unavailable),

@@ -168,13 +168,7 @@ impl Oracle {
             // A claim (or, in a build with the mutants, `ClaimReviving`).
             (_, DbReply::Claimed(Some(job))) => {
                 self.count("claims");
-                let run = match op {
-                    DbOp::Claim { run, .. } => Some(*run),
-                    #[cfg(feature = "mutants")]
-                    DbOp::ClaimReviving { run, .. } | DbOp::ClaimAt { run, .. } => Some(*run),
-                    _ => None,
-                };
-                if let Some(run) = run {
+                if let Some(run) = op.class().claims {
                     self.granted.insert((run, job.claimed.fence));
                 }
             }

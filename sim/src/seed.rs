@@ -512,7 +512,7 @@ where
             limit: 4,
             bytes_max: 8,
         };
-        if let Ok(DbReply::Events(batch)) = io.db.call(read, Default::default()).await
+        if let Ok(DbReply::Events(batch)) = io.db.call(read).await
             && !batch.is_empty()
         {
             seen.extend(batch);

@@ -1510,19 +1510,17 @@ pub fn retention_trims_acknowledged_entries(mutant: Option<&str>) {
 pub fn pipelined_acks_answer_each_xack(mutant: Option<&str>) {
     use pelican_model::ids::{Dispatch, WorkerId};
     use pelican_model::protocol::{JobEntry, StreamOp, StreamReply};
-    use pelican_model::world::Issuer;
     use pelican_real::StreamClient;
 
     let env = Env::mutated(mutant);
     let io = env.io(3);
-    let by = Issuer::worker(WorkerId(1));
-    let acks = |ids: &[EntryId]| -> Vec<(StreamOp, Issuer)> {
+    let acks = |ids: &[EntryId]| -> Vec<StreamOp> {
         ids.iter()
-            .map(|id| (StreamOp::Ack { ids: vec![*id] }, by))
+            .map(|id| StreamOp::Ack { ids: vec![*id] })
             .collect()
     };
     crate::rt().block_on(async {
-        let call = |op| io.stream.call(op, by);
+        let call = |op| io.stream.call(op);
         call(StreamOp::EnsureGroup { partition: 0 })
             .await
             .expect("Redis answers")

@@ -50,17 +50,20 @@ use tokio::sync::{mpsc, oneshot};
 /// Commands of the kinds it does not batch go straight through.
 pub struct Batching<C> {
     inner: Arc<C>,
-    claims: Option<Queue<DbOp, DbReply>>,
-    completions: Option<Queue<DbOp, DbReply>>,
-    reads: Option<Queue<DbOp, DbReply>>,
-    inserts: Option<Queue<DbOp, DbReply>>,
-    marks: Option<Queue<DbOp, DbReply>>,
+    claims: Option<Queue<Issued, DbReply>>,
+    completions: Option<Queue<Issued, DbReply>>,
+    reads: Option<Queue<Issued, DbReply>>,
+    inserts: Option<Queue<Issued, DbReply>>,
+    marks: Option<Queue<Issued, DbReply>>,
     acks: Option<Queue<StreamOp, StreamResult>>,
     publishes: Option<Queue<StreamOp, StreamResult>>,
 }
 
+/// A statement with who issued it (see [`DbClient::call_as`]).
+type Issued = (DbOp, Issuer);
+
 /// A command waiting in a queue, with where its answer goes.
-type Queued<O, R> = (O, Issuer, oneshot::Sender<Result<R, Unavailable>>);
+type Queued<O, R> = (O, oneshot::Sender<Result<R, Unavailable>>);
 
 /// The sending end of one kind's queue; its task ends when this is dropped.
 struct Queue<O, R> {
@@ -76,9 +79,9 @@ impl<O: Send + 'static, R: Send + 'static> Queue<O, R> {
 
     /// Queues `op` and waits for its answer ("no answer" if the queue's
     /// task is gone).
-    async fn call(&self, op: O, by: Issuer) -> Result<R, Unavailable> {
+    async fn call(&self, op: O) -> Result<R, Unavailable> {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send((op, by, tx)).is_err() {
+        if self.tx.send((op, tx)).is_err() {
             return Err(Unavailable);
         }
         rx.await.unwrap_or(Err(Unavailable))
@@ -142,7 +145,7 @@ impl<S: StreamClient> Batching<S> {
 }
 
 impl<D> Batching<D> {
-    fn db_queue(&self, op: &DbOp) -> Option<&Queue<DbOp, DbReply>> {
+    fn db_queue(&self, op: &DbOp) -> Option<&Queue<Issued, DbReply>> {
         match op {
             DbOp::Claim { .. } => self.claims.as_ref(),
             DbOp::Complete { .. } => self.completions.as_ref(),
@@ -170,20 +173,28 @@ impl<D: DbClient> DbClient for Batching<D> {
         self.db_queue(op).is_some()
     }
 
-    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+    async fn call(&self, op: DbOp) -> Result<DbReply, Unavailable> {
+        self.call_as(op, Issuer::default()).await
+    }
+
+    async fn call_batch(&self, ops: Vec<DbOp>) -> Result<Vec<DbReply>, Unavailable> {
+        self.inner.call_batch(ops).await
+    }
+
+    async fn call_as(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         match self.db_queue(&op) {
-            Some(queue) => queue.call(op, by).await,
+            Some(queue) => queue.call((op, by)).await,
             // Boxed: the binding's own future (sqlx's, about 9 KB) would
             // otherwise size every call's future, and so every delivery's
             // task, which is moved and zeroed once per delivery; the
             // commands that come this way (heartbeats, steps) are the rare
             // ones.
-            None => Box::pin(self.inner.call(op, by)).await,
+            None => Box::pin(self.inner.call_as(op, by)).await,
         }
     }
 
-    async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
-        self.inner.call_batch(ops).await
+    async fn call_batch_as(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
+        self.inner.call_batch_as(ops).await
     }
 }
 
@@ -193,18 +204,15 @@ impl<S: StreamClient> StreamClient for Batching<S> {
         self.stream_queue(op).is_some()
     }
 
-    async fn call(&self, op: StreamOp, by: Issuer) -> Result<StreamResult, Unavailable> {
+    async fn call(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         match self.stream_queue(&op) {
-            Some(queue) => queue.call(op, by).await,
+            Some(queue) => queue.call(op).await,
             // Boxed, as the database's (see there).
-            None => Box::pin(self.inner.call(op, by)).await,
+            None => Box::pin(self.inner.call(op)).await,
         }
     }
 
-    async fn call_batch(
-        &self,
-        ops: Vec<(StreamOp, Issuer)>,
-    ) -> Result<Vec<StreamResult>, Unavailable> {
+    async fn call_batch(&self, ops: Vec<StreamOp>) -> Result<Vec<StreamResult>, Unavailable> {
         self.inner.call_batch(ops).await
     }
 }
@@ -214,20 +222,17 @@ trait Sink<O, R>: Send + Sync + 'static {
     /// The run a command is on: commands on one run never share a batch.
     fn run(op: &O) -> Option<RunId>;
     /// Sends a lone command.
-    fn one(&self, op: O, by: Issuer) -> impl Future<Output = Result<R, Unavailable>> + Send;
+    fn one(&self, op: O) -> impl Future<Output = Result<R, Unavailable>> + Send;
     /// Sends a batch as one request.
-    fn many(
-        &self,
-        ops: Vec<(O, Issuer)>,
-    ) -> impl Future<Output = Result<Vec<R>, Unavailable>> + Send;
+    fn many(&self, ops: Vec<O>) -> impl Future<Output = Result<Vec<R>, Unavailable>> + Send;
 }
 
 struct Db<D>(Arc<D>);
 struct Stream<S>(Arc<S>);
 
-impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
+impl<D: DbClient> Sink<Issued, DbReply> for Db<D> {
     /// Writes on one run never share a batch; reads of one run may.
-    fn run(op: &DbOp) -> Option<RunId> {
+    fn run((op, _): &Issued) -> Option<RunId> {
         match op {
             DbOp::Claim { run, .. }
             | DbOp::Complete { run, .. }
@@ -236,14 +241,11 @@ impl<D: DbClient> Sink<DbOp, DbReply> for Db<D> {
             _ => None,
         }
     }
-    fn one(&self, op: DbOp, by: Issuer) -> impl Future<Output = Result<DbReply, Unavailable>> {
-        self.0.call(op, by)
+    fn one(&self, (op, by): Issued) -> impl Future<Output = Result<DbReply, Unavailable>> {
+        self.0.call_as(op, by)
     }
-    fn many(
-        &self,
-        ops: Vec<(DbOp, Issuer)>,
-    ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> {
-        self.0.call_batch(ops)
+    fn many(&self, ops: Vec<Issued>) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> {
+        self.0.call_batch_as(ops)
     }
 }
 
@@ -253,16 +255,12 @@ impl<S: StreamClient> Sink<StreamOp, StreamResult> for Stream<S> {
     fn run(_: &StreamOp) -> Option<RunId> {
         None
     }
-    fn one(
-        &self,
-        op: StreamOp,
-        by: Issuer,
-    ) -> impl Future<Output = Result<StreamResult, Unavailable>> {
-        self.0.call(op, by)
+    fn one(&self, op: StreamOp) -> impl Future<Output = Result<StreamResult, Unavailable>> {
+        self.0.call(op)
     }
     fn many(
         &self,
-        ops: Vec<(StreamOp, Issuer)>,
+        ops: Vec<StreamOp>,
     ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> {
         self.0.call_batch(ops)
     }
@@ -301,13 +299,12 @@ async fn batcher<O, R, K: Sink<O, R>>(
         }
         std::mem::swap(&mut queued, &mut later);
         if batch.len() == 1 {
-            let (op, by, tx) = batch.pop().expect("one command");
-            let answer = tokio::time::timeout(timeout, sink.one(op, by)).await;
+            let (op, tx) = batch.pop().expect("one command");
+            let answer = tokio::time::timeout(timeout, sink.one(op)).await;
             let _ = tx.send(answer.unwrap_or(Err(Unavailable)));
             continue;
         }
-        let (ops, answers): (Vec<_>, Vec<_>) =
-            batch.drain(..).map(|(op, by, tx)| ((op, by), tx)).unzip();
+        let (ops, answers): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
         match tokio::time::timeout(timeout, sink.many(ops)).await {
             Ok(Ok(replies)) if replies.len() == answers.len() => {
                 for (tx, reply) in answers.into_iter().zip(replies) {
@@ -334,13 +331,13 @@ mod tests {
     struct Never;
 
     impl crate::DbClient for Never {
-        async fn call(&self, _: DbOp, _: Issuer) -> Result<DbReply, Unavailable> {
+        async fn call(&self, _: DbOp) -> Result<DbReply, Unavailable> {
             unreachable!("the rules call no client")
         }
     }
 
     impl crate::StreamClient for Never {
-        async fn call(&self, _: StreamOp, _: Issuer) -> Result<crate::StreamResult, Unavailable> {
+        async fn call(&self, _: StreamOp) -> Result<crate::StreamResult, Unavailable> {
             unreachable!("the rules call no client")
         }
     }
@@ -354,10 +351,11 @@ mod tests {
             worker: WorkerId(1).consumer(),
             lease_ms: 2_000,
         };
-        assert_eq!(<Db<Never> as Sink<_, _>>::run(&claim), Some(RunId(7)));
+        let by = Issuer::default();
+        assert_eq!(<Db<Never> as Sink<_, _>>::run(&(claim, by)), Some(RunId(7)));
         let read = DbOp::ReadRun { run: RunId(7) };
         assert_eq!(
-            <Db<Never> as Sink<_, _>>::run(&read),
+            <Db<Never> as Sink<_, _>>::run(&(read, by)),
             None,
             "reads of one run may share a batch"
         );

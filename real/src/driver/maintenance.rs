@@ -94,11 +94,7 @@ pub async fn new_run_ids<S: StreamClient, D: DbClient, P: Probe>(
     count: usize,
 ) -> Result<Vec<RunId>, Unavailable> {
     let count = u32::try_from(count).map_err(|_| Unavailable)?;
-    match io
-        .db
-        .query(query::NextRunIds { count }, Issuer::default())
-        .await
-    {
+    match io.db.query(query::NextRunIds { count }).await {
         Ok(ids) if ids.len() == count as usize => Ok(ids),
         _ => Err(Unavailable),
     }
@@ -208,8 +204,7 @@ pub async fn requeue_dead<D: DbClient>(
     run: RunId,
     extra_attempts: u32,
 ) -> Result<Requeued, Unavailable> {
-    let by = Issuer::default();
-    let head = db.query(query::ReadRunHead { run }, by).await;
+    let head = db.query(query::ReadRunHead { run }).await;
     let Some(kind) = head.map_err(|_| Unavailable)?.map(|r| r.kind) else {
         return Ok(Requeued::NoRun);
     };
@@ -218,7 +213,7 @@ pub async fn requeue_dead<D: DbClient>(
         extra_attempts,
         budget_ms: policy.kind(&kind).budget_ms.unwrap_or(0),
     };
-    match db.query(q, by).await.map_err(|_| Unavailable)? {
+    match db.query(q).await.map_err(|_| Unavailable)? {
         1 => Ok(Requeued::Yes),
         _ => Ok(Requeued::NotDead),
     }

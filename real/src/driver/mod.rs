@@ -38,13 +38,9 @@ pub type StreamResult = Result<StreamReply, StreamError>;
 
 /// Runs stream commands (one [`StreamOp`] each) on Redis or its model.
 pub trait StreamClient: Send + Sync + 'static {
-    /// Runs `op`, issued by `by`. `Err(Unavailable)` when there is no answer:
-    /// the caller cannot tell whether the command was applied.
-    fn call(
-        &self,
-        op: StreamOp,
-        by: Issuer,
-    ) -> impl Future<Output = Result<StreamResult, Unavailable>> + Send;
+    /// Runs `op`. `Err(Unavailable)` when there is no answer: the caller
+    /// cannot tell whether the command was applied.
+    fn call(&self, op: StreamOp) -> impl Future<Output = Result<StreamResult, Unavailable>> + Send;
 
     /// Whether this client bounds the wait for `op`'s answer itself, so
     /// that the driver sets no deadline of its own (see
@@ -60,20 +56,23 @@ pub trait StreamClient: Send + Sync + 'static {
     /// runs them one by one; the bindings override it with one round trip.
     fn call_batch(
         &self,
-        ops: Vec<(StreamOp, Issuer)>,
+        ops: Vec<StreamOp>,
     ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> + Send {
-        one_by_one(ops, move |op, by| self.call(op, by))
+        one_by_one(ops, move |op| self.call(op))
     }
 }
 
 /// Runs SQL statements (one [`DbOp`] each) on Postgres or its model.
+///
+/// A binding implements [`DbClient::call`] (and, to send a batch as one
+/// request, [`DbClient::call_batch`]): it gets the statement only. The
+/// driver sends each command with who issued it ([`DbClient::call_as`]),
+/// which a binding ignores (the defaults drop it); the simulator's client
+/// overrides the `_as` methods to hand the issuer to the world, whose S3
+/// check needs the issuing attempt's own fence.
 pub trait DbClient: Send + Sync + 'static {
-    /// Runs `op`, issued by `by`. `Err(Unavailable)` when there is no answer.
-    fn call(
-        &self,
-        op: DbOp,
-        by: Issuer,
-    ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
+    /// Runs `op`. `Err(Unavailable)` when there is no answer.
+    fn call(&self, op: DbOp) -> impl Future<Output = Result<DbReply, Unavailable>> + Send;
 
     /// Whether this client bounds the wait for `op`'s answer itself, so
     /// that the driver sets no deadline of its own (see
@@ -83,7 +82,7 @@ pub trait DbClient: Send + Sync + 'static {
         false
     }
 
-    /// Runs the statement `q`, issued by `by`: its typed answer.
+    /// Runs the statement `q`: its typed answer.
     ///
     /// # Errors
     /// No answer ([`QueryError::Unavailable`]), or Postgres refused the
@@ -91,11 +90,10 @@ pub trait DbClient: Send + Sync + 'static {
     fn query<Q: Query + Send>(
         &self,
         q: Q,
-        by: Issuer,
     ) -> impl Future<Output = Result<AnswerOf<Q>, QueryError>> + Send {
         let op: DbOp = q.into();
         let statement = op.statement();
-        async move { Ok(Q::answer(statement, self.call(op, by).await?)?) }
+        async move { Ok(Q::answer(statement, self.call(op).await?)?) }
     }
 
     /// Runs `ops` as a batch (what a batch means:
@@ -105,26 +103,41 @@ pub trait DbClient: Send + Sync + 'static {
     /// one by one; the bindings send one request.
     fn call_batch(
         &self,
+        ops: Vec<DbOp>,
+    ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> + Send {
+        one_by_one(ops, move |op| self.call(op))
+    }
+
+    /// [`DbClient::call`], issued by `by` (see the trait's docs).
+    fn call_as(
+        &self,
+        op: DbOp,
+        by: Issuer,
+    ) -> impl Future<Output = Result<DbReply, Unavailable>> + Send {
+        let _ = by;
+        self.call(op)
+    }
+
+    /// [`DbClient::call_batch`], each command with who issued it.
+    fn call_batch_as(
+        &self,
         ops: Vec<(DbOp, Issuer)>,
     ) -> impl Future<Output = Result<Vec<DbReply>, Unavailable>> + Send {
-        one_by_one(ops, move |op, by| self.call(op, by))
+        self.call_batch(ops.into_iter().map(|(op, _)| op).collect())
     }
 }
 
 /// Sends `ops` through `call` one after another, in order: every answer,
 /// or `Err(Unavailable)` at the first command without one (the batch
 /// fallback of [`StreamClient::call_batch`] and [`DbClient::call_batch`]).
-pub(crate) async fn one_by_one<O, R, F, Fut>(
-    ops: Vec<(O, Issuer)>,
-    call: F,
-) -> Result<Vec<R>, Unavailable>
+pub(crate) async fn one_by_one<O, R, F, Fut>(ops: Vec<O>, call: F) -> Result<Vec<R>, Unavailable>
 where
-    F: Fn(O, Issuer) -> Fut,
+    F: Fn(O) -> Fut,
     Fut: Future<Output = Result<R, Unavailable>>,
 {
     let mut replies = Vec::with_capacity(ops.len());
-    for (op, by) in ops {
-        replies.push(call(op, by).await?);
+    for op in ops {
+        replies.push(call(op).await?);
     }
     Ok(replies)
 }
@@ -350,7 +363,7 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
                     Input::Unavailable
                 } else {
                     let bounded = self.db.bounds_wait(&op);
-                    match within(timeout, bounded, self.db.call(op, by)).await {
+                    match within(timeout, bounded, self.db.call_as(op, by)).await {
                         Ok(reply) => Input::Db(reply),
                         Err(Unavailable) => Input::Unavailable,
                     }
@@ -360,7 +373,7 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
             }
             Command::Stream(op) => {
                 let bounded = self.stream.bounds_wait(&op);
-                match within(timeout, bounded, self.stream.call(op, by)).await {
+                match within(timeout, bounded, self.stream.call(op)).await {
                     Ok(reply) => Input::Stream(reply),
                     Err(Unavailable) => Input::Unavailable,
                 }
@@ -385,19 +398,20 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
         let timeout = Duration::from_millis(self.config.call_timeout_ms);
         let mut inputs = vec![Input::Unavailable; commands.len()];
         let mut db: BTreeMap<&'static str, Vec<(usize, DbOp, Issuer)>> = BTreeMap::new();
-        let mut stream: Vec<(usize, StreamOp, Issuer)> = Vec::new();
+        let mut stream: Vec<(usize, StreamOp)> = Vec::new();
         for (i, (role, command, by)) in commands.iter().enumerate() {
             self.probe.sent(role, command);
             match command {
                 Command::Db(op) => db.entry(op.name()).or_default().push((i, op.clone(), *by)),
-                Command::Stream(op) => stream.push((i, op.clone(), *by)),
+                Command::Stream(op) => stream.push((i, op.clone())),
                 other => panic!("not a server command: {other:?}"),
             }
         }
         for (statement, group) in db {
             let (at, ops): (Vec<usize>, Vec<(DbOp, Issuer)>) =
                 group.into_iter().map(|(i, op, by)| (i, (op, by))).unzip();
-            if let Ok(Ok(replies)) = tokio::time::timeout(timeout, self.db.call_batch(ops)).await {
+            if let Ok(Ok(replies)) = tokio::time::timeout(timeout, self.db.call_batch_as(ops)).await
+            {
                 for (i, reply) in at.iter().zip(replies) {
                     inputs[*i] = Input::Db(reply);
                 }
@@ -408,8 +422,7 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
             }
         }
         if !stream.is_empty() {
-            let (at, ops): (Vec<usize>, Vec<(StreamOp, Issuer)>) =
-                stream.into_iter().map(|(i, op, by)| (i, (op, by))).unzip();
+            let (at, ops): (Vec<usize>, Vec<StreamOp>) = stream.into_iter().unzip();
             if let Ok(Ok(replies)) =
                 tokio::time::timeout(timeout, self.stream.call_batch(ops)).await
             {

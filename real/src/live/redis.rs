@@ -16,7 +16,6 @@ use pelican_model::protocol::{
     DeadEntry, GroupState, JobEntry, QueueState, StreamOp, StreamReply, Unavailable,
 };
 use pelican_model::stream::{AutoClaim, StreamError};
-use pelican_model::world::Issuer;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisFuture, Value};
@@ -559,7 +558,7 @@ impl RedisStream {
 }
 
 impl StreamClient for RedisStream {
-    async fn call(&self, op: StreamOp, _by: Issuer) -> Result<StreamResult, Unavailable> {
+    async fn call(&self, op: StreamOp) -> Result<StreamResult, Unavailable> {
         self.execute(op).await
     }
 
@@ -568,13 +567,10 @@ impl StreamClient for RedisStream {
     /// one for the lot on a single server, one per partition on a cluster,
     /// where a pipeline stays within one slot. Any other mix goes one by
     /// one.
-    async fn call_batch(
-        &self,
-        ops: Vec<(StreamOp, Issuer)>,
-    ) -> Result<Vec<StreamResult>, Unavailable> {
+    async fn call_batch(&self, ops: Vec<StreamOp>) -> Result<Vec<StreamResult>, Unavailable> {
         let pipelined: Option<Vec<(Partition, Cmd, Parse)>> = ops
             .iter()
-            .map(|(op, _)| {
+            .map(|op| {
                 let p = op.partition()?;
                 let (cmd, parse) = self.pipelined(self.names.key(p)?, op)?;
                 Some((p, cmd, parse))
@@ -583,7 +579,7 @@ impl StreamClient for RedisStream {
         let Some(pipelined) = pipelined else {
             let ids: Option<Vec<EntryId>> = ops
                 .iter()
-                .map(|(op, _)| match op {
+                .map(|op| match op {
                     StreamOp::Locate { id } => Some(*id),
                     _ => None,
                 })
@@ -591,7 +587,7 @@ impl StreamClient for RedisStream {
             if let Some(ids) = ids {
                 return self.locate_many(&ids).await;
             }
-            return crate::driver::one_by_one(ops, |op, _| self.execute(op)).await;
+            return crate::driver::one_by_one(ops, |op| self.execute(op)).await;
         };
         let apart = matches!(self.conn, RedisConn::Cluster(_));
         let mut groups: Vec<(Partition, Vec<usize>)> = Vec::new();

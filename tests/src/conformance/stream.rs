@@ -17,7 +17,7 @@ use pelican_model::ids::{Dispatch, EntryId, Partition, RunId};
 use pelican_model::protocol::{DeadEntry, JobEntry, QueueState, StreamOp, StreamReply};
 use pelican_model::status::ErrorClass;
 use pelican_model::time::Timestamp;
-use pelican_model::world::{Issuer, Redis};
+use pelican_model::world::Redis;
 use pelican_real::live::{RedisAddr, RedisStream, StreamNames};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -436,12 +436,8 @@ impl Sides<'_> {
         let live = self.live;
         let answers =
             futures_util::future::join_all(ops.iter().map(|op| live.execute(op.clone()))).await;
-        let batch = ops
-            .iter()
-            .map(|op| (op.clone(), Issuer::default()))
-            .collect();
         let batched = live
-            .call_batch(batch)
+            .call_batch(ops.clone())
             .await
             .map_err(|e| format!("the locates as one batch: {e}"))?;
         for ((op, got), in_batch) in ops.iter().zip(answers).zip(batched) {

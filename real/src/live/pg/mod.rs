@@ -15,7 +15,6 @@ use pelican_model::db::{
 };
 use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::Unavailable;
-use pelican_model::world::Issuer;
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -444,17 +443,16 @@ fn batched_form(ops: &[DbOp]) -> Option<(Statement, &'static str)> {
 }
 
 impl DbClient for PgDb {
-    async fn call(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
+    async fn call(&self, op: DbOp) -> Result<DbReply, Unavailable> {
         self.execute(&op).await.map_err(|e| {
             // The statement's name and ids (`describe`), never its values:
             // inputs, results, steps' outputs and progress are users' data.
-            tracing::warn!(error = %e, op = %op.describe(), worker = ?by.worker, "statement failed");
+            tracing::warn!(error = %e, op = %op.describe(), "statement failed");
             Unavailable
         })
     }
 
-    async fn call_batch(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
-        let ops: Vec<DbOp> = ops.into_iter().map(|(op, _)| op).collect();
+    async fn call_batch(&self, ops: Vec<DbOp>) -> Result<Vec<DbReply>, Unavailable> {
         self.execute_batch(&ops).await.map_err(|e| {
             tracing::warn!(error = %e, commands = ops.len(), "batch failed");
             Unavailable
