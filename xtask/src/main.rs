@@ -1,5 +1,7 @@
 //! `cargo xtask`: Pelican's project commands.
 //!
+//! * `dev`    — the whole system on this machine (`pelican dev`), with
+//!   Redis and PostgreSQL installed when missing.
 //! * `check`  — model-check the protocol (`pelican-check`; mutants need the
 //!   `mutants` feature, so mutant runs use that build and the correct run the
 //!   default one).
@@ -18,13 +20,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod dev;
 mod test;
+use dev::dev;
 use test::test;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
+  dev [PELICAN-DEV-OPTIONS]
+            the whole system on this machine: installs Redis and PostgreSQL
+            when missing (apt-get or Homebrew), builds pelican, and runs
+            `pelican dev` (Redis, Postgres, the API and two workers; the
+            dashboard's address and token printed; Ctrl-C stops it all)
   check [--config small|standard|large] [--mutant NAME|all] [--json] [--explore]
         [--threads N] [--timeout-s S] [--bfs] [--quiet]
             model-check the protocol with stateright
@@ -82,6 +91,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let result = match cmd.as_str() {
+        "dev" => dev(rest),
         "check" => check(rest),
         "verify" => verify(rest),
         "sim" => sim(rest),

@@ -248,6 +248,12 @@ impl Connection {
 
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
+    /// Run the whole system on this machine: Redis and Postgres from its
+    /// own binaries (data in --data-dir, kept between runs), the schema,
+    /// the API and the workers, their logs prefixed with their source.
+    /// Ctrl-C stops everything. With --redis-url or --database-url (or
+    /// their variables), uses that server instead of starting one.
+    Dev(DevArgs),
     /// Create or update the schema in Postgres and the consumer group in Redis.
     Migrate,
     /// Serve the HTTP API.
@@ -421,6 +427,31 @@ pub(crate) struct ApiArgs {
     #[arg(long, env = "PELICAN_HEADER_READ_TIMEOUT_MS", default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) header_read_timeout_ms: u64,
+}
+
+#[derive(Args)]
+pub(crate) struct DevArgs {
+    /// Where Redis and Postgres keep their data.
+    #[arg(long, env = "PELICAN_DEV_DIR", default_value = ".pelican/dev")]
+    pub(crate) data_dir: std::path::PathBuf,
+    /// Start empty: delete the data directory first.
+    #[arg(long)]
+    pub(crate) reset: bool,
+    /// Address the API listens on.
+    #[arg(long, env = "PELICAN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: SocketAddr,
+    /// The API's bearer token (one is made when not given).
+    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
+    pub(crate) api_token: Option<String>,
+    /// Workers to run.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) workers: u32,
+    /// Whether --redis-url (or its variable) names a Redis to use.
+    #[arg(skip)]
+    pub(crate) existing_redis: bool,
+    /// Whether --database-url (or its variable) names a Postgres to use.
+    #[arg(skip)]
+    pub(crate) existing_database: bool,
 }
 
 #[derive(Args)]

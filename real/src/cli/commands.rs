@@ -395,6 +395,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
     let c = &cli.conn;
     let json = cli.json;
     match cli.command {
+        Cmd::Dev(a) => super::dev::dev(c, a).await,
         Cmd::Migrate => migrate(c).await,
         Cmd::Partitions { set } => super::deployment::partitions(c, set).await,
         Cmd::Api(a) => serve_api(c, a, handlers).await,
@@ -444,7 +445,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
 }
 
 /// `pelican migrate`: the schema, then the consumer group.
-async fn migrate(c: &Connection) -> Result<()> {
+pub(crate) async fn migrate(c: &Connection) -> Result<()> {
     let clients = connect_unagreed(c, 0).await?;
     clients.db.migrate().await?;
     super::deployment::agree(&clients.db, c.partitions).await?;

@@ -21,6 +21,7 @@
 mod args;
 mod commands;
 mod deployment;
+mod dev;
 mod output;
 mod reference;
 
@@ -28,9 +29,19 @@ pub use reference::{command, configuration_tables};
 
 use crate::jobs::Registry;
 use args::Cli;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use commands::{init_logs, main_inner};
 use std::process::ExitCode;
+
+/// Whether argument `id` was given (on the command line or as its
+/// variable) rather than left at its default, at the top or in the
+/// subcommand (a global argument may be given at either).
+fn given(matches: &clap::ArgMatches, id: &str) -> bool {
+    let here = matches
+        .value_source(id)
+        .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
+    here || matches.subcommand().is_some_and(|(_, sub)| given(sub, id))
+}
 
 /// Runs the command line given to this process (`migrate`, `api`,
 /// `worker`, `submit`, ...: `--help` lists them), on a tokio runtime of its
@@ -39,7 +50,15 @@ use std::process::ExitCode;
 /// [`Registry::register_builtins`]). Answers the process's exit code, after
 /// printing any error.
 pub fn main_with(handlers: fn(&mut Registry)) -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if let args::Cmd::Dev(a) = &mut cli.command {
+        a.existing_redis = given(&matches, "redis_url");
+        a.existing_database = given(&matches, "database_url");
+    }
     init_logs(cli.log_format, cli.log_level);
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();

@@ -8,8 +8,12 @@ use clap::{ArgAction, Command, CommandFactory};
 
 /// The commands whose flags the reference lists, each with its heading
 /// (the root: the flags every command shares).
-const SECTIONS: [(&str, &str); 4] = [
+const SECTIONS: [(&str, &str); 5] = [
     ("", "Shared by every command:"),
+    (
+        "dev",
+        "`pelican dev` (the whole system on one machine; the API and workers it starts read the variables below):",
+    ),
     ("api", "`pelican api`:"),
     ("worker", "`pelican worker`:"),
     (

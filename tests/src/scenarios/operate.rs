@@ -130,3 +130,103 @@ pub fn the_deploy_kit_names_only_exported_metrics(mutant: Option<&str>) {
         "named by the deploy kit but not exported: {missing:?}\nexported: {names:?}"
     );
 }
+
+/// `pelican dev` runs the whole system from the machine's own binaries:
+/// Redis and Postgres of its own in a data directory, the schema, the API
+/// and two workers. A run submitted through the API succeeds. SIGINT stops
+/// everything in order, and nothing is left: no process holds the data
+/// directory, and none of the ports it printed is open. (It uses servers
+/// of its own only when given no `REDIS_URL` or `DATABASE_URL`, which this
+/// test's environment may hold, so they are removed.)
+pub fn pelican_dev_runs_everything_and_stops_clean(mutant: Option<&str>) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+    assert!(mutant.is_none(), "pelican dev runs the correct build");
+    let dir = crate::scratch("pelican_dev");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut dev = Command::new(crate::pelican_bin())
+        .args([
+            "dev",
+            "--listen",
+            &listen,
+            "--api-token",
+            "tok",
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("pelican dev starts");
+    let out = Arc::new(Mutex::new(Vec::<String>::new()));
+    let lines = BufReader::new(dev.stdout.take().expect("piped"));
+    let sink = out.clone();
+    let reader = std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            sink.lock().expect("not poisoned").push(line);
+        }
+    });
+    let printed = |prefix: &str| -> Option<String> {
+        let out = out.lock().expect("not poisoned");
+        out.iter()
+            .find_map(|l| l.strip_prefix(prefix).map(str::to_owned))
+    };
+    let agent = agent();
+    let base = format!("http://{listen}");
+    wait_for("pelican dev's API answers", || {
+        agent.get(&format!("{base}/healthz")).call().is_ok()
+    });
+    let submitted: Value = agent
+        .post(&format!("{base}/runs"))
+        .header("Authorization", "Bearer tok")
+        .send_json(json!({"kind": "noop", "input": {}}))
+        .expect("accepted")
+        .body_mut()
+        .read_json()
+        .expect("a JSON answer");
+    let run = submitted["run_id"].as_u64().expect("a run id");
+    wait_for("the run succeeds", || {
+        agent
+            .get(&format!("{base}/runs/{run}"))
+            .header("Authorization", "Bearer tok")
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_json::<Value>().ok())
+            .is_some_and(|v| v["status"] == "succeeded")
+    });
+    let port_of = |url: String| -> u16 {
+        let tail = url.rsplit(':').next().unwrap_or_default();
+        tail.split('/')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .expect("a port")
+    };
+    let redis = port_of(printed("pelican dev: redis ").expect("the Redis URL printed"));
+    let postgres = port_of(printed("pelican dev: postgres ").expect("the Postgres URL printed"));
+    let interrupted = Command::new("kill")
+        .args(["-s", "INT", &dev.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(interrupted, "SIGINT sent");
+    let status = dev.wait().expect("pelican dev exits");
+    reader.join().expect("the reader ends with the output");
+    assert!(status.success(), "pelican dev stopped cleanly: {status}");
+    assert!(printed("pelican dev: stopped").is_some());
+    for (what, p) in [("the API", port), ("Redis", redis), ("Postgres", postgres)] {
+        let open = std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
+        assert!(!open, "{what}'s port {p} is still open");
+    }
+    let needle = dir.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    assert!(left.is_empty(), "processes left running: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
