@@ -307,6 +307,18 @@ impl Client {
         body: Option<&Value>,
         key: Option<&str>,
     ) -> Result<Answer, Error> {
+        self.send_query(method, path, &[], body, key).await
+    }
+
+    /// [`Client::send`], with `query`'s parameters in the URL.
+    async fn send_query(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+        key: Option<&str>,
+    ) -> Result<Answer, Error> {
         let key = key
             .map(|k| {
                 HeaderValue::try_from(k).map_err(|_| Error::Rejected {
@@ -317,6 +329,9 @@ impl Client {
             .transpose()?;
         let once = || async {
             let mut req = self.request(method.clone(), path);
+            if !query.is_empty() {
+                req = req.query(query);
+            }
             if let Some(body) = body {
                 req = req.json(body);
             }
@@ -454,6 +469,34 @@ impl Client {
         match answer.status {
             StatusCode::OK => answer.decode(),
             _ => Err(answer.error(Some(run))),
+        }
+    }
+
+    /// A page of runs, by id: at most `limit` (1 to 1,000) after run
+    /// `after` (from the first when `None`), of kind `kind` and status
+    /// `status` when given. The page's `next_cursor` is the next page's
+    /// `after`.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] (a bad kind or limit), [`Error::Unauthorized`],
+    /// [`Error::Unavailable`].
+    pub async fn runs(
+        &self,
+        after: Option<RunId>,
+        kind: Option<&str>,
+        status: Option<RunStatus>,
+        limit: u32,
+    ) -> Result<wire::RunPage, Error> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(after.map(|r| ("cursor", r.0.to_string())));
+        query.extend(kind.map(|k| ("kind", k.to_owned())));
+        query.extend(status.map(|s| ("status", s.as_str().to_owned())));
+        let answer = self
+            .send_query(Method::GET, "/runs", &query, None, None)
+            .await?;
+        match answer.status {
+            StatusCode::OK => answer.decode(),
+            _ => Err(answer.error(None)),
         }
     }
 

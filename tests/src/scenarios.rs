@@ -12,8 +12,8 @@ mod runs_api;
 mod steady;
 
 pub use operate::{
-    pelican_dev_runs_everything_and_stops_clean, the_deploy_kit_names_only_exported_metrics,
-    worker_probes_follow_its_connections,
+    pelican_bench_reports_a_deployments_drain, pelican_dev_runs_everything_and_stops_clean,
+    the_deploy_kit_names_only_exported_metrics, worker_probes_follow_its_connections,
 };
 
 pub use runs_api::{

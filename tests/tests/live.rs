@@ -16,6 +16,7 @@ macro_rules! live {
 live! {
     through_the_api,
     pelican_dev_runs_everything_and_stops_clean,
+    pelican_bench_reports_a_deployments_drain,
     kill_right_after_receive,
     kill_after_commit_before_ack,
     kill_right_after_ack,

@@ -256,6 +256,11 @@ pub(crate) enum Cmd {
     Dev(DevArgs),
     /// Create or update the schema in Postgres and the consumer group in Redis.
     Migrate,
+    /// Benchmark a running deployment through its API: submit --runs runs
+    /// of --kind in bulk, follow them to their ends, and report the
+    /// submission and drain rates and the latency from submission to end.
+    /// Runs unfinished at --timeout-s are cancelled.
+    Bench(BenchArgs),
     /// Serve the HTTP API.
     Api(ApiArgs),
     /// Run a worker.
@@ -452,6 +457,29 @@ pub(crate) struct DevArgs {
     /// Whether --database-url (or its variable) names a Postgres to use.
     #[arg(skip)]
     pub(crate) existing_database: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Runs to submit.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) runs: u64,
+    /// Their kind (its handler must exist on the workers; its input is `{}`).
+    #[arg(long, default_value = "noop")]
+    pub(crate) kind: String,
+    /// Runs per bulk request: at most the API's --bulk-max, and within its
+    /// --body-limit-bytes (500 fit its defaults).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub(crate) batch: u64,
+    /// How long to wait for every run to end before cancelling the rest.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) timeout_s: u64,
+    /// The API's address.
+    #[arg(long, env = "PELICAN_API_URL", default_value = "http://127.0.0.1:8080")]
+    pub(crate) api_url: String,
+    /// A bearer token of the API (a writer's).
+    #[arg(long, env = "PELICAN_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
+    pub(crate) api_token: Option<String>,
 }
 
 #[derive(Args)]

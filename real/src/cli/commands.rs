@@ -397,6 +397,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
     match cli.command {
         Cmd::Dev(a) => super::dev::dev(c, a).await,
         Cmd::Migrate => migrate(c).await,
+        Cmd::Bench(a) => super::bench::bench(&a, json).await,
         Cmd::Partitions { set } => super::deployment::partitions(c, set).await,
         Cmd::Api(a) => serve_api(c, a, handlers).await,
         Cmd::Worker(a) => worker(c, a, handlers).await,

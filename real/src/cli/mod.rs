@@ -19,6 +19,7 @@
 //! ```
 
 mod args;
+mod bench;
 mod commands;
 mod deployment;
 mod dev;

@@ -8,7 +8,7 @@ use clap::{ArgAction, Command, CommandFactory};
 
 /// The commands whose flags the reference lists, each with its heading
 /// (the root: the flags every command shares).
-const SECTIONS: [(&str, &str); 5] = [
+const SECTIONS: [(&str, &str); 6] = [
     ("", "Shared by every command:"),
     (
         "dev",
@@ -16,6 +16,10 @@ const SECTIONS: [(&str, &str); 5] = [
     ),
     ("api", "`pelican api`:"),
     ("worker", "`pelican worker`:"),
+    (
+        "bench",
+        "`pelican bench` (a running deployment, through its API):",
+    ),
     (
         "watch",
         "`pelican watch RUN` (the API's `GET /runs/{id}/events`, through `pelican-client`):",

@@ -2,6 +2,7 @@
 
 use super::{agent, wait_for};
 use crate::{Env, free_port};
+use pelican_model::status::RunStatus;
 use serde_json::{Value, json};
 
 /// A worker's `--metrics-listen` serves `/metrics`, `/healthz` and
@@ -53,7 +54,7 @@ pub fn worker_probes_follow_its_connections(mutant: Option<&str>) {
         env.db()
             .runs
             .get(&run)
-            .is_some_and(|r| r.status == pelican_model::status::RunStatus::Running)
+            .is_some_and(|r| r.status == RunStatus::Running)
     });
     worker.term();
     wait_for("not ready once stopping", || {
@@ -64,7 +65,7 @@ pub fn worker_probes_follow_its_connections(mutant: Option<&str>) {
     let db = env.check(&[]);
     assert_eq!(
         db.runs[&run].status,
-        pelican_model::status::RunStatus::Succeeded,
+        RunStatus::Succeeded,
         "the in-flight job finished in the grace"
     );
 }
@@ -229,4 +230,50 @@ pub fn pelican_dev_runs_everything_and_stops_clean(mutant: Option<&str>) {
         .collect();
     assert!(left.is_empty(), "processes left running: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `pelican bench` against a running deployment (an API and a worker):
+/// every run it submits is accepted and ends, and the report's figures
+/// hold together (the rates positive, the percentiles in order). With no
+/// worker, its runs stay queued: at the timeout they are cancelled, and
+/// the command fails saying so.
+pub fn pelican_bench_reports_a_deployments_drain(mutant: Option<&str>) {
+    let mut env = Env::mutated(mutant);
+    let (_api, base) = env.api_with_flags("tok", 3, &["--body-limit-bytes", "65536"]);
+    let bench = |env: &Env, extra: &[&str]| {
+        let mut args = vec!["bench", "--api-url", &base, "--api-token", "tok", "--json"];
+        args.extend(extra);
+        env.cli(&args)
+    };
+    let worker = env.worker(1, None, &[]);
+    let out = bench(&env, &["--runs", "300", "--batch", "100"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["accepted"], 300, "{report}");
+    assert_eq!(report["ended"]["succeeded"], 300, "{report}");
+    assert_eq!(report["cancelled"], 0, "{report}");
+    assert!(report["drained_per_s"].as_f64() > Some(0.0), "{report}");
+    let latency: Vec<u64> = (0..4)
+        .map(|i| report["latency_ms"][i].as_u64().expect("a latency"))
+        .collect();
+    assert!(latency.is_sorted(), "p50 <= p90 <= p99 <= max: {report}");
+    drop(worker);
+    let out = bench(&env, &["--runs", "5", "--timeout-s", "2"]);
+    assert!(!out.status.success(), "a timed-out bench fails");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["cancelled"], 5, "{report}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("were cancelled"), "{stderr}");
+    assert_eq!(
+        env.db()
+            .runs
+            .values()
+            .filter(|r| r.status == RunStatus::Cancelled)
+            .count(),
+        5
+    );
 }
