@@ -139,7 +139,11 @@ pub(crate) async fn dev(c: &Connection, a: DevArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize()?;
     let mut children = Children::default();
-    let run = start(c, &a, &dir, &mut children).await;
+    // Ctrl-C while starting stops what has started, as later.
+    let run = tokio::select! {
+        started = start(c, &a, &dir, &mut children) => started,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted while starting")),
+    };
     let outcome = match run {
         Ok(()) => wait(&mut children).await,
         Err(e) => Err(e),
