@@ -1,3 +1,5 @@
+// Over 600 lines: every command's flags with their help, one clap tree (docs/CONFIGURATION.md is
+// generated from it); each struct is one command's.
 //! The command line: every command, flag and environment variable.
 
 use crate::Config;
