@@ -206,12 +206,6 @@ impl<A: Answer> Shaped<A> {
             shape: PhantomData,
         }
     }
-
-    /// The command.
-    #[must_use]
-    pub fn op(&self) -> &DbOp {
-        &self.op
-    }
 }
 
 impl<A> From<Shaped<A>> for DbOp {
