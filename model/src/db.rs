@@ -55,7 +55,7 @@ macro_rules! run_columns {
             $result,
             ", error_class, ",
             $message,
-            ", unknown_failures, deadline_ms, events"
+            ", unknown_failures, deadline_ms, events, trace_parent"
         )
     };
 }
@@ -121,6 +121,10 @@ pub struct RunRow {
     /// inserted (its `queued` event), one more at each event.
     #[serde(default = "first_event")]
     pub events: u32,
+    /// The W3C `traceparent` the run was submitted under (`None`: none
+    /// given): its spans join that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl RunRow {
@@ -250,6 +254,8 @@ pub struct ClaimedJob {
     pub kind: String,
     /// The job input.
     pub input: String,
+    /// The `traceparent` the run was submitted under, if any.
+    pub trace: Option<String>,
 }
 
 /// A run the sweeper looks at: possibly without a stream entry.
@@ -389,12 +395,13 @@ impl Db {
 
     /// A new run without a budget ([`Db::insert_run_budgeted`]).
     pub fn insert_run(&mut self, run: RunId, kind: &str, input: &str, attempts_max: u32) -> u64 {
-        self.insert_run_budgeted(run, kind, input, attempts_max, None)
+        self.insert_run_budgeted(run, kind, input, attempts_max, None, "")
     }
 
     /// [`Statement::InsertRun`]: a new run, `queued`, dispatch 1, not yet
-    /// published, whose budget of `budget_ms` (if any) starts now.
-    /// Idempotent: a second insert of the same id affects no row.
+    /// published, whose budget of `budget_ms` (if any) starts now, under
+    /// the `traceparent` `trace` (`""`: none). Idempotent: a second insert
+    /// of the same id affects no row.
     pub fn insert_run_budgeted(
         &mut self,
         run: RunId,
@@ -402,6 +409,7 @@ impl Db {
         input: &str,
         attempts_max: u32,
         budget_ms: Option<u64>,
+        trace: &str,
     ) -> u64 {
         if self.runs.contains_key(&run) {
             return 0;
@@ -427,6 +435,7 @@ impl Db {
                 unknown_failures: 0,
                 deadline: budget_ms.map(|b| self.clock.add_ms(b)),
                 events: 1,
+                trace: (!trace.is_empty()).then(|| trace.to_owned()),
             },
         );
         1
@@ -444,6 +453,7 @@ impl Db {
         attempts_max: u32,
         budget_ms: Option<u64>,
         key: &str,
+        trace: &str,
     ) -> (RunId, bool) {
         let now = self.clock;
         let request = SubmitKey::request(kind, input);
@@ -458,7 +468,7 @@ impl Db {
                 created_at: now,
             },
         );
-        self.insert_run_budgeted(run, kind, input, attempts_max, budget_ms);
+        self.insert_run_budgeted(run, kind, input, attempts_max, budget_ms, trace);
         (run, true)
     }
 

@@ -26,6 +26,7 @@
 
 pub use crate::driver::BoxFuture;
 use crate::driver::{DbClient, Tools};
+use crate::telemetry::RunTrace;
 use pelican_model::db::{AnswerOf, Query, QueryError, query};
 pub use pelican_model::ids::{Fence, RunId};
 use pelican_model::protocol::{
@@ -171,6 +172,7 @@ pub struct JobContext {
     pub attempt: u32,
     /// The job input (JSON text).
     pub input: String,
+    trace: RunTrace,
     tools: Arc<dyn Tools>,
     store: Arc<dyn LedgerStore>,
     /// This attempt's ledger, read at its first step.
@@ -241,6 +243,21 @@ pub trait StepHook: Send + Sync + 'static {
 pub struct ToolUnavailable;
 
 impl JobContext {
+    /// The W3C `traceparent` of this attempt's span: send it as the
+    /// [`TRACEPARENT`](crate::telemetry::TRACEPARENT) header of the
+    /// requests the job makes, and the services it calls join the run's
+    /// trace under this attempt.
+    #[must_use]
+    pub fn traceparent(&self) -> String {
+        self.trace.attempt_parent(self.fence)
+    }
+
+    /// The run's trace: which, and the ids of this run's spans.
+    #[must_use]
+    pub fn trace(&self) -> RunTrace {
+        self.trace
+    }
+
     /// Performs side effect `call` (0, 1, ...) of this run through the tool
     /// service, under the idempotency key `(run, call)`: a later attempt
     /// sending the same call is not applied twice. Answers whether this
@@ -684,6 +701,7 @@ impl Executor for Registry {
             run: e.run,
             fence: e.fence,
             attempt: e.attempt,
+            trace: RunTrace::of(e.run, e.trace.as_deref()),
             input: e.input,
             tools: self.tools.clone(),
             store: self.store.clone(),

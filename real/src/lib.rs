@@ -66,6 +66,7 @@ pub mod jobs;
 #[cfg(feature = "live")]
 #[doc(hidden)]
 pub mod live;
+pub mod telemetry;
 #[doc(hidden)]
 pub mod trace;
 

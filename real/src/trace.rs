@@ -304,9 +304,11 @@ impl Replay {
                     kind,
                     input,
                     key,
+                    trace,
                 },
             ) => {
                 let s = Submitter::new(policy, run, &kind, &input, key.as_deref());
+                let s = s.traced(trace.as_deref().unwrap_or_default());
                 machines.insert(role, Machine::Submitter(Box::new(s)));
             }
             (role, start) => return Err((format!("{role:?} cannot start as {start:?}"), None)),

@@ -12,7 +12,8 @@ use pelican_model::world::{Issuer, World};
 use pelican_real::driver::BoxFuture;
 use pelican_real::jobs::{Handler, JobContext, JobError, Registry, StepFailed, effects_of};
 use pelican_real::{
-    Config, DbClient, Entropy, Io, NoProbe, StreamClient, StreamResult, Tools, Worker, submit,
+    Config, DbClient, Entropy, Io, NewRun, NoProbe, StreamClient, StreamResult, Tools, Worker,
+    submit,
 };
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -146,7 +147,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
     let io = io(&mem);
     for (n, (kind, input, _)) in JOBS.iter().enumerate() {
         let run = RunId(n as u64 + 1);
-        let end = submit(&*io, run, kind, input, None).await;
+        let end = submit(&*io, run, &NewRun::new(kind, input)).await;
         assert_eq!(end, SubmitterEnd::Accepted { published: true });
         mem.world().accepted.insert(run);
     }
@@ -192,7 +193,7 @@ async fn a_worker_brings_every_run_to_its_outcome() {
 async fn shutdown_leaves_a_long_job_pending_for_another_worker() {
     let mem = Mem(Arc::new(Mutex::new(World::new())));
     let io = io(&mem);
-    let end = submit(&*io, RunId(1), "sleep", r#"{"ms":60000}"#, None).await;
+    let end = submit(&*io, RunId(1), &NewRun::new("sleep", r#"{"ms":60000}"#)).await;
     assert_eq!(end, SubmitterEnd::Accepted { published: true });
     let registry = Registry::with_builtins(
         Arc::new(mem.clone()),
@@ -232,7 +233,7 @@ async fn traces_conform_and_tampering_is_caught() {
     let probe = TraceProbe::create(&path, &config().policy, 0).expect("a temp file");
     let io = io_with(&mem, probe);
     for (n, (kind, input, _)) in JOBS.iter().enumerate() {
-        let end = submit(&*io, RunId(n as u64 + 1), kind, input, None).await;
+        let end = submit(&*io, RunId(n as u64 + 1), &NewRun::new(kind, input)).await;
         assert!(matches!(end, SubmitterEnd::Accepted { .. }));
     }
     let registry = Registry::with_builtins(
@@ -268,7 +269,7 @@ async fn traces_conform_and_tampering_is_caught() {
 async fn one_run(kind: &'static str, handler: impl Handler) -> pelican_model::db::RunRow {
     let mem = Mem(Arc::new(Mutex::new(World::new())));
     let io = io(&mem);
-    let end = submit(&*io, RunId(1), kind, "{}", None).await;
+    let end = submit(&*io, RunId(1), &NewRun::new(kind, "{}")).await;
     assert_eq!(end, SubmitterEnd::Accepted { published: true });
     let mut registry = Registry::new(
         Arc::new(mem.clone()),

@@ -55,6 +55,7 @@ pub use pelican_real::jobs::{
     BoxFuture, ErrorClass, Fence, Handler, IntoOutcome, JobContext, JobError, JobOutcome,
     KindPolicy, Permit, ProviderLimit, Registry, RunId, StepFailed,
 };
+pub use pelican_real::telemetry::{RunTrace, TRACEPARENT, TraceParent};
 
 /// The `pelican` command line with the kinds `handlers` registers: call it
 /// from a worker binary's `main`.

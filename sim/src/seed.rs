@@ -146,7 +146,7 @@ impl Probe for SimProbe {
     fn received(&self, role: &RoleId, _now: pelican_model::time::Timestamp, input: &Input) {
         lock(&self.oracle).received(&self.node, role, input);
     }
-    fn executing(&self, _worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+    fn executing(&self, _role: &RoleId, execution: &Execution, own_fence: Option<Fence>) {
         lock(&self.oracle).executing(&self.node, execution, own_fence);
     }
     fn delivery_end(&self, _worker: WorkerId, entry: EntryId, end: DeliveryEnd) {
@@ -389,6 +389,7 @@ async fn submit_group(io: Arc<SimIo>, oracle: Shared, started: u64, mut runs: Ve
                     kind: p.kind.clone(),
                     input: p.input.clone(),
                     key: Some(key_of(p.run)),
+                    trace: None,
                 };
                 (p.run, run)
             })
@@ -467,6 +468,7 @@ where
         kind: p.kind.clone(),
         input: p.input.clone(),
         key: Some(key_of(p.run)),
+        trace: None,
     };
     for _ in 0..8 {
         let end = submit_many(&*io, &[(fresh, run.clone())]).await;

@@ -295,7 +295,7 @@ pub async fn submit_new(io: &Io<RedisStream, PgDb, NoProbe>, kind: &str, input: 
         Ok(pelican_model::protocol::DbReply::NewRun(r)) => r,
         other => panic!("next run id: {other:?}"),
     };
-    let end = submit(io, run, kind, input, None).await;
+    let end = submit(io, run, &pelican_real::NewRun::new(kind, input)).await;
     assert!(
         matches!(end, SubmitterEnd::Accepted { .. }),
         "submission of {run}: {end:?}"

@@ -33,6 +33,7 @@ pub mod chaos;
 pub mod conformance;
 pub mod deploy;
 mod env;
+pub mod otlp;
 mod processes;
 pub mod scenarios;
 mod services;

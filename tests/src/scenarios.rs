@@ -10,6 +10,7 @@ mod hygiene;
 mod operate;
 mod runs_api;
 mod steady;
+mod telemetry;
 
 pub use operate::{
     pelican_bench_reports_a_deployments_drain, pelican_dev_runs_everything_and_stops_clean,
@@ -32,6 +33,8 @@ pub use steady::{
     a_redis_wipe_is_recovered_at_the_servers_pace, idle_consumers_are_forgotten_unless_they_hold,
     retention_keeps_a_keys_window, retention_keeps_pace_with_finished_runs,
 };
+
+pub use telemetry::runs_export_their_spans_to_an_otlp_receiver;
 
 pub use events::{
     a_late_attempts_progress_is_refused, an_events_stream_ends_at_a_full_reads_terminal_event,
@@ -1089,6 +1092,7 @@ pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
                 input: "{}".into(),
                 attempts_max: 3,
                 budget_ms: 0,
+                trace: String::new(),
             };
             assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
             runs.push(run);

@@ -353,5 +353,6 @@ fn insert_run(run: u64) -> pelican_tests::conformance::DbStep {
         input: "{}".into(),
         attempts_max: 3,
         budget_ms: 0,
+        trace: String::new(),
     })
 }

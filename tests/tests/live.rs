@@ -17,6 +17,7 @@ live! {
     through_the_api,
     pelican_dev_runs_everything_and_stops_clean,
     pelican_bench_reports_a_deployments_drain,
+    runs_export_their_spans_to_an_otlp_receiver,
     kill_right_after_receive,
     kill_after_commit_before_ack,
     kill_right_after_ack,

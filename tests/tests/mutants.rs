@@ -103,6 +103,7 @@ fn mutant_statements_answer_as_the_model() {
             input: "{}".into(),
             attempts_max: 3,
             budget_ms: 0,
+            trace: String::new(),
         })
     };
     let claim = |r| DbOp::Claim {

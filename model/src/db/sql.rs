@@ -438,6 +438,14 @@ CREATE INDEX IF NOT EXISTS runs_retry_order ON runs (retry_at, run_id) WHERE ret
 DROP INDEX IF EXISTS runs_retry_due;
 "#;
 
+/// Migration 18: trace context. `trace_parent` is the W3C `traceparent`
+/// a run was submitted under (NULL: none), which a claim answers so that
+/// the attempt's spans join the caller's trace. Unindexed, and never
+/// updated, so the hot path's updates stay HOT.
+pub const SCHEMA_TRACE: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS trace_parent text;
+"#;
+
 /// The reads of a snapshot of every table (`PgDb::snapshot`, for tests and
 /// operators' checks: the invariants run over it), one per table, in one
 /// transaction opened with [`snapshot::ISOLATION`]. Each reads the columns

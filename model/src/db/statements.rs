@@ -459,6 +459,7 @@ impl Db {
             claimed,
             kind: r.kind.clone(),
             input: r.input.clone(),
+            trace: r.trace.clone(),
         }
     }
 
@@ -522,7 +523,7 @@ macro_rules! claim_tail {
     () => {
         "recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, claimed_seq) \
            SELECT run_id, attempts, active_fence, $4, $3, dispatch, events FROM claimed) \
-         SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed"
+         SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input, trace_parent FROM claimed"
     };
 }
 
@@ -576,25 +577,26 @@ fn budget(budget_ms: u64) -> Option<u64> {
 
 statements! {
     /// A new run, `queued`, dispatch 1, not yet published, whose elapsed
-    /// budget (`budget_ms`, 0: none) starts now by Postgres's clock.
+    /// budget (`budget_ms`, 0: none) starts now by Postgres's clock, under
+    /// the caller's W3C `traceparent` `trace` (`""`: none).
     /// Idempotent: a second insert of the same id affects no row.
-    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64 } => {
+    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, trace: String } => {
         name: "insert_run",
         access: Write,
         class: [],
         reply: Rows,
-        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
-              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0)) \
+        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
+              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0), NULLIF($6, '')) \
               ON CONFLICT (run_id) DO NOTHING",
         many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[]) \
-                  AS i(run_id, kind, input, attempts_max, budget_ms)) \
-              INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
-              SELECT run_id, kind, input, 'queued', 1, 0, 0, attempts_max, pelican_now_ms() + NULLIF(budget_ms, 0) \
+                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms, trace)) \
+              INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
+              SELECT run_id, kind, input, 'queued', 1, 0, 0, attempts_max, pelican_now_ms() + NULLIF(budget_ms, 0), NULLIF(trace, '') \
                 FROM input ORDER BY run_id \
               ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
         show: [run],
-        model: |db| Rows(db.insert_run_budgeted(*run, kind, input, *attempts_max, budget(*budget_ms))),
+        model: |db| Rows(db.insert_run_budgeted(*run, kind, input, *attempts_max, budget(*budget_ms), trace)),
     }
 
     /// `InsertRun` under a client's idempotency key: a new
@@ -603,7 +605,7 @@ statements! {
     /// concurrent retry with the same key waits for this one and then
     /// answers its run (`DO UPDATE` returns the latest row version, which
     /// a plain read in the same statement could not see).
-    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String } => {
+    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String, trace: String } => {
         name: "insert_run_keyed",
         access: Write,
         class: [binds_key(key)],
@@ -614,8 +616,8 @@ statements! {
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
                 RETURNING run_id, request), \
               inserted AS ( \
-                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
-                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0) FROM k WHERE k.run_id = $1 \
+                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
+                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0), NULLIF($7, '') FROM k WHERE k.run_id = $1 \
                 ON CONFLICT (run_id) DO NOTHING) \
               SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
         // Keys distinct within a batch (the submitter sends a key again
@@ -624,8 +626,8 @@ statements! {
         // row answers for its command's run (`run_id`) with the key's run
         // (`key_run`).
         many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[]) \
-                  AS i(run_id, kind, input, attempts_max, budget_ms, key)), \
+                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[], $7::text[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms, key, trace)), \
               k AS ( \
                 INSERT INTO submit_keys AS s (key, run_id, request, created_at) \
                 SELECT key, run_id, octet_length(kind) || ':' || kind || input, pelican_now_ms() \
@@ -633,8 +635,8 @@ statements! {
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
                 RETURNING s.key, s.run_id AS key_run, s.request), \
               inserted AS ( \
-                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms) \
-                SELECT i.run_id, i.kind, i.input, 'queued', 1, 0, 0, i.attempts_max, pelican_now_ms() + NULLIF(i.budget_ms, 0) \
+                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
+                SELECT i.run_id, i.kind, i.input, 'queued', 1, 0, 0, i.attempts_max, pelican_now_ms() + NULLIF(i.budget_ms, 0), NULLIF(i.trace, '') \
                   FROM input i JOIN k ON k.key = i.key AND k.key_run = i.run_id ORDER BY i.run_id \
                 ON CONFLICT (run_id) DO NOTHING) \
               SELECT i.run_id, k.key_run, k.request = octet_length(i.kind) || ':' || i.kind || i.input AS same \
@@ -642,7 +644,7 @@ statements! {
         show: [run, key],
         model: |db| {
             let budget = budget(*budget_ms);
-            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, budget, key);
+            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, budget, key, trace);
             DbReply::Keyed { run, same }
         },
     }
@@ -693,7 +695,7 @@ statements! {
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms() AND entry_id = $3)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, trace_parent, events), ",
               claim_tail!()),
         many: "WITH input AS ( \
                 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::bigint[]) \
@@ -707,11 +709,11 @@ statements! {
                  WHERE r.run_id = i.run_id AND r.dispatch = i.dispatch AND r.attempts < r.attempts_max \
                    AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= pelican_now_ms() AND r.entry_id = i.entry_id)) \
                 RETURNING r.run_id, r.active_fence, r.attempts, r.attempts_max, r.unknown_failures, \
-                          r.deadline_ms - pelican_now_ms() AS budget_left_ms, r.dispatch, r.kind, r.input, \
+                          r.deadline_ms - pelican_now_ms() AS budget_left_ms, r.dispatch, r.kind, r.input, r.trace_parent, \
                           r.events, i.entry_id, i.worker), \
               recorded AS (INSERT INTO attempts (run_id, attempt, fence, worker, entry_id, dispatch, claimed_seq) \
                 SELECT run_id, attempts, active_fence, worker, entry_id, dispatch, events FROM claimed) \
-              SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input FROM claimed",
+              SELECT run_id, active_fence, attempts, attempts_max, unknown_failures, budget_left_ms, kind, input, trace_parent FROM claimed",
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
             db.claim(*run, *dispatch, *entry, worker, db.clock, *lease_ms)
@@ -1404,7 +1406,7 @@ statements! {
                    AND (status = 'cancelled' OR (dispatch = $2 \
                         AND (status = 'queued' OR (status = 'running' AND lease_until <= pelican_now_ms() AND entry_id = $3)))) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, events), ",
+                          deadline_ms - pelican_now_ms() AS budget_left_ms, dispatch, kind, input, trace_parent, events), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(
@@ -1429,7 +1431,7 @@ statements! {
                  WHERE run_id = $1 AND dispatch = $2 AND attempts < attempts_max \
                    AND (status = 'queued' OR (status = 'running' AND lease_until <= $5 AND entry_id = $3)) \
                 RETURNING run_id, active_fence, attempts, attempts_max, unknown_failures, \
-                          deadline_ms - $5 AS budget_left_ms, dispatch, kind, input, events), ",
+                          deadline_ms - $5 AS budget_left_ms, dispatch, kind, input, trace_parent, events), ",
               claim_tail!()),
         show: [run, dispatch, entry],
         model: |db| DbReply::Claimed(

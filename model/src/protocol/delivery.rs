@@ -441,7 +441,7 @@ impl Delivery {
             job.claimed
         );
         self.own = Some(job.claimed);
-        self.start(now, job.claimed, job.kind, job.input);
+        self.start(now, job.claimed, job.kind, job.input, job.trace);
     }
 
     /// A fenced write of `kind` matched `rows` rows: written (then acked,
@@ -463,7 +463,14 @@ impl Delivery {
         }
     }
 
-    fn start(&mut self, now: Timestamp, claimed: Claimed, kind: String, input: String) {
+    fn start(
+        &mut self,
+        now: Timestamp,
+        claimed: Claimed,
+        kind: String,
+        input: String,
+        trace: Option<String>,
+    ) {
         debug_assert!(
             self.own == Some(claimed) || crate::injects!(self.policy, NoTerminalCheck),
             "a job runs only under this delivery's own claim (S2)"
@@ -507,6 +514,7 @@ impl Delivery {
             kind: self.kind.clone(),
             input,
             limit: limits.into_iter().flatten().min_by_key(|l| l.ms),
+            trace,
         }));
         self.send(Command::SetTimer(now.add_ms(self.policy.heartbeat_ms)));
     }
@@ -529,7 +537,7 @@ impl Delivery {
                     unknown_failures: row.unknown_failures,
                     budget_left_ms: None,
                 };
-                return self.start(now, claimed, row.kind, row.input);
+                return self.start(now, claimed, row.kind, row.input, row.trace);
             }
             return self.ack(AckReason::Terminal);
         }

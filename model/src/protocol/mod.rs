@@ -501,6 +501,9 @@ pub struct Execution {
     /// How long it may run (`None`: the driver's job timeout).
     #[serde(default)]
     pub limit: Option<TimeLimit>,
+    /// The W3C `traceparent` the run was submitted under, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// What a role asks its driver to do.

@@ -73,6 +73,7 @@ impl Submitter {
                 input,
                 attempts_max,
                 budget_ms,
+                trace: String::new(),
             },
             Some(key) => DbOp::InsertRunKeyed {
                 run,
@@ -81,6 +82,7 @@ impl Submitter {
                 attempts_max,
                 budget_ms,
                 key: key.to_owned(),
+                trace: String::new(),
             },
         };
         Submitter {
@@ -89,6 +91,19 @@ impl Submitter {
             phase: Phase::Inserting,
             outbox: VecDeque::from([Command::Db(op)]),
         }
+    }
+
+    /// The same submission under the caller's W3C `traceparent` (stored
+    /// with the run; `""`: none).
+    #[must_use]
+    pub fn traced(mut self, traceparent: &str) -> Submitter {
+        if let Some(Command::Db(
+            DbOp::InsertRun { trace, .. } | DbOp::InsertRunKeyed { trace, .. },
+        )) = self.outbox.front_mut()
+        {
+            traceparent.clone_into(trace);
+        }
+        self
     }
 
     /// The run.

@@ -60,6 +60,11 @@ pub(crate) struct Connection {
     /// and follow its failover (OPERATIONS.md, "Redis Cluster").
     #[arg(long, env = "PELICAN_REDIS_CLUSTER", global = true)]
     pub(crate) redis_cluster: bool,
+    /// OpenTelemetry: where the API and the workers send their spans, as
+    /// OTLP over HTTP/protobuf (`http://host:4318`; a URL without a path
+    /// gets `/v1/traces`). Off when not given, and then free.
+    #[arg(long, env = "PELICAN_OTLP_ENDPOINT", global = true)]
+    pub(crate) otlp_endpoint: Option<String>,
     /// PostgreSQL URL.
     #[arg(
         long,

@@ -7,6 +7,7 @@ use super::output;
 use crate::jobs::Registry;
 use crate::live::api::{self, ApiState};
 use crate::live::metrics::MetricsProbe;
+use crate::live::otel::Otel;
 use crate::live::{PgDb, PgTools, RedisAddr, RedisStream, StreamNames};
 use crate::{
     Batching, Config, Entropy, Io, NoProbe, Probe, Requeued, Worker, cancel, requeue_dead, submit,
@@ -262,6 +263,10 @@ pub(crate) async fn worker(
     let ledger = Arc::new(clients.db.clone());
     let mut registry = Registry::new(tools, ledger, &config.policy)
         .with_tool_timeout(Duration::from_millis(c.call_timeout_ms));
+    let otel = otel(c, "worker")?;
+    if let Some(o) = &otel {
+        registry = registry.with_step_hook(Arc::new(o.clone()));
+    }
     handlers(&mut registry);
     for (provider, limit) in a.provider_limit {
         registry.limit(&provider, limit);
@@ -282,7 +287,7 @@ pub(crate) async fn worker(
             a.batch_max as usize,
             Duration::from_millis(config.call_timeout_ms),
         ),
-        probe: (probe, trace),
+        probe: (probe, (trace, otel.clone())),
         entropy: Arc::new(OsEntropy),
         config,
     });
@@ -301,6 +306,7 @@ pub(crate) async fn worker(
             "shutdown grace over: jobs left pending for other workers"
         );
     }
+    stop_otel(otel).await;
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -328,9 +334,11 @@ pub(crate) async fn serve_api(
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let watchers =
         crate::live::watchers::Watchers::start(clients.db.clone(), a.events_streams_max as usize);
+    let otel = otel(c, "api")?;
     let state = Arc::new(ApiState {
         stopping,
         watchers,
+        otel: otel.clone(),
         io: Io {
             stream: Batching::stream(clients.stream, bulk_max, timeout),
             db: Batching::db(clients.db, bulk_max, timeout),
@@ -376,7 +384,23 @@ pub(crate) async fn serve_api(
         () = signalled => tracing::warn!(grace_ms = a.shutdown_grace_ms,
             "shutdown grace over: requests still in flight were cut"),
     }
+    stop_otel(otel).await;
     Ok(())
+}
+
+/// The span exporter of process `process`, if `--otlp-endpoint` is given.
+fn otel(c: &Connection, process: &'static str) -> Result<Option<Otel>> {
+    c.otlp_endpoint
+        .as_deref()
+        .map(|e| Otel::new(e, process))
+        .transpose()
+}
+
+/// Sends the spans still queued, and stops the exporter.
+async fn stop_otel(otel: Option<Otel>) {
+    if let Some(o) = otel {
+        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
+    }
 }
 
 pub(crate) fn trace_probe(
@@ -478,7 +502,11 @@ async fn submit_one(
     let clients = connect(c, 0).await?;
     let io = io(clients, config, NoProbe);
     let run = io.db.query(query::NextRunId {}).await?;
-    match submit(&io, run, kind, &input.to_string(), key).await {
+    let new = crate::NewRun {
+        key: key.map(str::to_owned),
+        ..crate::NewRun::new(kind, &input.to_string())
+    };
+    match submit(&io, run, &new).await {
         SubmitterEnd::Accepted { published } => {
             let answer = pelican_client::Submitted {
                 run_id: run,
@@ -551,6 +579,7 @@ fn file_line(text: &str) -> Result<crate::NewRun, String> {
         kind: line.kind,
         input: line.input.to_string(),
         key: line.key,
+        trace: None,
     })
 }
 

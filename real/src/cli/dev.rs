@@ -213,15 +213,19 @@ async fn start(c: &Connection, a: &DevArgs, dir: &Path, children: &mut Children)
 
 /// The connection's settings as the variables the children read (the rest
 /// of their settings they inherit as variables).
-fn settings(c: &Connection) -> [(&'static str, String); 6] {
-    [
+fn settings(c: &Connection) -> Vec<(&'static str, String)> {
+    let mut settings = vec![
         ("REDIS_URL", c.redis_url.clone()),
         ("DATABASE_URL", c.database_url.clone()),
         ("PELICAN_STREAM", c.stream.clone()),
         ("PELICAN_GROUP", c.group.clone()),
         ("PELICAN_PARTITIONS", c.partitions.to_string()),
         ("PELICAN_CALL_TIMEOUT_MS", c.call_timeout_ms.to_string()),
-    ]
+    ];
+    if let Some(otlp) = &c.otlp_endpoint {
+        settings.push(("PELICAN_OTLP_ENDPOINT", otlp.clone()));
+    }
+    settings
 }
 
 /// Until Ctrl-C (or SIGTERM), or a child exits on its own.

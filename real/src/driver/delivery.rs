@@ -65,7 +65,7 @@ where
                     if io.probe.keeps_roles() {
                         io.probe.sent(&role, &Command::Execute(execution.clone()));
                     }
-                    io.probe.executing(worker, &execution, d.own_fence());
+                    io.probe.executing(&role, &execution, d.own_fence());
                     match start_job(io, executor, execution).await {
                         Started::Ended(outcome, at) => ended = Some((outcome, at)),
                         Started::Running(task, at) => running = Some((task, at)),

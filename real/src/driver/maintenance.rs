@@ -42,29 +42,18 @@ pub async fn maintain<S: StreamClient, D: DbClient, P: Probe>(
     report
 }
 
-/// Submits run `run`, under the client's idempotency `key` if given:
-/// inserts it durably, then publishes it. `Accepted` means the row is
-/// durable (the API answers 202); a failed publish is left to the outbox.
-/// A key already used answers the run it made (`Existing`, or
+/// Submits `new` as run `run`, under the client's idempotency key if it
+/// has one: inserts it durably, then publishes it. `Accepted` means the
+/// row is durable (the API answers 202); a failed publish is left to the
+/// outbox. A key already used answers the run it made (`Existing`, or
 /// `KeyConflict` for another request) and stores nothing.
 pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
     io: &Io<S, D, P>,
     run: RunId,
-    kind: &str,
-    input: &str,
-    key: Option<&str>,
+    new: &NewRun,
 ) -> SubmitterEnd {
     let role = RoleId::Submitter(run);
-    io.probe.started(
-        &role,
-        &super::Start::Submit {
-            run,
-            kind: kind.to_owned(),
-            input: input.to_owned(),
-            key: key.map(str::to_owned),
-        },
-    );
-    let mut s = Submitter::new(&io.config.policy, run, kind, input, key);
+    let mut s = submitter(io, &role, run, new);
     while let Some(command) = s.poll() {
         let (at, input) = io.run_at(&role, command, Issuer::default()).await;
         s.handle(at, input);
@@ -73,8 +62,8 @@ pub async fn submit<S: StreamClient, D: DbClient, P: Probe>(
         .expect("a submission ends once its commands are answered")
 }
 
-/// One run of a bulk submission ([`submit_many`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A run to submit ([`submit`], [`submit_many`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NewRun {
     /// The job kind.
     pub kind: String,
@@ -82,6 +71,51 @@ pub struct NewRun {
     pub input: String,
     /// The client's idempotency key, if any.
     pub key: Option<String>,
+    /// The caller's W3C `traceparent`, if any: the run's spans join its
+    /// trace.
+    pub trace: Option<String>,
+}
+
+impl NewRun {
+    /// A run of `kind` with `input` (JSON text), without a key or a trace.
+    #[must_use]
+    pub fn new(kind: &str, input: &str) -> NewRun {
+        NewRun {
+            kind: kind.to_owned(),
+            input: input.to_owned(),
+            ..NewRun::default()
+        }
+    }
+}
+
+/// `new`'s submitter as run `run`, its start reported as `role`'s.
+fn submitter<S: StreamClient, D: DbClient, P: Probe>(
+    io: &Io<S, D, P>,
+    role: &RoleId,
+    run: RunId,
+    new: &NewRun,
+) -> Submitter {
+    io.probe.started(
+        role,
+        &super::Start::Submit {
+            run,
+            kind: new.kind.clone(),
+            input: new.input.clone(),
+            key: new.key.clone(),
+            trace: new.trace.clone(),
+        },
+    );
+    let s = Submitter::new(
+        &io.config.policy,
+        run,
+        &new.kind,
+        &new.input,
+        new.key.as_deref(),
+    );
+    match &new.trace {
+        Some(t) => s.traced(t),
+        None => s,
+    }
 }
 
 /// `count` fresh run ids, from one statement.
@@ -120,16 +154,7 @@ pub async fn submit_many<S: StreamClient, D: DbClient, P: Probe>(
         .map(|i| {
             let (run, r) = &runs[i];
             let role = RoleId::Submitter(*run);
-            io.probe.started(
-                &role,
-                &super::Start::Submit {
-                    run: *run,
-                    kind: r.kind.clone(),
-                    input: r.input.clone(),
-                    key: r.key.clone(),
-                },
-            );
-            let s = Submitter::new(&io.config.policy, *run, &r.kind, &r.input, r.key.as_deref());
+            let s = submitter(io, &role, *run, r);
             (i, role, s)
         })
         .collect();
@@ -154,7 +179,7 @@ pub async fn submit_many<S: StreamClient, D: DbClient, P: Probe>(
     }
     for i in again {
         let (run, r) = &runs[i];
-        ends[i] = submit(io, *run, &r.kind, &r.input, r.key.as_deref()).await;
+        ends[i] = submit(io, *run, r).await;
     }
     ends
 }

@@ -215,7 +215,8 @@ pub enum Start {
         /// Which pass.
         task: MaintenanceTask,
     },
-    /// `Submitter::new(policy, run, kind, input, key)`.
+    /// `Submitter::new(policy, run, kind, input, key)`, `traced(trace)`
+    /// when given.
     Submit {
         /// The run.
         run: RunId,
@@ -226,6 +227,9 @@ pub enum Start {
         /// The client's idempotency key, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        /// The caller's `traceparent`, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace: Option<String>,
     },
 }
 

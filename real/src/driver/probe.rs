@@ -33,9 +33,10 @@ pub trait Probe: Send + Sync + 'static {
     fn started(&self, role: &RoleId, start: &Start) {
         let _ = (role, start);
     }
-    /// A job starts under the attempt this delivery claimed (`own_fence`).
-    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
-        let _ = (worker, execution, own_fence);
+    /// A job starts, in delivery `role`, under the attempt it claimed
+    /// (`own_fence`).
+    fn executing(&self, role: &RoleId, execution: &Execution, own_fence: Option<Fence>) {
+        let _ = (role, execution, own_fence);
     }
     /// A job ran to `outcome` in `took` (from its start to its outcome
     /// reaching the delivery; a job the delivery aborted reports nothing).
@@ -87,9 +88,9 @@ impl<A: Probe, B: Probe> Probe for (A, B) {
         self.0.started(role, start);
         self.1.started(role, start);
     }
-    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
-        self.0.executing(worker, execution, own_fence);
-        self.1.executing(worker, execution, own_fence);
+    fn executing(&self, role: &RoleId, execution: &Execution, own_fence: Option<Fence>) {
+        self.0.executing(role, execution, own_fence);
+        self.1.executing(role, execution, own_fence);
     }
     fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {
         self.0.job_ended(role, outcome, took);
@@ -133,9 +134,9 @@ impl<P: Probe> Probe for Option<P> {
             p.started(role, start);
         }
     }
-    fn executing(&self, worker: WorkerId, execution: &Execution, own_fence: Option<Fence>) {
+    fn executing(&self, role: &RoleId, execution: &Execution, own_fence: Option<Fence>) {
         if let Some(p) = self {
-            p.executing(worker, execution, own_fence);
+            p.executing(role, execution, own_fence);
         }
     }
     fn job_ended(&self, role: &RoleId, outcome: &JobOutcome, took: Duration) {

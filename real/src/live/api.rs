@@ -80,6 +80,8 @@ pub struct ApiState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// The one reader every events stream of this process is fed by.
     pub watchers: Arc<super::watchers::Watchers>,
+    /// The span exporter (`--otlp-endpoint`), if on.
+    pub otel: Option<super::otel::Otel>,
 }
 
 /// An API error: a status and a message, answered as JSON.

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod metrics;
+pub mod otel;
 pub mod pg;
 pub mod redis;
 pub mod serve;

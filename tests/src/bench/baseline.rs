@@ -419,6 +419,7 @@ pub async fn statement_cost(
         input: "{}".to_owned(),
         attempts_max: 3,
         budget_ms: 0,
+        trace: String::new(),
     })
     .await?;
     raw_execute(&db, "ANALYZE runs")

@@ -124,6 +124,12 @@ impl Pick<String> for Words<'_> {
             "key" => format!("run-1/{}", w % 3),
             "provider" => ["p", "q"][(w % 2) as usize].into(),
             "holder" => format!("h{}", w % 3),
+            // None, or a caller's trace context, stored and answered as is.
+            "trace" => [
+                "",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ][(w % 2) as usize]
+                .into(),
             _ if w % 8 == 7 => "bo\u{0}om".into(),
             _ => ["boom", "timeout"][(w % 2) as usize].into(),
         }

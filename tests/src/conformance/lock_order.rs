@@ -135,6 +135,7 @@ async fn race(url: &str, db: &PgDb, binding: Binding) -> Result<(), String> {
             input: "{}".into(),
             attempts_max: 3,
             budget_ms: 0,
+            trace: String::new(),
         };
         model.execute(&insert);
         db.execute(&insert).await.map_err(pg)?;

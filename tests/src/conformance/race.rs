@@ -293,6 +293,7 @@ pub fn reachable() -> BTreeMap<RunClass, Vec<DbStep>> {
         input: "{}".into(),
         attempts_max: 2,
         budget_ms: 0,
+        trace: String::new(),
     });
     let mut start = Db::new();
     start.clock = START;

@@ -2,6 +2,8 @@
 //! keys, and the keys' expiry.
 
 use super::*;
+use crate::telemetry::{RunTrace, TRACEPARENT, TraceParent};
+use std::time::SystemTime;
 
 /// Checks a job kind's spelling.
 ///
@@ -40,7 +42,8 @@ pub fn validate_key(key: &str) -> Result<(), String> {
 
 /// `POST /runs`.
 #[utoipa::path(post, path = "/runs", tag = "runs", request_body = wire::SubmitBody,
-    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "1–255 visible ASCII; a retry with it answers the first run (one run only)")),
+    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "1–255 visible ASCII; a retry with it answers the first run (one run only)"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: the runs' spans join this trace (a malformed value is ignored)")),
     responses(
         (status = 202, description = "stored (and published, or left to the outbox)", body = wire::Submitted),
         (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::SubmitAnswer),
@@ -69,6 +72,10 @@ pub(super) async fn create_run(
             Some(k.to_owned())
         }
     };
+    let caller = headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
     let Json(body) = body.map_err(|e| ApiError(e.status(), e.body_text()))?;
     if let Value::Array(items) = body {
         if key.is_some() {
@@ -76,7 +83,7 @@ pub(super) async fn create_run(
                 "{IDEMPOTENCY_KEY} names one run: give each item of an array its own \"key\""
             )));
         }
-        return create_runs(&state, items).await;
+        return create_runs(&state, items, caller).await;
     }
     let new: wire::NewRun = serde_json::from_value(body).map_err(|e| {
         ApiError(
@@ -93,10 +100,19 @@ pub(super) async fn create_run(
             "Postgres is unavailable; nothing was stored; retry later".into(),
         ));
     };
-    let end = submit(&state.io, run, &new.kind, &input, key.as_deref()).await;
+    let start = SystemTime::now();
+    let trace = stored_trace(&state, caller);
+    let submission = Submission {
+        kind: new.kind,
+        input,
+        key: key.clone(),
+        trace: trace.map(|t| t.header()),
+    };
+    let end = submit(&state.io, run, &submission).await;
     if let SubmitterEnd::Accepted { published } = end {
-        tracing::info!(%run, kind = %new.kind, published, "run accepted");
+        tracing::info!(%run, kind = %submission.kind, published, "run accepted");
     }
+    submit_span(&state, (run, &submission), caller, end, start);
     let mut answer = answer_of(end, run, key.as_deref());
     if answer.existing {
         // A lone submission answers the key's run with its status.
@@ -193,7 +209,11 @@ fn response_of(answer: wire::BulkItem) -> Response {
 /// one for their inserts, a pipeline of XADDs, one statement for the
 /// marks). Each item gets its own answer, with the status code a lone
 /// submission of it would have had; a bad item fails alone.
-pub(super) async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<Response, ApiError> {
+pub(super) async fn create_runs(
+    state: &ApiState,
+    items: Vec<Value>,
+    caller: Option<TraceParent>,
+) -> Result<Response, ApiError> {
     if items.is_empty() {
         return Err(bad("an empty array submits nothing"));
     }
@@ -210,9 +230,11 @@ pub(super) async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<R
     let refusal = |code: StatusCode, error: String| wire::BulkItem::refused(code.as_u16(), error);
     let mut answers: Vec<Option<wire::BulkItem>> = vec![None; items.len()];
     let (mut runs, mut at) = (Vec::new(), Vec::new());
+    let start = SystemTime::now();
     for (i, item) in items.into_iter().enumerate() {
         match bulk_item(item) {
-            Ok(run) => {
+            Ok(mut run) => {
+                run.trace = stored_trace(state, caller).map(|t| t.header());
                 runs.push(run);
                 at.push(i);
             }
@@ -237,6 +259,7 @@ pub(super) async fn create_runs(state: &ApiState, items: Vec<Value>) -> Result<R
         .count();
     for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
         answers[i] = Some(answer_of(end, *run, submitted.key.as_deref()));
+        submit_span(state, (*run, submitted), caller, end, start);
     }
     tracing::info!(runs = answers.len(), accepted, "bulk submission");
     let runs = answers
@@ -258,7 +281,41 @@ pub(super) fn bulk_item(item: Value) -> Result<Submission, (StatusCode, String)>
         kind: run.kind,
         input: serde_json::to_string(&run.input).expect("a JSON value serializes"),
         key: run.key,
+        trace: None,
     })
+}
+
+/// The `traceparent` a run submitted under the request's `caller` header
+/// is stored with. With export on, it names the run's own submission span,
+/// a child of the caller's span or the root of a new trace; with it off,
+/// it is the caller's, if any.
+fn stored_trace(state: &ApiState, caller: Option<TraceParent>) -> Option<TraceParent> {
+    if state.otel.is_none() {
+        return caller;
+    }
+    Some(TraceParent {
+        trace_id: caller.map_or_else(|| rand::random::<u128>().max(1), |c| c.trace_id),
+        parent_id: rand::random::<u64>().max(1),
+        sampled: caller.is_none_or(|c| c.sampled),
+    })
+}
+
+/// Exports the span of `run`'s submission (export on, the run stored),
+/// from `start` to now.
+fn submit_span(
+    state: &ApiState,
+    (run, submitted): (RunId, &Submission),
+    caller: Option<TraceParent>,
+    end: SubmitterEnd,
+    start: SystemTime,
+) {
+    let Some(otel) = &state.otel else { return };
+    if !matches!(end, SubmitterEnd::Accepted { .. }) {
+        return;
+    }
+    let trace = RunTrace::of(run, submitted.trace.as_deref());
+    let times = (start, SystemTime::now());
+    otel.submitted(&trace, caller.map(|c| c.parent_id), &submitted.kind, times);
 }
 
 /// Forgets idempotency keys older than `keep`, in batches, every

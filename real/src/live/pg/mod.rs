@@ -91,6 +91,7 @@ pub fn migrator() -> Migrator {
             sql::SCHEMA_EXACT_RATES,
         ),
         migration(17, "due retries in order", sql::SCHEMA_RETRY_ORDER),
+        migration(18, "trace context", sql::SCHEMA_TRACE),
     ])
 }
 

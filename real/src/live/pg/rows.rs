@@ -84,6 +84,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
         unknown_failures: unsigned32("unknown_failures", r.try_get("unknown_failures")?)?,
         deadline: time("deadline_ms", r.try_get("deadline_ms")?)?,
         events: unsigned32("events", r.try_get("events")?)?,
+        trace: r.try_get("trace_parent")?,
     })
 }
 
@@ -176,6 +177,7 @@ fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
         },
         kind: r.try_get("kind")?,
         input: r.try_get("input")?,
+        trace: r.try_get("trace_parent")?,
     })
 }
 
