@@ -284,6 +284,22 @@ pub struct StepRow {
     pub fence: Fence,
 }
 
+/// A run as [`Db::insert_run_budgeted`] writes it: what its submission
+/// carried.
+#[derive(Clone, Copy, Debug)]
+pub struct NewRunRow<'a> {
+    /// The job's kind.
+    pub kind: &'a str,
+    /// The job's input, as JSON text.
+    pub input: &'a str,
+    /// How many attempts it may make.
+    pub attempts_max: u32,
+    /// Its budget from now, if any.
+    pub budget_ms: Option<u64>,
+    /// The caller's `traceparent` (`""`: none).
+    pub trace: &'a str,
+}
+
 /// A client's idempotency key for a submission (`submit_keys`): the run it
 /// created, the request it was first used with, and when.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -393,24 +409,29 @@ impl Db {
         self.events.insert((run, event.seq), event);
     }
 
-    /// A new run without a budget ([`Db::insert_run_budgeted`]).
+    /// A new run without a budget or a trace ([`Db::insert_run_budgeted`]).
     pub fn insert_run(&mut self, run: RunId, kind: &str, input: &str, attempts_max: u32) -> u64 {
-        self.insert_run_budgeted(run, kind, input, attempts_max, None, "")
+        let new = NewRunRow {
+            kind,
+            input,
+            attempts_max,
+            budget_ms: None,
+            trace: "",
+        };
+        self.insert_run_budgeted(run, &new)
     }
 
     /// [`Statement::InsertRun`]: a new run, `queued`, dispatch 1, not yet
-    /// published, whose budget of `budget_ms` (if any) starts now, under
-    /// the `traceparent` `trace` (`""`: none). Idempotent: a second insert
-    /// of the same id affects no row.
-    pub fn insert_run_budgeted(
-        &mut self,
-        run: RunId,
-        kind: &str,
-        input: &str,
-        attempts_max: u32,
-        budget_ms: Option<u64>,
-        trace: &str,
-    ) -> u64 {
+    /// published, whose budget (if any) starts now. Idempotent: a second
+    /// insert of the same id affects no row.
+    pub fn insert_run_budgeted(&mut self, run: RunId, new: &NewRunRow<'_>) -> u64 {
+        let NewRunRow {
+            kind,
+            input,
+            attempts_max,
+            budget_ms,
+            trace,
+        } = *new;
         if self.runs.contains_key(&run) {
             return 0;
         }
@@ -448,15 +469,11 @@ impl Db {
     pub fn insert_run_keyed(
         &mut self,
         run: RunId,
-        kind: &str,
-        input: &str,
-        attempts_max: u32,
-        budget_ms: Option<u64>,
+        new: &NewRunRow<'_>,
         key: &str,
-        trace: &str,
     ) -> (RunId, bool) {
         let now = self.clock;
-        let request = SubmitKey::request(kind, input);
+        let request = SubmitKey::request(new.kind, new.input);
         if let Some(k) = self.keys.get(key) {
             return (k.run, k.request == request);
         }
@@ -468,7 +485,7 @@ impl Db {
                 created_at: now,
             },
         );
-        self.insert_run_budgeted(run, kind, input, attempts_max, budget_ms, trace);
+        self.insert_run_budgeted(run, new);
         (run, true)
     }
 

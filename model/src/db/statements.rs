@@ -33,7 +33,7 @@
 
 use super::answers::{Query, Shape, shape};
 use super::class::{Class, class_of};
-use super::{Candidate, Db, RunRow};
+use super::{Candidate, Db, NewRunRow, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
 use crate::time::Timestamp;
@@ -596,7 +596,10 @@ statements! {
                 FROM input ORDER BY run_id \
               ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
         show: [run],
-        model: |db| Rows(db.insert_run_budgeted(*run, kind, input, *attempts_max, budget(*budget_ms), trace)),
+        model: |db| {
+            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace };
+            Rows(db.insert_run_budgeted(*run, &new))
+        },
     }
 
     /// `InsertRun` under a client's idempotency key: a new
@@ -643,8 +646,8 @@ statements! {
                 FROM input i JOIN k ON k.key = i.key",
         show: [run, key],
         model: |db| {
-            let budget = budget(*budget_ms);
-            let (run, same) = db.insert_run_keyed(*run, kind, input, *attempts_max, budget, key, trace);
+            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace };
+            let (run, same) = db.insert_run_keyed(*run, &new, key);
             DbReply::Keyed { run, same }
         },
     }

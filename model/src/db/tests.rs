@@ -14,6 +14,16 @@ fn db_with(run: u64, attempts_max: u32) -> Db {
     db
 }
 
+fn noop() -> NewRunRow<'static> {
+    NewRunRow {
+        kind: "noop",
+        input: "{}",
+        attempts_max: 1,
+        budget_ms: None,
+        trace: "",
+    }
+}
+
 fn e(ms: u64) -> EntryId {
     EntryId::new(ms, 0)
 }
@@ -51,7 +61,7 @@ fn only_queued_runs_wait_for_the_outbox() {
 #[test]
 fn retention_deletes_old_finished_runs_with_their_rows() {
     let mut db = db_with(1, 1);
-    db.insert_run_keyed(RunId(2), "noop", "{}", 1, None, "k2", "");
+    db.insert_run_keyed(RunId(2), &noop(), "k2");
     db.insert_run(RunId(3), "noop", "{}", 1);
     let c1 = db
         .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
@@ -78,7 +88,7 @@ fn retention_deletes_old_finished_runs_with_their_rows() {
     // Run 2's key outlives it, for its own window: a retry under it names
     // run 2 (deleted), and makes no run.
     assert_eq!(
-        db.insert_run_keyed(RunId(4), "noop", "{}", 1, None, "k2", ""),
+        db.insert_run_keyed(RunId(4), &noop(), "k2"),
         (RunId(2), true)
     );
     assert!(!db.runs.contains_key(&RunId(4)));

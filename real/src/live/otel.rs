@@ -45,8 +45,11 @@ struct Inner {
     /// Which attempt each delivery runs.
     deliveries: Mutex<HashMap<(WorkerId, EntryId), (RunId, Fence)>>,
     /// Each step whose body runs, by run, fence and step.
-    steps: Mutex<HashMap<(RunId, Fence, u32), (SystemTime, String)>>,
+    steps: Mutex<HashMap<StepKey, (SystemTime, String)>>,
 }
+
+/// A step of an attempt: its run, the attempt's fence, its number.
+type StepKey = (RunId, Fence, u32);
 
 /// An attempt whose span is open.
 struct Attempt {

@@ -104,6 +104,12 @@ pub struct BenchPlan {
     /// Also drain with `--batch-max 1` (every claim and completion on its
     /// own), to show what batching buys.
     pub compare_unbatched: bool,
+    /// Rounds of a drain whose workers export their spans
+    /// (`--otlp-endpoint`, to the tests' OTLP receiver), each paired with
+    /// one that does not, the order alternating (0: skip them).
+    pub otlp_rounds: u32,
+    /// The workers' `--otlp-endpoint` (set by the exporting drains).
+    pub otlp_endpoint: Option<String>,
     /// Also drain with the [`baseline`]s, to price the guarantees.
     pub baseline: bool,
     /// Rounds of drains behind the cost of the guarantees: shipped; then
@@ -142,6 +148,8 @@ impl Default for BenchPlan {
             reclaim_min_idle_ms: 500,
             batch_max: 512,
             compare_unbatched: true,
+            otlp_rounds: 2,
+            otlp_endpoint: None,
             baseline: false,
             cost_rounds: 2,
             scale_rounds: 3,
@@ -172,6 +180,8 @@ pub struct LiveFigures {
     pub jobs_per_s: f64,
     /// The same drain with `--batch-max 1`.
     pub unbatched_jobs_per_s: Option<f64>,
+    /// Pairs (export off, export on) of drains, jobs/s.
+    pub otlp_pairs: Vec<(f64, f64)>,
     /// The shipped protocol's drains of the cost comparison, jobs/s (the
     /// first is the headline drain).
     pub shipped_drains: Vec<f64>,
@@ -378,6 +388,8 @@ impl LiveFigures {
             "drain_seconds": round(self.drain_seconds, 2),
             "live_jobs_per_s": round(self.jobs_per_s, 0),
             "live_jobs_per_s_unbatched": self.unbatched_jobs_per_s.map(|x| round(x, 0)),
+            "otlp_drains_off": self.otlp_pairs.iter().map(|p| round(p.0, 0)).collect::<Vec<_>>(),
+            "otlp_drains_on": self.otlp_pairs.iter().map(|p| round(p.1, 0)).collect::<Vec<_>>(),
             "live_jobs_per_s_unguarded": self.unguarded_jobs_per_s().map(|x| round(x, 0)),
             "guarantees_cost_pct": self.guarantees_cost_pct().map(|x| round(x, 1)),
             "cost_drains_shipped": self.shipped_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
@@ -604,6 +616,9 @@ fn start_worker(env: &mut Env, plan: &BenchPlan, w: u32) -> Proc {
     flags.extend(["--in-flight-max", &in_flight]);
     flags.extend(["--reclaim-min-idle-ms", &min_idle]);
     flags.extend(["--batch-max", &batch_max]);
+    if let Some(url) = &plan.otlp_endpoint {
+        flags.extend(["--otlp-endpoint", url]);
+    }
     env.worker(w, None, &flags)
 }
 
@@ -679,6 +694,35 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     if plan.compare_unbatched {
         let unbatched = drain_as(1, None, Backlog::Fresh, one);
         figures.unbatched_jobs_per_s = Some(unbatched.jobs_per_s());
+    }
+    for round in 0..plan.otlp_rounds {
+        let sink = crate::otlp::OtlpSink::start();
+        let exporting = BenchPlan {
+            otlp_endpoint: Some(sink.url.clone()),
+            ..plan.clone()
+        };
+        let on = || {
+            drain(
+                &rt,
+                &cluster,
+                &exporting,
+                plan.batch_max,
+                None,
+                Backlog::Fresh,
+                one,
+            )
+        };
+        let (off, on) = if round % 2 == 0 {
+            (small().jobs_per_s(), on().jobs_per_s())
+        } else {
+            let on = on().jobs_per_s();
+            (small().jobs_per_s(), on)
+        };
+        eprintln!(
+            "bench: drain {off:.0} jobs/s with export off, {on:.0} with it on ({} spans received)",
+            sink.spans().len()
+        );
+        figures.otlp_pairs.push((off, on));
     }
     // Cost as work grows: each drain at scale with its pair, `rounds`
     // times, the order alternating.

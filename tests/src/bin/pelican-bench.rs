@@ -44,6 +44,9 @@ struct Args {
     /// Skip the second drain with --batch-max 1.
     #[arg(long)]
     no_unbatched: bool,
+    /// Pairs of drains with span export off and on (0: none).
+    #[arg(long, default_value_t = BenchPlan::default().otlp_rounds)]
+    otlp_rounds: u32,
     /// Skip the baselines' drains (the least protocols that still drain,
     /// unfenced and fenced, which price the guarantees).
     #[arg(long)]
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
         reclaim_min_idle_ms: a.reclaim_min_idle_ms,
         batch_max: a.batch_max,
         compare_unbatched: !a.no_unbatched,
+        otlp_rounds: a.otlp_rounds,
         baseline: !a.no_baseline,
         cost_rounds: a.cost_rounds,
         scale_rounds: a.scale_rounds,
@@ -185,6 +189,8 @@ fn main() -> ExitCode {
         "live_jobs_per_s": live["live_jobs_per_s"],
         "submit_from_file_per_s": live["submit_from_file_per_s"],
         "live_jobs_per_s_unbatched": live["live_jobs_per_s_unbatched"],
+        "otlp_drains_off": live["otlp_drains_off"],
+        "otlp_drains_on": live["otlp_drains_on"],
         "live_jobs_per_s_unguarded": live["live_jobs_per_s_unguarded"],
         "guarantees_cost_pct": live["guarantees_cost_pct"],
         "live_jobs_per_s_fenced_floor": live["live_jobs_per_s_fenced_floor"],
@@ -277,6 +283,11 @@ fn main() -> ExitCode {
         "  {:<22} {:>14}   (each claim and completion on its own: --batch-max 1)",
         "live_jobs_unbatched",
         live["live_jobs_per_s_unbatched"].to_string()
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (span export off, then on: --otlp-endpoint)",
+        "live_jobs_otlp",
+        format!("{} / {}", live["otlp_drains_off"], live["otlp_drains_on"])
     );
     eprintln!(
         "  {:<22} {:>14}   (the least protocol that still drains: tests/src/bench/baseline.rs)",
