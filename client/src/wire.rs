@@ -450,6 +450,102 @@ pub struct Changed {
     pub extra_attempts: Option<u32>,
 }
 
+/// How many runs pass a filter (`GET /runs/count`): what a bulk action
+/// would take, to confirm before it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct RunCount {
+    /// By status (statuses with none left out).
+    pub by_status: BTreeMap<String, u64>,
+    /// In all.
+    pub total: u64,
+}
+
+/// `POST /runs/cancel`'s body: which runs to cancel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BulkCancel {
+    /// Runs of this live status: `queued` (the default), `retry_wait` or
+    /// `running`.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Runs of this kind only (default: any).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// At most this many runs (1–100,000, default 10,000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the request before: go on after its runs.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// `POST /dead-letters/requeue`'s body: which dead runs to run again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BulkRequeue {
+    /// Dead runs of this kind.
+    pub kind: String,
+    /// Only runs that died at or after this instant (ms since the epoch).
+    #[serde(default)]
+    pub ended_from_ms: Option<u64>,
+    /// Only runs that died before this instant.
+    #[serde(default)]
+    pub ended_to_ms: Option<u64>,
+    /// More attempts for each (1–100, default 1).
+    #[serde(default = "one", deserialize_with = "whole_number")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
+    pub extra_attempts: u32,
+    /// At most this many runs (1–100,000, default 10,000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the request before: go on after its runs.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// What a bulk action did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct BulkDone {
+    /// Runs it changed.
+    pub changed: u64,
+    /// Runs it found that had moved on before their turn (ended, or
+    /// requeued by someone else): left as they are.
+    pub skipped: u64,
+    /// Set when it stopped at its limit with more runs matching: send it
+    /// again with this `cursor` for the rest (runs by id, so a run that
+    /// matches again later, as a requeued run that dies again, is not
+    /// taken twice).
+    pub next_cursor: Option<String>,
+}
+
+/// Throughput and latency by minute (`GET /stats`), oldest first, the
+/// current minute last.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Stats {
+    /// One per minute, minutes with no run included.
+    pub minutes: Vec<StatsMinute>,
+}
+
+/// One minute of [`Stats`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct StatsMinute {
+    /// The minute's first millisecond (since the epoch, Postgres's clock).
+    pub minute_ms: u64,
+    /// How many finished, by status.
+    pub finished: BTreeMap<String, u64>,
+    /// The median time from publication to success of the runs that
+    /// succeeded in it, in ms (null: none did).
+    pub p50_ms: Option<u64>,
+    /// Its 99th percentile.
+    pub p99_ms: Option<u64>,
+}
+
 /// The queue's health (`GET /queue`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -34,6 +34,16 @@ macro_rules! summary_message_max {
     };
 }
 
+/// [`RunFilter`] in SQL, over its fields bound first (`$1` status, `$2`
+/// kind, `$3` and `$4` the range of ends), stated once for every
+/// statement that filters runs so.
+macro_rules! run_filter {
+    () => {
+        "($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) \
+         AND ($3 = 0 OR finished_at >= $3) AND ($4 = 0 OR finished_at < $4)"
+    };
+}
+
 /// The columns of a `runs` row, in the order and with the names that
 /// [`RunRow`]'s decoder reads, stated once for every statement and read
 /// that answers rows: the full row; its head (`head`: the users' values,
@@ -62,11 +72,13 @@ macro_rules! run_columns {
 
 mod answers;
 mod class;
+mod reads;
 pub mod sql;
 mod statements;
 
 pub use answers::{Answer, AnswerOf, Keyed, Query, QueryError, Shape, Shaped, Unfit, shape};
 pub use class::{Class, SlotTake};
+pub use reads::{MinuteLatency, RunFilter};
 pub use statements::{
     Access, Column, DbOp, DbReply, Param, Pick, Picks, Statement, ToParam, columns, query,
 };
@@ -1211,20 +1223,6 @@ impl Db {
             .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             .take(limit)
             .map(|(r, d)| (*r, d.clone()))
-            .collect()
-    }
-
-    /// [`Statement::ListRuns`]: up to `limit` runs after `after`, by run,
-    /// whose status is `status` and kind `kind` (`""`: any).
-    #[must_use]
-    pub fn list_runs(&self, status: &str, kind: &str, after: RunId, limit: usize) -> Vec<RunRow> {
-        self.runs
-            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-            .map(|(_, r)| r)
-            .filter(|r| status.is_empty() || r.status.as_str() == status)
-            .filter(|r| kind.is_empty() || r.kind == kind)
-            .take(limit)
-            .cloned()
             .collect()
     }
 

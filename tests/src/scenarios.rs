@@ -7,6 +7,7 @@
 
 mod events;
 mod hygiene;
+mod incident;
 mod operate;
 mod runs_api;
 mod steady;
@@ -34,6 +35,7 @@ pub use steady::{
     retention_keeps_a_keys_window, retention_keeps_pace_with_finished_runs,
 };
 
+pub use incident::the_incident_routes_find_count_and_act_in_bulk;
 pub use telemetry::runs_export_their_spans_to_an_otlp_receiver;
 
 pub use events::{

@@ -58,6 +58,7 @@ live! {
     a_late_attempts_progress_is_refused,
     the_client_library_against_the_api,
     the_runs_api_lists_pages_and_requeues,
+    the_incident_routes_find_count_and_act_in_bulk,
     the_queue_route_reports_lag_and_pending,
     the_openapi_document_is_the_served_routes,
     the_api_conforms_to_its_openapi_document,

@@ -114,6 +114,8 @@ shapes! {
     Runs => Vec<RunRow> { DbReply::Runs(r) => r }
     /// Counts by minute and status ([`DbReply::PerMinute`]).
     PerMinute => Vec<(Timestamp, RunStatus, u64)> { DbReply::PerMinute(p) => p }
+    /// Succeeded runs and their latency by minute ([`DbReply::Latency`]).
+    Latency => Vec<crate::db::MinuteLatency> { DbReply::Latency(l) => l }
     /// One row's `value` ([`DbReply::Rows`]).
     Value => u64 { DbReply::Rows(n) => n }
 }

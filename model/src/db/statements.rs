@@ -33,7 +33,7 @@
 
 use super::answers::{Query, Shape, shape};
 use super::class::{Class, class_of};
-use super::{Candidate, Db, NewRunRow, RunRow};
+use super::{Candidate, Db, NewRunRow, RunFilter, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
 use crate::time::Timestamp;
@@ -164,6 +164,8 @@ pub enum DbReply {
     Runs(Vec<RunRow>),
     /// Counts by minute (its first millisecond) and status, in order.
     PerMinute(Vec<(Timestamp, RunStatus, u64)>),
+    /// Succeeded runs and their latency by minute, in order.
+    Latency(Vec<super::MinuteLatency>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -1189,11 +1191,12 @@ statements! {
         model: |db| DbReply::DeadLetters(db.list_dead_letters(*after, *limit)),
     }
 
-    /// Up to `limit` runs after `after`, by run, of status `status` and
-    /// kind `kind` (each `''`: any), for `GET /runs` (keyset pagination):
-    /// each as [`RunRow::summary`] has it, without the values a page does
-    /// not show, so a page of 1,000 reads no input or result.
-    ListRuns { status: String, kind: String, after: RunId, limit: usize } => {
+    /// Up to `limit` runs after `after`, by run, that pass the filter
+    /// ([`RunFilter`]: status, kind, ended within a range), for `GET /runs`
+    /// (keyset pagination): each as [`RunRow::summary`] has it, without
+    /// the values a page does not show, so a page of 1,000 reads no input
+    /// or result.
+    ListRuns { status: String, kind: String, ended_from_ms: u64, ended_to_ms: u64, after: RunId, limit: usize } => {
         name: "list_runs",
         access: Read,
         class: [],
@@ -1205,13 +1208,43 @@ statements! {
                 "NULL::text AS result",
                 concat!("left(error_message, ", summary_message_max!(), ") AS error_message")
             ),
-            " FROM runs WHERE ($1 = '' OR status = $1) AND ($2 = '' OR kind = $2) AND run_id > $3 \
-              ORDER BY run_id LIMIT $4"
+            " FROM runs WHERE ", run_filter!(), " AND run_id > $5 ORDER BY run_id LIMIT $6"
         ),
         show: [after],
-        model: |db| DbReply::Runs(
-            db.list_runs(status, kind, *after, *limit).into_iter().map(RunRow::summary).collect(),
+        model: |db| {
+            let filter = RunFilter { status, kind, ended_from_ms: *ended_from_ms, ended_to_ms: *ended_to_ms };
+            DbReply::Runs(db.list_runs(&filter, *after, *limit).into_iter().map(RunRow::summary).collect())
+        },
+    }
+
+    /// How many runs pass the filter of [`Statement::ListRuns`], by status:
+    /// the count an operator confirms before a bulk action.
+    CountMatching { status: String, kind: String, ended_from_ms: u64, ended_to_ms: u64 } => {
+        name: "count_matching",
+        access: Read,
+        class: [],
+        reply: Counts,
+        sql: concat!(
+            "SELECT status, count(*) AS n FROM runs WHERE ", run_filter!(),
+            " GROUP BY status ORDER BY status"
         ),
+        show: [],
+        model: |db| {
+            let filter = RunFilter { status, kind, ended_from_ms: *ended_from_ms, ended_to_ms: *ended_to_ms };
+            DbReply::Counts(db.count_matching(&filter))
+        },
+    }
+
+    /// The run idempotency key `key` names (none: an unknown or expired
+    /// key), for a search by key.
+    RunOfKey { key: String } => {
+        name: "run_of_key",
+        access: Read,
+        class: [],
+        reply: NewRuns,
+        sql: "SELECT run_id FROM submit_keys WHERE key = $1",
+        show: [],
+        model: |db| DbReply::NewRuns(db.run_of_key(key)),
     }
 
     /// How many runs have each status.
@@ -1255,6 +1288,26 @@ statements! {
               GROUP BY 1, 2 ORDER BY 1, 2",
         show: [minutes],
         model: |db| DbReply::PerMinute(db.finished_per_minute(*minutes)),
+    }
+
+    /// The runs that succeeded in the last `minutes` minutes (Postgres's
+    /// clock), by the minute they succeeded in: how many, and their time
+    /// from publication to success at p50 and p99 (`percentile_disc`).
+    /// A range of the `runs_finished` index, as [`Statement::FinishedPerMinute`].
+    LatencyPerMinute { minutes: u32 } => {
+        name: "latency_per_minute",
+        access: Read,
+        class: [],
+        reply: Latency,
+        sql: "SELECT (finished_at / 60000) * 60000 AS minute, count(*) AS n, \
+                     percentile_disc(0.5) WITHIN GROUP (ORDER BY greatest(finished_at - published_at, 0)) AS p50, \
+                     percentile_disc(0.99) WITHIN GROUP (ORDER BY greatest(finished_at - published_at, 0)) AS p99 \
+                FROM runs \
+               WHERE finished_at > pelican_now_ms() - $1::bigint * 60000 \
+                 AND status = 'succeeded' AND published_at IS NOT NULL \
+               GROUP BY 1 ORDER BY 1",
+        show: [minutes],
+        model: |db| DbReply::Latency(db.latency_per_minute(*minutes)),
     }
 
     /// Whether run id `run` was ever handed out: a run without a row whose

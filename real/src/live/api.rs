@@ -3,13 +3,17 @@
 //! | route | does |
 //! |---|---|
 //! | `POST /runs` | validates `{"kind": .., "input": ..}`, writes the run durably, publishes it, answers 202 with its id (a failed publish still leaves a run the outbox publishes); with an `Idempotency-Key`, a key already used answers its run (200) or 422 for another request |
-//! | `GET /runs?status=&kind=&cursor=&limit=` | runs by id, filtered, a page at a time (keyset: `next_cursor` starts the next page) |
+//! | `GET /runs?status=&kind=&ended_from_ms=&ended_to_ms=&cursor=&limit=` | runs by id, filtered, a page at a time (keyset: `next_cursor` starts the next page); `?key=` finds the run of an idempotency key |
+//! | `GET /runs/count?status=&kind=&ended_from_ms=&ended_to_ms=` | how many runs the filter matches, by status |
+//! | `POST /runs/cancel` | cancels every run of a live status (and kind) in batches, up to a limit |
 //! | `GET /dead-letters?cursor=&limit=` | dead letters by run, a page at a time |
 //! | `POST /dead-letters/{id}/requeue` | runs a dead run again with `{"extra_attempts": N}` more (default 1); 409 if it is not dead |
+//! | `POST /dead-letters/requeue` | runs every dead run of a kind (that died in a range) again, in batches, up to a limit |
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
 //! | `GET /runs/{id}/events` | the run's events over SSE (S13): resumes after `Last-Event-ID` (or `?after=N`), ends after a terminal event; 204 when the run has ended and every event was seen |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
 //! | `GET /queue` | the queue's health: stream length, lag, pending deliveries, the oldest one's idle time, pending per consumer, live runs by status |
+//! | `GET /stats?minutes=` | runs finished and succeeded runs' latency (p50, p99) per minute, over the last hour or less |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
 //! | `GET /metrics` | Prometheus text (see the README's metrics reference) |
 //! | `GET /`, `/ui/app.js`, `/ui/style.css` | the dashboard: a static page (no build step) of the routes above, which asks for the token |
@@ -50,9 +54,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 mod auth;
+mod bulk;
 mod events;
 mod queue;
 mod runs;
+mod search;
 mod submit;
 
 pub use events::event_view;
@@ -143,13 +149,17 @@ impl utoipa::Modify for BearerAuth {
 /// documented and every documented route is served.
 fn documented() -> (Router<Arc<ApiState>>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(submit::create_run, runs::list_runs))
+        .routes(routes!(submit::create_run, search::list_runs))
+        .routes(routes!(search::count_runs))
+        .routes(routes!(bulk::cancel_runs))
         .routes(routes!(runs::list_dead_letters))
+        .routes(routes!(bulk::requeue_dead_letters))
         .routes(routes!(runs::requeue_dead_letter))
         .routes(routes!(runs::get_run))
         .routes(routes!(events::run_events))
         .routes(routes!(runs::cancel_run))
         .routes(routes!(queue::queue))
+        .routes(routes!(queue::stats))
         .routes(routes!(queue::healthz))
         .routes(routes!(queue::metrics_text))
         .routes(routes!(openapi_json))
@@ -294,12 +304,16 @@ mod tests {
                 "GET /openapi.json",
                 "GET /queue",
                 "GET /runs",
+                "GET /runs/count",
                 "GET /runs/{id}",
                 "GET /runs/{id}/events",
+                "GET /stats",
                 "GET /ui/app.js",
                 "GET /ui/style.css",
+                "POST /dead-letters/requeue",
                 "POST /dead-letters/{id}/requeue",
                 "POST /runs",
+                "POST /runs/cancel",
                 "POST /runs/{id}/cancel",
             ]
         );

@@ -124,6 +124,10 @@ impl Pick<String> for Words<'_> {
             "key" => format!("run-1/{}", w % 3),
             "provider" => ["p", "q"][(w % 2) as usize].into(),
             "holder" => format!("h{}", w % 3),
+            // An operator's filter: any status, or one.
+            "status" => {
+                ["", "queued", "running", "succeeded", "dead", "cancelled"][(w % 6) as usize].into()
+            }
             // None, or a caller's trace context, stored and answered as is.
             "trace" => [
                 "",
@@ -145,6 +149,8 @@ impl Pick<u64> for Words<'_> {
             "after_published_ms" => [0, 1_000 * (w % 13) + 1_000][(w % 2) as usize],
             // No budget, or one that runs out within the drawn clocks.
             "budget_ms" => [0, 1_000, 5_000][(w % 3) as usize],
+            // No bound, or one among the drawn clocks.
+            "ended_from_ms" | "ended_to_ms" => [0, 1_000 * (w % 13) + 1_000][(w % 2) as usize],
             _ => 2_000,
         }
     }

@@ -105,6 +105,50 @@ pub(super) fn now_minute() -> u64 {
     ms / 60_000 * 60_000
 }
 
+/// `GET /stats`' query.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct Window {
+    /// Minutes back from this one, 1–60 (default 60).
+    #[param(minimum = 1, maximum = 60)]
+    minutes: Option<u32>,
+}
+
+/// `GET /stats`: per minute, the runs finished by status and the succeeded
+/// runs' time from publication to success (p50, p99), from Postgres's own
+/// rows: two ranges of the `runs_finished` index, read when asked.
+#[utoipa::path(get, path = "/stats", tag = "queue", params(Window),
+    responses((status = 200, body = wire::Stats), (status = 400, body = wire::ErrorBody),
+        (status = 401, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+    security(("bearer" = [])))]
+pub(super) async fn stats(
+    _: Reader,
+    State(state): State<Arc<ApiState>>,
+    query: Result<axum::extract::Query<Window>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<wire::Stats>, ApiError> {
+    let minutes = runs::page(query)?.minutes.unwrap_or(60);
+    if minutes == 0 || minutes > 60 {
+        return Err(bad(format!("minutes must be 1 to 60, got {minutes}")));
+    }
+    let db = state.io.db.inner();
+    let finished = (db.query(query::FinishedPerMinute { minutes }).await).map_err(postgres)?;
+    let latency = (db.query(query::LatencyPerMinute { minutes }).await).map_err(postgres)?;
+    let minutes = per_minute(&finished, minutes)
+        .into_iter()
+        .map(|m| {
+            let l = latency.iter().find(|l| l.minute.0 == m.minute_ms);
+            wire::StatsMinute {
+                minute_ms: m.minute_ms,
+                finished: m.finished,
+                p50_ms: l.map(|l| l.p50_ms),
+                p99_ms: l.map(|l| l.p99_ms),
+            }
+        })
+        .collect();
+    Ok(Json(wire::Stats { minutes }))
+}
+
 /// `GET /queue`: the stream's side, the live runs by status, and the runs
 /// finished in each of the last ten minutes.
 #[utoipa::path(get, path = "/queue", tag = "queue",

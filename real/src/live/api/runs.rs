@@ -1,5 +1,5 @@
-//! The runs and the dead letters: one run, a page of them, a cancel, a
-//! requeue.
+//! One run and the dead letters: a run, a cancel, a page of dead
+//! letters, a requeue; and the paging every list shares.
 
 use super::*;
 
@@ -108,24 +108,6 @@ pub(super) async fn cancel_run(
 pub(super) const PAGE_MAX: usize = 1_000;
 pub(super) const PAGE_DEFAULT: usize = 100;
 
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub(super) struct Page {
-    /// Only runs of this status.
-    #[param(pattern = r"^(queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
-    status: Option<String>,
-    /// Only runs of this kind.
-    #[param(pattern = r"^([a-z0-9_.-]{1,64})?$")]
-    kind: Option<String>,
-    /// The `next_cursor` of the page before.
-    #[param(pattern = r"^((run-)?[0-9]{1,19})?$")]
-    cursor: Option<String>,
-    /// Page size, 1–1000 (default 100).
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<usize>,
-}
-
 /// A page of dead letters.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -144,13 +126,24 @@ pub(super) fn bounds(
     cursor: Option<&str>,
     limit: Option<usize>,
 ) -> Result<(RunId, usize), ApiError> {
+    span(cursor, limit, PAGE_DEFAULT, PAGE_MAX)
+}
+
+/// The run after `cursor` (none: the first), and `limit`, by default
+/// `default`, checked to be 1 to `max`.
+pub(super) fn span(
+    cursor: Option<&str>,
+    limit: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<(RunId, usize), ApiError> {
     let after = match cursor {
         None | Some("") => RunId(0),
         Some(c) => parse_run(c)?,
     };
-    let limit = limit.unwrap_or(PAGE_DEFAULT);
-    if limit == 0 || limit > PAGE_MAX {
-        return Err(bad(format!("limit must be 1 to {PAGE_MAX}, got {limit}")));
+    let limit = limit.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(bad(format!("limit must be 1 to {max}, got {limit}")));
     }
     Ok((after, limit))
 }
@@ -169,57 +162,6 @@ pub(super) fn next_cursor(last: Option<RunId>, n: usize, limit: usize) -> Option
         Some(run) if n == limit => Some(run.0.to_string()),
         _ => None,
     }
-}
-
-/// `GET /runs`: runs by id, of one status and one kind if asked.
-#[utoipa::path(get, path = "/runs", tag = "runs", params(Page),
-    responses((status = 200, body = wire::RunPage), (status = 400, body = wire::ErrorBody),
-        (status = 401, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
-    security(("bearer" = [])))]
-pub(super) async fn list_runs(
-    _: Reader,
-    State(state): State<Arc<ApiState>>,
-    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<wire::RunPage>, ApiError> {
-    let q = page(query)?;
-    let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
-    let status = q.status.unwrap_or_default();
-    if !status.is_empty() && RunStatus::parse(&status).is_none() {
-        let known: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
-        return Err(bad(format!(
-            "no status {status:?}; known: {}",
-            known.join(", ")
-        )));
-    }
-    let kind = q.kind.unwrap_or_default();
-    if !kind.is_empty() {
-        validate_kind(&kind).map_err(bad)?;
-    }
-    let list = query::ListRuns {
-        status,
-        kind,
-        after,
-        limit,
-    };
-    let rows = state.io.db.inner().query(list).await.map_err(postgres)?;
-    let next = next_cursor(rows.last().map(|r| r.run_id), rows.len(), limit);
-    let runs = rows
-        .into_iter()
-        .map(|r| wire::RunSummary {
-            run_id: r.run_id,
-            kind: r.kind,
-            status: r.status,
-            attempts: r.attempts,
-            attempts_max: r.attempts_max,
-            events: r.events,
-            finished_at_ms: r.finished_at.map(|t| t.0),
-            error: r.error.map(run_error),
-        })
-        .collect();
-    Ok(Json(wire::RunPage {
-        runs,
-        next_cursor: next,
-    }))
 }
 
 /// A dead letter, for `GET /dead-letters` and `pelican dlq list`.

@@ -1,6 +1,7 @@
-// Pelican's dashboard: a page of the API's own routes (GET /queue, /runs,
-// /runs/{id}, its events over SSE, /dead-letters; cancel and requeue),
-// with the operator's bearer token. No build step, no dependencies.
+// Pelican's dashboard: a page of the API's own routes (GET /queue, /stats,
+// /runs (by filter or key), /runs/count, /runs/{id}, its events over SSE,
+// /dead-letters; cancel and requeue, one run or in bulk), with the
+// operator's bearer token. No build step, no dependencies.
 "use strict";
 
 const view = document.getElementById("view");
@@ -51,6 +52,28 @@ function setConn(text, cls) {
   conn.className = `pill ${cls}`;
 }
 
+// Search: a run id opens the run; anything else (or an id no run has) is
+// looked up as an idempotency key.
+document.getElementById("search").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const q = document.getElementById("search-q").value.trim();
+  if (!q) return;
+  try {
+    const id = q.match(/^(?:run-)?(\d+)$/);
+    if (id) {
+      try { await api("GET", `/runs/${id[1]}`); location.hash = `#/runs/${id[1]}`; return; } catch (_) { /* a key, then */ }
+    }
+    const page = await api("GET", `/runs?${new URLSearchParams({ key: q })}`);
+    if (page.runs.length) location.hash = `#/runs/${page.runs[0].run_id}`;
+    else searchMiss(q);
+  } catch (err) { searchMiss(q, err.message); }
+});
+
+function searchMiss(q, why) {
+  const el = document.getElementById("error");
+  if (el) el.textContent = why ? `${q}: ${why}` : `no run has the id or the idempotency key ${q}`;
+}
+
 document.getElementById("login").addEventListener("submit", (e) => {
   e.preventDefault();
   token = document.getElementById("token").value.trim();
@@ -74,13 +97,29 @@ function showError(e) {
 
 // --- the queue and the runs ------------------------------------------------
 
-let filter = { status: "", kind: "", cursor: "" };
+let filter = { status: "", kind: "", from: "", to: "", cursor: "" };
+
+// A datetime-local input's value as ms since the epoch ("" stays "").
+function ms(local) {
+  return local ? String(new Date(local).getTime()) : "";
+}
+
+function filterParams() {
+  const p = new URLSearchParams();
+  if (filter.status) p.set("status", filter.status);
+  if (filter.kind) p.set("kind", filter.kind);
+  if (filter.from) p.set("ended_from_ms", ms(filter.from));
+  if (filter.to) p.set("ended_to_ms", ms(filter.to));
+  return p;
+}
 
 function overview(gen) {
   view.innerHTML = `
     <p id="error" class="error"></p>
     <h2>Queue</h2><div class="cards" id="queue"></div>
-    <h2>Finished per minute (last ten)</h2><div class="bars" id="throughput"></div>
+    <h2>Last hour <span class="legend"><span><i style="background:#9dbfe6"></i>finished per minute</span><span><i style="background:var(--ok)"></i>p50 latency</span><span><i style="background:var(--bad)"></i>p99 latency</span></span></h2>
+    <svg class="chart" id="hour" viewBox="0 0 720 180" preserveAspectRatio="none"></svg>
+    <p class="muted" id="hour-summary"></p>
     <h2>Consumers</h2><div id="consumers"></div>
     <h2>Submit a run</h2>
     <form class="inline" id="submit-form">
@@ -92,18 +131,31 @@ function overview(gen) {
     <form class="inline" id="filter-form">
       <select id="filter-status"><option value="">any status</option>${STATUSES.map((s) => `<option>${s}</option>`).join("")}</select>
       <input id="filter-kind" placeholder="any kind">
-      <button type="submit">Filter</button>
+      <label class="muted">ended from <input id="filter-from" type="datetime-local"></label>
+      <label class="muted">to <input id="filter-to" type="datetime-local"></label>
+      <button type="submit" id="filter-go">Filter</button>
       <button type="button" id="first-page">First page</button>
       <button type="button" id="next-page">Next page</button>
+      <button type="button" class="danger" id="bulk-cancel">Cancel all matching…</button>
     </form>
+    <div id="bulk"></div>
     <div id="runs"></div>`;
   document.getElementById("filter-status").value = filter.status;
   document.getElementById("filter-kind").value = filter.kind;
+  document.getElementById("filter-from").value = filter.from;
+  document.getElementById("filter-to").value = filter.to;
   document.getElementById("filter-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    filter = { status: document.getElementById("filter-status").value, kind: document.getElementById("filter-kind").value.trim(), cursor: "" };
+    filter = {
+      status: document.getElementById("filter-status").value,
+      kind: document.getElementById("filter-kind").value.trim(),
+      from: document.getElementById("filter-from").value,
+      to: document.getElementById("filter-to").value,
+      cursor: "",
+    };
     runs();
   });
+  document.getElementById("bulk-cancel").addEventListener("click", () => bulkCancel().catch(showError));
   document.getElementById("first-page").addEventListener("click", () => { filter.cursor = ""; runs(); });
   document.getElementById("next-page").addEventListener("click", () => { if (nextCursor) { filter.cursor = nextCursor; runs(); } });
   document.getElementById("submit-form").addEventListener("submit", async (e) => {
@@ -117,6 +169,65 @@ function overview(gen) {
     } catch (err) { showError(err); }
   });
   every(2000, gen, async () => { await Promise.all([queue(), runs()]); });
+  every(30000, gen, hour);
+}
+
+// A bulk action, confirmed: `count` is what it would take (GET
+// /runs/count), `label` says what it does; `send(cursor)` runs one
+// request and answers its BulkDone, and is sent again after its
+// next_cursor while more runs match.
+function confirmBulk(count, label, send) {
+  const el = document.getElementById("bulk");
+  if (!count.total) {
+    el.innerHTML = `<div class="confirm" id="bulk-confirm">No run matches: nothing to ${esc(label)}.</div>`;
+    return;
+  }
+  el.innerHTML = `<div class="confirm" id="bulk-confirm">${esc(label)} <b id="bulk-count">${count.total}</b> run(s)?
+    <button class="danger" id="bulk-yes">${esc(label)} ${count.total} run(s)</button> <button id="bulk-no">Keep them</button></div>`;
+  document.getElementById("bulk-no").addEventListener("click", () => { el.innerHTML = ""; });
+  document.getElementById("bulk-yes").addEventListener("click", async () => {
+    let changed = 0, skipped = 0, cursor = null;
+    try {
+      for (;;) {
+        const done = await send(cursor);
+        changed += done.changed;
+        skipped += done.skipped;
+        cursor = done.next_cursor;
+        el.innerHTML = `<div class="confirm" id="bulk-done">${esc(label)}: <b id="bulk-changed">${changed}</b> changed, ${skipped} had moved on${cursor ? " (going on)" : ""}.</div>`;
+        if (!cursor) break;
+      }
+    } catch (e) { showError(e); }
+  });
+}
+
+async function bulkCancel() {
+  const status = filter.status || "queued";
+  if (!["queued", "retry_wait", "running"].includes(status)) throw new Error("bulk cancel takes queued, retry_wait or running runs: pick one of those statuses");
+  const p = new URLSearchParams({ status });
+  if (filter.kind) p.set("kind", filter.kind);
+  const count = await api("GET", `/runs/count?${p}`);
+  const body = { status, ...(filter.kind ? { kind: filter.kind } : {}) };
+  confirmBulk(count, `Cancel ${status}${filter.kind ? ` ${filter.kind}` : ""}`, (cursor) => api("POST", "/runs/cancel", { ...body, ...(cursor ? { cursor } : {}) }));
+}
+
+// The last hour from GET /stats: finished runs per minute as bars, the
+// succeeded runs' p50 and p99 latency as lines on their own scale.
+async function hour() {
+  const s = await api("GET", "/stats?minutes=60");
+  const svg = document.getElementById("hour");
+  if (!svg) return;
+  const n = s.minutes.length, w = 720 / n, h = 160;
+  const totals = s.minutes.map((m) => Object.values(m.finished).reduce((a, b) => a + b, 0));
+  const top = Math.max(1, ...totals);
+  const slow = Math.max(1, ...s.minutes.map((m) => m.p99_ms ?? 0));
+  const y = (v, max) => (h - (h * v) / max + 10).toFixed(1);
+  const line = (key) => s.minutes.map((m, i) => (m[key] == null ? null : `${(i * w + w / 2).toFixed(1)},${y(m[key], slow)}`)).filter(Boolean).join(" ");
+  svg.innerHTML = s.minutes.map((m, i) => `<rect class="bar" data-minute="${m.minute_ms}" x="${(i * w + 1).toFixed(1)}" y="${y(totals[i], top)}" width="${(w - 2).toFixed(1)}" height="${((h * totals[i]) / top).toFixed(1)}"><title>${when(m.minute_ms)}: ${totals[i]} finished, p50 ${m.p50_ms ?? "–"} ms, p99 ${m.p99_ms ?? "–"} ms</title></rect>`).join("")
+    + `<polyline class="p50" points="${line("p50_ms")}"/><polyline class="p99" points="${line("p99_ms")}"/>`
+    + `<text x="4" y="12">${top}/min</text><text x="640" y="12">p99 max ${slow} ms</text>`;
+  const sum = totals.reduce((a, b) => a + b, 0);
+  const last = [...s.minutes].reverse().find((m) => m.p99_ms != null);
+  document.getElementById("hour-summary").innerHTML = `<span id="hour-finished">${sum}</span> runs finished in the last hour` + (last ? `; latest minute with successes: p50 <span id="hour-p50">${last.p50_ms}</span> ms, p99 <span id="hour-p99">${last.p99_ms}</span> ms` : "");
 }
 
 async function queue() {
@@ -132,12 +243,6 @@ async function queue() {
   document.getElementById("queue").innerHTML = cards
     .map(([id, l, n]) => `<div class="card"><div class="n" id="${id}">${esc(n)}</div><div class="l">${esc(l)}</div></div>`)
     .join("");
-  const minutes = q.throughput || [];
-  const totals = minutes.map((m) => Object.values(m.finished).reduce((a, b) => a + b, 0));
-  const top = Math.max(1, ...totals);
-  document.getElementById("throughput").innerHTML = minutes
-    .map((m, i) => `<div title="${esc(JSON.stringify(m.finished))}" style="height:${(100 * totals[i]) / top}%"><span>${totals[i]}</span></div>`)
-    .join("");
   document.getElementById("consumers").innerHTML = q.consumers.length
     ? `<table><tr><th>consumer</th><th>pending</th></tr>${q.consumers.map((c) => `<tr><td>${esc(c.name)}</td><td>${c.pending}</td></tr>`).join("")}</table>`
     : `<p class="muted">No consumer holds a delivery.</p>`;
@@ -146,9 +251,8 @@ async function queue() {
 let nextCursor = null;
 
 async function runs() {
-  const p = new URLSearchParams({ limit: "20" });
-  if (filter.status) p.set("status", filter.status);
-  if (filter.kind) p.set("kind", filter.kind);
+  const p = filterParams();
+  p.set("limit", "20");
   if (filter.cursor) p.set("cursor", filter.cursor);
   const page = await api("GET", `/runs?${p}`);
   nextCursor = page.next_cursor;
@@ -272,7 +376,20 @@ function addEvent(e) {
 // --- dead letters ----------------------------------------------------------
 
 function deadLetters(gen) {
-  view.innerHTML = `<p id="error" class="error"></p><h2>Dead letters</h2><div id="letters"></div>`;
+  view.innerHTML = `<p id="error" class="error"></p><h2>Dead letters</h2>
+    <form class="inline" id="requeue-form">
+      Requeue every dead run of kind <input id="requeue-kind" placeholder="kind" required>
+      <label class="muted">that died from <input id="requeue-from" type="datetime-local"></label>
+      <label class="muted">to <input id="requeue-to" type="datetime-local"></label>
+      with <input id="requeue-extra" type="number" min="1" max="100" value="1" style="width:4em"> more attempt(s)
+      <button type="submit" id="requeue-all">Requeue…</button>
+    </form>
+    <div id="bulk"></div>
+    <div id="letters"></div>`;
+  document.getElementById("requeue-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    bulkRequeue().catch(showError);
+  });
   every(3000, gen, async () => {
     const page = await api("GET", "/dead-letters?limit=100");
     const el = document.getElementById("letters");
@@ -287,6 +404,19 @@ function deadLetters(gen) {
       try { await api("POST", `/dead-letters/${b.dataset.requeue}/requeue`, { extra_attempts: 1 }); } catch (e) { showError(e); }
     }));
   });
+}
+
+async function bulkRequeue() {
+  const kind = document.getElementById("requeue-kind").value.trim();
+  const from = ms(document.getElementById("requeue-from").value);
+  const to = ms(document.getElementById("requeue-to").value);
+  const extra = Number(document.getElementById("requeue-extra").value || "1");
+  const p = new URLSearchParams({ status: "dead", kind });
+  if (from) p.set("ended_from_ms", from);
+  if (to) p.set("ended_to_ms", to);
+  const count = await api("GET", `/runs/count?${p}`);
+  const body = { kind, extra_attempts: extra, ...(from ? { ended_from_ms: Number(from) } : {}), ...(to ? { ended_to_ms: Number(to) } : {}) };
+  confirmBulk(count, `Requeue dead ${kind}`, (cursor) => api("POST", "/dead-letters/requeue", { ...body, ...(cursor ? { cursor } : {}) }));
 }
 
 // --- routing ---------------------------------------------------------------

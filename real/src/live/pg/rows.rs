@@ -3,7 +3,8 @@
 
 use super::PgError;
 use pelican_model::db::{
-    AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, RunRow, Shape, StepRow,
+    AttemptRow, Candidate, Claimed, ClaimedJob, DbReply, DeadLetter, MinuteLatency, RunRow, Shape,
+    StepRow,
 };
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
@@ -181,6 +182,17 @@ fn claimed_job(r: &PgRow) -> Result<ClaimedJob, PgError> {
     })
 }
 
+/// A minute's succeeded runs and their latency.
+fn minute_latency(r: &PgRow) -> Result<MinuteLatency, PgError> {
+    let get = |name: &'static str| -> Result<u64, PgError> { unsigned(name, r.try_get(name)?) };
+    Ok(MinuteLatency {
+        minute: Timestamp(get("minute")?),
+        runs: get("n")?,
+        p50_ms: get("p50")?,
+        p99_ms: get("p99")?,
+    })
+}
+
 fn all<T>(rows: &[PgRow], f: fn(&PgRow) -> Result<T, PgError>) -> Result<Vec<T>, PgError> {
     rows.iter().map(f).collect()
 }
@@ -239,6 +251,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
                 })
                 .collect::<Result<_, PgError>>()?,
         ),
+        Shape::Latency => DbReply::Latency(all(rows, minute_latency)?),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {
