@@ -298,6 +298,14 @@ pub struct Attempt {
     pub entry_id: String,
     /// How it ended, once it did.
     pub outcome: Option<String>,
+    /// When it was claimed (ms since the epoch, Postgres's clock; null
+    /// for attempts from before schema version 19).
+    #[serde(default)]
+    pub claimed_at_ms: Option<u64>,
+    /// When its outcome was written; null while it runs, or when it was
+    /// fenced off (a later attempt took the run over).
+    #[serde(default)]
+    pub ended_at_ms: Option<u64>,
 }
 
 /// One event of a run: an SSE event's data on `GET /runs/{id}/events`.

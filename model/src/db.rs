@@ -196,10 +196,20 @@ impl RunRow {
     /// [`Db::complete`], the hot path's outcome, writes no attempt row.
     #[must_use]
     pub fn outcome_of(&self, a: &AttemptRow) -> Option<AttemptOutcome> {
-        a.outcome.or_else(|| {
-            (self.status == RunStatus::Succeeded && a.fence == self.active_fence)
-                .then_some(AttemptOutcome::Succeeded)
-        })
+        a.outcome
+            .or_else(|| self.succeeded_by(a).then_some(AttemptOutcome::Succeeded))
+    }
+
+    /// When attempt `a` of this run ended: its own `ended_at`, or the
+    /// run's end if `a` is the attempt that succeeded.
+    #[must_use]
+    pub fn ended_of(&self, a: &AttemptRow) -> Option<Timestamp> {
+        a.ended_at
+            .or_else(|| self.finished_at.filter(|_| self.succeeded_by(a)))
+    }
+
+    fn succeeded_by(&self, a: &AttemptRow) -> bool {
+        self.status == RunStatus::Succeeded && a.fence == self.active_fence
     }
 }
 
@@ -222,6 +232,15 @@ pub struct AttemptRow {
     /// the run had events: schema version 10).
     #[serde(default)]
     pub claimed_seq: Option<u32>,
+    /// When it was claimed, by Postgres's clock (none before schema
+    /// version 19). History for people: no statement decides by it.
+    #[serde(default)]
+    pub claimed_at: Option<Timestamp>,
+    /// When its failure was written (a success's end is the run's
+    /// `finished_at`: [`RunRow::ended_of`]); none while it runs, or if it
+    /// was fenced off without an outcome.
+    #[serde(default)]
+    pub ended_at: Option<Timestamp>,
 }
 
 /// One row of `dead_letters`: what an operator needs to investigate (S6).
@@ -687,6 +706,8 @@ impl Db {
                 dispatch,
                 outcome: None,
                 claimed_seq,
+                claimed_at: Some(self.clock),
+                ended_at: None,
             },
         );
         claimed
@@ -877,8 +898,10 @@ impl Db {
     }
 
     fn set_outcome(&mut self, run: RunId, fence: Fence, outcome: AttemptOutcome) {
+        let now = self.clock;
         if let Some(a) = self.attempt_mut(run, fence) {
             a.outcome = Some(outcome);
+            a.ended_at = Some(now);
         }
     }
 
@@ -1203,11 +1226,12 @@ impl Db {
         self.attempts
             .range((run, AttemptNo(0))..=(run, AttemptNo(u32::MAX)))
             .map(|((_, n), a)| {
-                let outcome = r.outcome_of(a);
+                let (outcome, ended_at) = (r.outcome_of(a), r.ended_of(a));
                 (
                     *n,
                     AttemptRow {
                         outcome,
+                        ended_at,
                         ..a.clone()
                     },
                 )

@@ -2,8 +2,11 @@
 //! WebDriver (chromedriver, fantoccini), against a real API and real
 //! workers on throwaway Redis and Postgres. It clicks through what an
 //! operator does: give the token, submit a run, watch it run, kill its
-//! worker and watch it reclaimed under a new fence, see it succeed; cancel
-//! a run; requeue a dead one. Screenshots go to
+//! worker and watch it reclaimed under a new fence on the timeline (a lane
+//! per worker: the claim, the takeover, the lease), see it succeed; cancel
+//! a run; requeue a dead one; find runs by id and by idempotency key;
+//! requeue every dead run of a kind in bulk after confirming the count;
+//! read the last hour's figures. Screenshots go to
 //! `target/test-artefacts/dashboard/`.
 #![allow(
     clippy::too_many_lines,
@@ -11,6 +14,7 @@
 )]
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use pelican_model::ids::RunId;
 use pelican_tests::{Env, rt};
 use std::future::Future;
 use std::path::PathBuf;
@@ -164,6 +168,23 @@ async fn status_is(c: &Client, want: &str) {
     .await;
 }
 
+/// Submits a no-op under idempotency key `key` through the API, for the
+/// search to find; answers its run.
+fn submit_keyed(base: &str, key: &str) -> u64 {
+    pelican_tests::agent()
+        .post(&format!("{base}/runs"))
+        .header("Authorization", "Bearer tok")
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .send(r#"{"kind":"noop","input":{}}"#)
+        .expect("submitted")
+        .body_mut()
+        .read_json::<serde_json::Value>()
+        .expect("its answer")["run_id"]
+        .as_u64()
+        .expect("a run id")
+}
+
 #[test]
 fn the_dashboard_follows_a_run_through_a_reclaim() {
     let mut env = Env::new();
@@ -219,7 +240,43 @@ fn the_dashboard_follows_a_run_through_a_reclaim() {
             Some("w2")
         );
         shot(&c, "03-reclaimed").await;
+        // The timeline: attempt 1 on w1's lane, ended by the takeover;
+        // attempt 2 on w2's, running, its lease ahead of it.
+        let ended = attr(
+            &c,
+            "#timeline .lane[data-worker='w1'] .bar[data-attempt='1']",
+            "data-end",
+        )
+        .await;
+        assert_eq!(ended.as_deref(), Some("taken-over"));
+        until("the takeover's mark", || async {
+            c.find(Locator::Css(
+                "#timeline .lane[data-worker='w1'] .mark[data-takeover='1']",
+            ))
+            .await
+            .ok()
+        })
+        .await;
+        until("attempt 2 running on w2's lane, with its lease", || async {
+            c.find(Locator::Css(
+                "#timeline .lane[data-worker='w2'] .lease[data-lease='2']",
+            ))
+            .await
+            .ok()
+        })
+        .await;
+        shot(&c, "03b-timeline").await;
         status_is(&c, "succeeded").await;
+        until("attempt 2 ends in success on the timeline", || async {
+            let end = attr(
+                &c,
+                "#timeline .lane[data-worker='w2'] .bar[data-attempt='2']",
+                "data-end",
+            )
+            .await?;
+            (end == "succeeded").then_some(())
+        })
+        .await;
         let events = until("the events, live", || async {
             let rows = c
                 .find_all(Locator::Css("#events tr[data-seq]"))
@@ -268,6 +325,53 @@ fn the_dashboard_follows_a_run_through_a_reclaim() {
         .await;
         status_is(&c, "dead").await;
 
+        // Search: a run by its id, and one by its idempotency key.
+        fill(&c, "#search-q", &cancelled.to_string()).await;
+        click(&c, "#search-go").await;
+        until("the run found by id", || async {
+            (text(&c, "#run-id").await? == cancelled.to_string()).then_some(())
+        })
+        .await;
+        let keyed = submit_keyed(&base, "order-7");
+        env.accepted.insert(RunId(keyed));
+        fill(&c, "#search-q", "order-7").await;
+        click(&c, "#search-go").await;
+        until("the run found by key", || async {
+            (text(&c, "#run-id").await? == keyed.to_string()).then_some(())
+        })
+        .await;
+        shot(&c, "08-found-by-key").await;
+
+        // Bulk: requeue every dead `fail`, after confirming the count.
+        c.goto(&format!("{base}/#/dead-letters"))
+            .await
+            .expect("the dead letters");
+        fill(&c, "#requeue-kind", "fail").await;
+        click(&c, "#requeue-all").await;
+        let count = until("the count to confirm", || async {
+            text(&c, "#bulk-count").await
+        })
+        .await;
+        assert_eq!(count, "1", "one dead run of kind fail");
+        shot(&c, "09-bulk-confirm").await;
+        click(&c, "#bulk-yes").await;
+        let changed = until("the bulk requeue's answer", || async {
+            text(&c, "#bulk-changed").await
+        })
+        .await;
+        assert_eq!(changed, "1");
+        shot(&c, "10-bulk-done").await;
+        c.goto(&format!("{base}/#/runs/{dead}"))
+            .await
+            .expect("the dead run");
+        until("the bulk requeue's attempt", || async {
+            c.find(Locator::Css("#attempts li[data-attempt='5']"))
+                .await
+                .ok()
+        })
+        .await;
+        status_is(&c, "dead").await;
+
         // The queue page lists all three, filtered by status.
         c.goto(&format!("{base}/#/")).await.expect("the queue page");
         until("the runs table", || async {
@@ -281,6 +385,14 @@ fn the_dashboard_follows_a_run_through_a_reclaim() {
             assert_eq!(shown.as_deref(), Some(status), "run {id}");
         }
         shot(&c, "07-runs").await;
+        let finished = until("the last hour's figures", || async {
+            text(&c, "#hour-finished").await?.parse::<u64>().ok()
+        })
+        .await;
+        assert!(
+            finished >= 3,
+            "the hour counts the finished runs: {finished}"
+        );
         c.close().await.expect("the browser closes");
     });
     env.settle();

@@ -446,6 +446,17 @@ pub const SCHEMA_TRACE: &str = r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS trace_parent text;
 "#;
 
+/// Migration 19: when each attempt was claimed and when its outcome was
+/// written (Postgres's clock), for the dashboard's timeline. `claimed_at`
+/// is the column's default, so a claim's statement is unchanged; a
+/// success's end is the run's `finished_at`. Rows from before are NULL.
+/// Added without a default first, so no existing row is rewritten.
+pub const SCHEMA_ATTEMPT_TIMES: &str = r#"
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS claimed_at bigint;
+ALTER TABLE attempts ALTER COLUMN claimed_at SET DEFAULT pelican_now_ms();
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS ended_at bigint;
+"#;
+
 /// The reads of a snapshot of every table (`PgDb::snapshot`, for tests and
 /// operators' checks: the invariants run over it), one per table, in one
 /// transaction opened with [`snapshot::ISOLATION`]. Each reads the columns
@@ -457,7 +468,7 @@ pub mod snapshot {
     pub const RUNS: &str = concat!("SELECT ", run_columns!(), " FROM runs");
     /// `attempts`.
     pub const ATTEMPTS: &str = "SELECT run_id, attempt, fence, worker, entry_id, dispatch, outcome, \
-                                claimed_seq FROM attempts";
+                                claimed_seq, claimed_at, ended_at FROM attempts";
     /// `dead_letters`.
     pub const DEAD_LETTERS: &str =
         "SELECT run_id, source_entry, class, message, attempts, requeued FROM dead_letters";

@@ -883,7 +883,7 @@ statements! {
                        finished_at = pelican_now_ms(), events = events + 1 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events, attempts), \
               logged AS (", event_row!(), "SELECT run_id, events, 'failed', attempts, $2, $3, $4 FROM done) \
-              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
+              UPDATE attempts SET outcome = $3, ended_at = pelican_now_ms() WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
         show: [run, fence],
         model: |db| Rows(db.fail(*run, *fence, *class, message)),
     }
@@ -902,7 +902,7 @@ statements! {
                        events = events + 1 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id, events, attempts), \
               logged AS (", event_row!(), "SELECT run_id, events, 'retry_scheduled', attempts, $2, $3, $4 FROM done) \
-              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
+              UPDATE attempts SET outcome = $3, ended_at = pelican_now_ms() WHERE run_id IN (SELECT run_id FROM done) AND fence = $2"),
         show: [run, fence],
         model: |db| Rows(db.schedule_retry(*run, *fence, *class, message, db.clock.add_ms(*backoff_ms))),
     }
@@ -920,7 +920,7 @@ statements! {
                        events = events + 1 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' \
                 RETURNING run_id, entry_id, events, attempts), \
-              outcome AS (UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2), \
+              outcome AS (UPDATE attempts SET outcome = $3, ended_at = pelican_now_ms() WHERE run_id IN (SELECT run_id FROM done) AND fence = $2), \
               logged AS (", event_row!(), "SELECT run_id, events, 'dead', attempts, $2, $3, $4 FROM done) \
               INSERT INTO dead_letters (run_id, source_entry, class, message, attempts) \
               SELECT d.run_id, d.entry_id, $3, $4, (SELECT coalesce(jsonb_agg(jsonb_build_array(a.attempt, a.fence, \
@@ -1162,8 +1162,8 @@ statements! {
         model: |db| DbReply::NewRuns((0..*count).map(|_| db.next_run_id()).collect()),
     }
 
-    /// The run's attempts in order, each with how it ended
-    /// ([`RunRow::outcome_of`]).
+    /// The run's attempts in order, each with how and when it ended
+    /// ([`RunRow::outcome_of`], [`RunRow::ended_of`]).
     ReadAttempts { run: RunId } => {
         name: "read_attempts",
         access: Read,
@@ -1171,7 +1171,9 @@ statements! {
         reply: Attempts,
         sql: "SELECT a.attempt, a.fence, a.worker, a.entry_id, a.dispatch, \
                      coalesce(a.outcome, CASE WHEN r.status = 'succeeded' AND a.fence = r.active_fence \
-                                              THEN 'succeeded' END) AS outcome, a.claimed_seq \
+                                              THEN 'succeeded' END) AS outcome, a.claimed_seq, a.claimed_at, \
+                     coalesce(a.ended_at, CASE WHEN r.status = 'succeeded' AND a.fence = r.active_fence \
+                                               THEN r.finished_at END) AS ended_at \
                 FROM attempts a JOIN runs r ON r.run_id = a.run_id \
                WHERE a.run_id = $1 ORDER BY a.attempt",
         show: [run],
@@ -1538,7 +1540,7 @@ statements! {
         sql: "WITH done AS ( \
                 UPDATE runs SET error_class = $3, error_message = $4 \
                  WHERE run_id = $1 AND active_fence = $2 AND status = 'running' RETURNING run_id) \
-              UPDATE attempts SET outcome = $3 WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
+              UPDATE attempts SET outcome = $3, ended_at = pelican_now_ms() WHERE run_id IN (SELECT run_id FROM done) AND fence = $2",
         show: [run, fence],
         model: |db| Rows(db.record_failure_only(*run, *fence, *class, message)),
     }

@@ -352,6 +352,8 @@ fn hash_db_unlabeled(db: &Db, h: &mut FpHasher) {
             dispatch,
             outcome,
             claimed_seq,
+            claimed_at: _, // unread history, as the worker
+            ended_at: _,
         } = a;
         (key, fence, entry_id, dispatch, outcome, claimed_seq).hash(h);
     }

@@ -35,6 +35,8 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
                 worker: a.worker.clone(),
                 entry_id: a.entry_id.to_string(),
                 outcome: a.outcome.map(|o| o.as_str().to_owned()),
+                claimed_at_ms: a.claimed_at.map(|t| t.0),
+                ended_at_ms: a.ended_at.map(|t| t.0),
             })
             .collect(),
         steps: steps

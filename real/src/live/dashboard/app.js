@@ -118,7 +118,7 @@ function overview(gen) {
     <p id="error" class="error"></p>
     <h2>Queue</h2><div class="cards" id="queue"></div>
     <h2>Last hour <span class="legend"><span><i style="background:#9dbfe6"></i>finished per minute</span><span><i style="background:var(--ok)"></i>p50 latency</span><span><i style="background:var(--bad)"></i>p99 latency</span></span></h2>
-    <svg class="chart" id="hour" viewBox="0 0 720 180" preserveAspectRatio="none"></svg>
+    <svg class="chart" id="hour" viewBox="0 0 1200 200"></svg>
     <p class="muted" id="hour-summary"></p>
     <h2>Consumers</h2><div id="consumers"></div>
     <h2>Submit a run</h2>
@@ -216,15 +216,18 @@ async function hour() {
   const s = await api("GET", "/stats?minutes=60");
   const svg = document.getElementById("hour");
   if (!svg) return;
-  const n = s.minutes.length, w = 720 / n, h = 160;
+  const n = s.minutes.length, w = 1200 / n, h = 160;
   const totals = s.minutes.map((m) => Object.values(m.finished).reduce((a, b) => a + b, 0));
   const top = Math.max(1, ...totals);
   const slow = Math.max(1, ...s.minutes.map((m) => m.p99_ms ?? 0));
   const y = (v, max) => (h - (h * v) / max + 10).toFixed(1);
-  const line = (key) => s.minutes.map((m, i) => (m[key] == null ? null : `${(i * w + w / 2).toFixed(1)},${y(m[key], slow)}`)).filter(Boolean).join(" ");
+  const points = (key) => s.minutes.map((m, i) => (m[key] == null ? null : [(i * w + w / 2).toFixed(1), y(m[key], slow)])).filter(Boolean);
+  const line = (key) => `<polyline class="${key}" points="${points(key).map((p) => p.join(",")).join(" ")}"/>`
+    + points(key).map(([px, py]) => `<circle class="${key}" cx="${px}" cy="${py}" r="3"/>`).join("");
   svg.innerHTML = s.minutes.map((m, i) => `<rect class="bar" data-minute="${m.minute_ms}" x="${(i * w + 1).toFixed(1)}" y="${y(totals[i], top)}" width="${(w - 2).toFixed(1)}" height="${((h * totals[i]) / top).toFixed(1)}"><title>${when(m.minute_ms)}: ${totals[i]} finished, p50 ${m.p50_ms ?? "–"} ms, p99 ${m.p99_ms ?? "–"} ms</title></rect>`).join("")
-    + `<polyline class="p50" points="${line("p50_ms")}"/><polyline class="p99" points="${line("p99_ms")}"/>`
-    + `<text x="4" y="12">${top}/min</text><text x="640" y="12">p99 max ${slow} ms</text>`;
+    + line("p50_ms") + line("p99_ms")
+    + `<text x="4" y="12">${top} runs/min</text><text x="1196" y="12" text-anchor="end">${slow} ms</text>`
+    + `<text x="4" y="196">${when(s.minutes[0].minute_ms)}</text><text x="1196" y="196" text-anchor="end">${when(s.minutes[n - 1].minute_ms)}</text>`;
   const sum = totals.reduce((a, b) => a + b, 0);
   const last = [...s.minutes].reverse().find((m) => m.p99_ms != null);
   document.getElementById("hour-summary").innerHTML = `<span id="hour-finished">${sum}</span> runs finished in the last hour` + (last ? `; latest minute with successes: p50 <span id="hour-p50">${last.p50_ms}</span> ms, p99 <span id="hour-p99">${last.p99_ms}</span> ms` : "");
@@ -273,6 +276,7 @@ function runPage(gen, id) {
     <p id="error" class="error"></p>
     <h2>Run <span id="run-id">${esc(id)}</span> <span id="run-status"></span></h2>
     <div id="run-actions" class="inline"></div>
+    <h2>Timeline <span class="muted">(one lane per worker; Postgres's clock)</span></h2><div id="timeline"></div>
     <div class="grid2">
       <div><h2>Attempts</h2><ul class="timeline" id="attempts"></ul></div>
       <div><h2>Events <span class="muted" id="events-state"></span></h2><table id="events"><tr><th>#</th><th>event</th><th>attempt</th><th>fence</th><th>detail</th></tr></table></div>
@@ -297,6 +301,7 @@ async function run(gen, id) {
         · entry ${esc(a.entry_id)} · <span class="outcome">${a.outcome ? pill(a.outcome) : a.attempt === active ? pill("running") : pill("no outcome: fenced off")}</span>
         ${a.attempt === active && r.lease_until_ms ? ` · lease until ${when(r.lease_until_ms)}` : ""}</li>`).join("")
     : `<li class="ended">no attempt yet (${esc(r.status)})</li>`;
+  document.getElementById("timeline").innerHTML = timeline(r);
   document.getElementById("steps").innerHTML = r.steps.length
     ? `<table><tr><th>step</th><th>name</th><th>fence</th><th>output</th></tr>${r.steps.map((s) => `<tr><td>${s.step}</td><td>${esc(s.name)}</td><td>${s.fence}</td><td><code>${esc(JSON.stringify(s.output))}</code></td></tr>`).join("")}</table>`
     : `<p class="muted">No recorded steps.</p>`;
@@ -309,6 +314,39 @@ async function run(gen, id) {
   el.innerHTML = actions.join(" ");
   document.getElementById("cancel")?.addEventListener("click", () => act("POST", `/runs/${id}/cancel`, undefined, gen, id));
   document.getElementById("requeue")?.addEventListener("click", () => act("POST", `/dead-letters/${id}/requeue`, { extra_attempts: 1 }, gen, id));
+}
+
+// The run's attempts on a time axis, a lane per worker: each attempt from
+// its claim to its outcome; one with no outcome that a later attempt took
+// over ends at the takeover, marked (its worker was killed or stalled and
+// its lease ran out); the running one's lease shows ahead of it.
+function timeline(r) {
+  const timed = r.attempts.filter((a) => a.claimed_at_ms != null);
+  if (!timed.length) return `<p class="muted">No timed attempt yet.</p>`;
+  const now = Date.now();
+  const spans = timed.map((a, i) => {
+    const next = timed[i + 1];
+    let end = a.ended_at_ms, how = a.outcome || "no outcome";
+    if (end == null && next) { end = next.claimed_at_ms; how = "taken-over"; }
+    else if (end == null && r.status === "running") { end = Math.max(now, a.claimed_at_ms); how = "running"; }
+    else if (end == null) end = a.claimed_at_ms;
+    return { a, end, how, next };
+  });
+  const t0 = timed[0].claimed_at_ms;
+  const t1 = Math.max(t0 + 1, ...spans.map((s) => s.end), r.status === "running" && r.lease_until_ms ? r.lease_until_ms : 0);
+  const x = (t) => (100 * (t - t0)) / (t1 - t0);
+  const workers = [...new Set(timed.map((a) => a.worker))];
+  const lane = (w) => spans.filter((s) => s.a.worker === w).map(({ a, end, how, next }) => {
+    const left = x(a.claimed_at_ms), width = Math.max(0.6, x(end) - left);
+    const cls = { succeeded: "s-succeeded", running: "s-running", "taken-over": "s-dead" }[how] || "s-failed";
+    let out = `<div class="bar ${esc(cls)}" data-attempt="${a.attempt}" data-end="${esc(how)}" style="left:${left.toFixed(2)}%;width:${width.toFixed(2)}%"
+      title="attempt ${a.attempt}, fence ${a.fence}: ${when(a.claimed_at_ms)} to ${when(end)} (${esc(how)})">#${a.attempt} · fence ${a.fence}</div>`;
+    if (how === "taken-over") out += `<div class="mark" data-takeover="${a.attempt}" style="left:${x(end).toFixed(2)}%" title="lease ran out: taken over by ${esc(next.worker)} under fence ${next.fence} at ${when(end)}">✕ taken over by ${esc(next.worker)}</div>`;
+    if (how === "running" && r.lease_until_ms) out += `<div class="lease" data-lease="${a.attempt}" style="left:${x(end).toFixed(2)}%;width:${Math.max(0.6, x(r.lease_until_ms) - x(end)).toFixed(2)}%" title="lease until ${when(r.lease_until_ms)}">lease</div>`;
+    return out;
+  }).join("");
+  return `<div class="lanes">${workers.map((w) => `<div class="lane" data-worker="${esc(w)}"><span class="who">${esc(w)}</span><div class="track">${lane(w)}</div></div>`).join("")}
+    <div class="axis"><span>${when(t0)}</span><span>${when((t0 + t1) / 2)}</span><span>${when(t1)}</span></div></div>`;
 }
 
 async function act(method, path, body, gen, id) {

@@ -112,6 +112,8 @@ pub(super) fn attempt_row(r: &PgRow) -> Result<(AttemptNo, AttemptRow), PgError>
             dispatch: Dispatch(unsigned32("dispatch", r.try_get("dispatch")?)?),
             outcome: outcome(r.try_get("outcome")?)?,
             claimed_seq: seq("claimed_seq", r.try_get("claimed_seq")?)?,
+            claimed_at: time("claimed_at", r.try_get("claimed_at")?)?,
+            ended_at: time("ended_at", r.try_get("ended_at")?)?,
         },
     ))
 }
