@@ -47,6 +47,7 @@ use reqwest::{Method, RequestBuilder, StatusCode, Url};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+mod operator;
 mod watch;
 pub mod wire;
 

@@ -134,6 +134,18 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
     let v = api.ok("POST", "/runs/cancel", Some(&json!({"kind": "sleep"})));
     assert_eq!(v, json!({"changed": 0, "skipped": 0, "next_cursor": null}));
 
+    // The same from Rust, through pelican-client.
+    let client = pelican_client::Client::new(&api.base)
+        .expect("a client")
+        .with_token("tok");
+    let found = crate::rt().block_on(client.run_of_key("order-42"));
+    let found = found.expect("found");
+    assert_eq!(found.map(|r| r.run_id), Some(RunId(keyed)));
+    let count = crate::rt().block_on(client.count(Some("fail"), Some(RunStatus::Dead)));
+    assert_eq!(count.expect("counted").total, 3);
+    let none = crate::rt().block_on(client.cancel_matching(RunStatus::Queued, Some("sleep")));
+    assert_eq!(none.expect("none left").changed, 0);
+
     // Requeue every dead fail: each once, with one more attempt.
     let v = api.ok(
         "POST",
@@ -141,6 +153,8 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
         Some(&json!({"kind": "fail", "extra_attempts": 1})),
     );
     assert_eq!(v["changed"], json!(3), "{v}");
+    let again = crate::rt().block_on(client.requeue_dead_of_kind("fail", 1));
+    assert_eq!(again.expect("none dead now").changed, 0);
     assert_eq!(
         api.ok("GET", "/runs/count?status=queued&kind=fail", None)["total"],
         json!(3)
