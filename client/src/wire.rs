@@ -11,6 +11,10 @@ use std::collections::BTreeMap;
 #[cfg(feature = "openapi")]
 use utoipa::ToSchema;
 
+mod operate;
+
+pub use operate::{BulkCancel, BulkDone, BulkRequeue, RunCount, Stats, StatsMinute};
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -422,25 +426,35 @@ pub struct Requeue {
     pub extra_attempts: u32,
 }
 
-fn one() -> u32 {
+pub(crate) fn one() -> u32 {
     1
 }
 
 /// A `u32` from any JSON number with no fraction (`3` or `3.0`: JSON
 /// Schema's integers).
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     use serde::de::Error;
     let n = serde_json::Number::deserialize(d)?;
-    n.as_u64()
-        .or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
-                .map(|f| f as u64)
-        })
+    whole(&n)
         .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| {
             D::Error::custom(format!("{n} is not a whole number from 0 to {}", u32::MAX))
         })
+}
+
+/// `n` if it has no fraction and is from 0 to `i64::MAX` (JSON Schema's
+/// largest integer, `int64`).
+pub(crate) fn whole(n: &serde_json::Number) -> Option<u64> {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a double with no fraction, checked to be in range"
+    )]
+    let from_double =
+        |f: f64| (f.fract() == 0.0 && (0.0..=9.2e18).contains(&f)).then_some(f as u64);
+    n.as_u64()
+        .or_else(|| n.as_f64().and_then(from_double))
+        .filter(|v| i64::try_from(*v).is_ok())
 }
 
 /// A run's new status after a cancel or a requeue.
@@ -456,102 +470,6 @@ pub struct Changed {
     /// A requeue's extra attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_attempts: Option<u32>,
-}
-
-/// How many runs pass a filter (`GET /runs/count`): what a bulk action
-/// would take, to confirm before it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-pub struct RunCount {
-    /// By status (statuses with none left out).
-    pub by_status: BTreeMap<String, u64>,
-    /// In all.
-    pub total: u64,
-}
-
-/// `POST /runs/cancel`'s body: which runs to cancel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-#[serde(deny_unknown_fields)]
-pub struct BulkCancel {
-    /// Runs of this live status: `queued` (the default), `retry_wait` or
-    /// `running`.
-    #[serde(default)]
-    pub status: Option<String>,
-    /// Runs of this kind only (default: any).
-    #[serde(default)]
-    pub kind: Option<String>,
-    /// At most this many runs (1–100,000, default 10,000).
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// The `next_cursor` of the request before: go on after its runs.
-    #[serde(default)]
-    pub cursor: Option<String>,
-}
-
-/// `POST /dead-letters/requeue`'s body: which dead runs to run again.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-#[serde(deny_unknown_fields)]
-pub struct BulkRequeue {
-    /// Dead runs of this kind.
-    pub kind: String,
-    /// Only runs that died at or after this instant (ms since the epoch).
-    #[serde(default)]
-    pub ended_from_ms: Option<u64>,
-    /// Only runs that died before this instant.
-    #[serde(default)]
-    pub ended_to_ms: Option<u64>,
-    /// More attempts for each (1–100, default 1).
-    #[serde(default = "one", deserialize_with = "whole_number")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
-    pub extra_attempts: u32,
-    /// At most this many runs (1–100,000, default 10,000).
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// The `next_cursor` of the request before: go on after its runs.
-    #[serde(default)]
-    pub cursor: Option<String>,
-}
-
-/// What a bulk action did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-pub struct BulkDone {
-    /// Runs it changed.
-    pub changed: u64,
-    /// Runs it found that had moved on before their turn (ended, or
-    /// requeued by someone else): left as they are.
-    pub skipped: u64,
-    /// Set when it stopped at its limit with more runs matching: send it
-    /// again with this `cursor` for the rest (runs by id, so a run that
-    /// matches again later, as a requeued run that dies again, is not
-    /// taken twice).
-    pub next_cursor: Option<String>,
-}
-
-/// Throughput and latency by minute (`GET /stats`), oldest first, the
-/// current minute last.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-pub struct Stats {
-    /// One per minute, minutes with no run included.
-    pub minutes: Vec<StatsMinute>,
-}
-
-/// One minute of [`Stats`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
-pub struct StatsMinute {
-    /// The minute's first millisecond (since the epoch, Postgres's clock).
-    pub minute_ms: u64,
-    /// How many finished, by status.
-    pub finished: BTreeMap<String, u64>,
-    /// The median time from publication to success of the runs that
-    /// succeeded in it, in ms (null: none did).
-    pub p50_ms: Option<u64>,
-    /// Its 99th percentile.
-    pub p99_ms: Option<u64>,
 }
 
 /// The queue's health (`GET /queue`).

@@ -102,12 +102,17 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
     // Search: by key, alone; a key no run has finds nothing.
     assert_eq!(api.ids("/runs?key=order-42"), [keyed]);
     assert!(api.ids("/runs?key=order-43").is_empty());
+    // A key's run passes the other filters, or the page is empty.
+    assert_eq!(api.ids("/runs?key=order-42&kind=noop"), [keyed]);
+    assert!(api.ids("/runs?key=order-42&kind=fail").is_empty());
     // Ended within a range: the keyed run and the dead ones ended in it.
     let range = format!("ended_from_ms={before}&ended_to_ms={after}");
     let mut ended: Vec<u64> = dead.iter().map(|r| r.0).chain([keyed]).collect();
     ended.sort_unstable();
     assert_eq!(api.ids(&format!("/runs?{range}")), ended);
     assert!(api.ids(&format!("/runs?ended_from_ms={after}")).is_empty());
+    let empty = format!("/runs?ended_from_ms={after}&ended_to_ms={before}");
+    assert!(api.ids(&empty).is_empty(), "an empty range matches nothing");
     assert_eq!(
         api.ids(&format!("/runs?status=dead&kind=fail&{range}"))
             .len(),
@@ -121,7 +126,7 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
     // Cancel the queued sleeps, two a request, after each answer's cursor.
     let (mut cancelled, mut cursor, mut requests) = (0, Value::Null, 0);
     loop {
-        let body = json!({"kind": "sleep", "limit": 2, "cursor": cursor});
+        let body = json!({"status": "queued", "kind": "sleep", "limit": 2, "cursor": cursor});
         let v = api.ok("POST", "/runs/cancel", Some(&body));
         cancelled += v["changed"].as_u64().unwrap();
         requests += 1;
@@ -131,7 +136,11 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
         }
     }
     assert_eq!((cancelled, requests), (5, 3), "5 runs, 2 a request");
-    let v = api.ok("POST", "/runs/cancel", Some(&json!({"kind": "sleep"})));
+    let v = api.ok(
+        "POST",
+        "/runs/cancel",
+        Some(&json!({"status": "queued", "kind": "sleep"})),
+    );
     assert_eq!(v, json!({"changed": 0, "skipped": 0, "next_cursor": null}));
 
     // The same from Rust, through pelican-client.
@@ -181,16 +190,15 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
     );
 
     for (method, path, token, body, want) in [
-        ("GET", "/runs?key=order-42&kind=noop", "tok", None, 400),
         ("GET", "/runs?key=has%20space", "tok", None, 400),
+        ("GET", "/runs/count?status=nope", "tok", None, 400),
         (
             "GET",
-            &format!("/runs?ended_from_ms={after}&ended_to_ms={before}") as &str,
+            "/runs/count?ended_to_ms=9223372036854775808",
             "tok",
             None,
             400,
         ),
-        ("GET", "/runs/count?status=nope", "tok", None, 400),
         ("GET", "/stats?minutes=61", "tok", None, 400),
         ("POST", "/runs/cancel", "reader", Some(json!({})), 403),
         (
@@ -204,8 +212,23 @@ pub fn the_incident_routes_find_count_and_act_in_bulk(mutant: Option<&str>) {
             "POST",
             "/runs/cancel",
             "tok",
-            Some(json!({"limit": 0})),
+            Some(json!({"status": "queued", "limit": 0})),
             400,
+        ),
+        ("POST", "/runs/cancel", "tok", Some(json!({})), 422),
+        (
+            "POST",
+            "/runs/cancel",
+            "tok",
+            Some(json!([null, null])),
+            422,
+        ),
+        (
+            "POST",
+            "/runs/cancel",
+            "tok",
+            Some(json!({"status": "queued", "limit": 2.5})),
+            422,
         ),
         (
             "POST",

@@ -268,7 +268,7 @@ pub fn the_openapi_document_is_the_served_routes(mutant: Option<&str>) {
             operations += 1;
         }
     }
-    assert_eq!(operations, 14, "{served}");
+    assert_eq!(operations, 18, "{served}");
     let mut resp = agent
         .get(&format!("{base}/no/such/route"))
         .call()

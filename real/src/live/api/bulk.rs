@@ -17,10 +17,21 @@ const BATCH: usize = 500;
 const LIMIT_DEFAULT: usize = 10_000;
 const LIMIT_MAX: usize = 100_000;
 
-/// A bulk body, or a 422 that says what is wrong with it.
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|b| b.0)
-        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.body_text()))
+/// A bulk body: a JSON object of `T`'s fields, or the 4xx that says what
+/// is wrong with it (415 not JSON, 400 bad JSON, 422 not `T`; an array
+/// is not an object, though serde would read a struct from one).
+fn body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<T, ApiError> {
+    let value = body.map_err(|e| ApiError(e.status(), e.body_text()))?.0;
+    if !value.is_object() {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the body must be a JSON object".to_owned(),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))
 }
 
 /// Applies `act` to up to `limit` runs that pass `filter`, by run id, a
@@ -81,15 +92,19 @@ where
 #[utoipa::path(post, path = "/runs/cancel", tag = "runs", request_body = wire::BulkCancel,
     responses((status = 200, body = wire::BulkDone), (status = 400, body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
-        (status = 422, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+        (status = 415, body = wire::ErrorBody), (status = 422, body = wire::ErrorBody),
+        (status = 503, body = wire::ErrorBody)),
     security(("bearer" = [])))]
 pub(super) async fn cancel_runs(
     _: Writer,
     State(state): State<Arc<ApiState>>,
-    asked: Result<Json<wire::BulkCancel>, JsonRejection>,
+    asked: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<wire::BulkDone>, ApiError> {
-    let asked = body(asked)?;
-    let status = asked.status.unwrap_or_else(|| "queued".to_owned());
+    let asked: wire::BulkCancel = body(asked)?;
+    if asked.kind.as_deref() == Some("") {
+        return Err(bad("kind, when given, names the runs' kind"));
+    }
+    let status = asked.status;
     let live = [RunStatus::Queued, RunStatus::RetryWait, RunStatus::Running];
     if !live.iter().any(|s| s.as_str() == status) {
         return Err(bad(format!(
@@ -118,14 +133,18 @@ pub(super) async fn cancel_runs(
 #[utoipa::path(post, path = "/dead-letters/requeue", tag = "dead letters", request_body = wire::BulkRequeue,
     responses((status = 200, body = wire::BulkDone), (status = 400, body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
-        (status = 422, body = wire::ErrorBody), (status = 503, body = wire::ErrorBody)),
+        (status = 415, body = wire::ErrorBody), (status = 422, body = wire::ErrorBody),
+        (status = 503, body = wire::ErrorBody)),
     security(("bearer" = [])))]
 pub(super) async fn requeue_dead_letters(
     _: Writer,
     State(state): State<Arc<ApiState>>,
-    asked: Result<Json<wire::BulkRequeue>, JsonRejection>,
+    asked: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<wire::BulkDone>, ApiError> {
-    let asked = body(asked)?;
+    let asked: wire::BulkRequeue = body(asked)?;
+    if asked.kind.is_empty() {
+        return Err(bad("kind must name the dead runs' kind"));
+    }
     let extra = asked.extra_attempts;
     if extra == 0 || extra > 100 {
         return Err(bad(format!("extra_attempts must be 1 to 100, got {extra}")));

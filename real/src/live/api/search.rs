@@ -20,8 +20,9 @@ pub(super) struct Page {
     ended_from_ms: Option<u64>,
     /// Only runs that ended before this instant.
     ended_to_ms: Option<u64>,
-    /// The run this idempotency key names: a page of it alone (no other
-    /// filter goes with it).
+    /// The run this idempotency key names: a page of it alone, if it
+    /// passes the other filters.
+    #[param(pattern = r"^[!-~]{1,255}$")]
     key: Option<String>,
     /// The `next_cursor` of the page before.
     #[param(pattern = r"^((run-)?[0-9]{1,19})?$")]
@@ -78,9 +79,10 @@ impl Filter {
             validate_kind(&kind).map_err(bad)?;
         }
         let (from, to) = (ended_from_ms.unwrap_or(0), ended_to_ms.unwrap_or(0));
-        if from != 0 && to != 0 && from >= to {
+        if i64::try_from(from.max(to)).is_err() {
             return Err(bad(format!(
-                "ended_from_ms ({from}) must be before ended_to_ms ({to})"
+                "ended_from_ms and ended_to_ms are at most {}",
+                i64::MAX
             )));
         }
         Ok(Filter {
@@ -89,6 +91,17 @@ impl Filter {
             ended_from_ms: from,
             ended_to_ms: to,
         })
+    }
+
+    /// Whether run `r` passes ([`pelican_model::db::RunFilter::matches`]).
+    pub(super) fn matches(&self, r: &pelican_model::db::RunRow) -> bool {
+        pelican_model::db::RunFilter {
+            status: &self.status,
+            kind: &self.kind,
+            ended_from_ms: self.ended_from_ms,
+            ended_to_ms: self.ended_to_ms,
+        }
+        .matches(r)
     }
 
     /// A page of up to `limit` runs that pass, after `after`.
@@ -131,19 +144,14 @@ pub(super) async fn list_runs(
 ) -> Result<Json<wire::RunPage>, ApiError> {
     let q = page(query)?;
     let db = state.io.db.inner();
+    let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
+    let filter = Filter::new(q.status, q.kind, q.ended_from_ms, q.ended_to_ms)?;
     if let Some(key) = q.key {
-        let alone = q.status.is_none()
-            && q.kind.is_none()
-            && q.ended_from_ms.is_none()
-            && q.ended_to_ms.is_none()
-            && q.cursor.is_none();
-        if !alone {
-            return Err(bad("key names one run: give it without another filter"));
-        }
         validate_key(&key).map_err(bad)?;
         let mut runs = Vec::new();
         for run in db.query(query::RunOfKey { key }).await.map_err(postgres)? {
-            if let Some(row) = db.query(query::ReadRun { run }).await.map_err(postgres)? {
+            let row = db.query(query::ReadRun { run }).await.map_err(postgres)?;
+            if let Some(row) = row.filter(|r| r.run_id > after && filter.matches(r)) {
                 runs.push(summary(row.summary()));
             }
         }
@@ -152,8 +160,6 @@ pub(super) async fn list_runs(
             next_cursor: None,
         }));
     }
-    let (after, limit) = bounds(q.cursor.as_deref(), q.limit)?;
-    let filter = Filter::new(q.status, q.kind, q.ended_from_ms, q.ended_to_ms)?;
     let rows = db
         .query(filter.page(after, limit))
         .await
