@@ -105,8 +105,7 @@ pub(super) async fn cancel_runs(
         return Err(bad("kind, when given, names the runs' kind"));
     }
     let status = asked.status;
-    let live = [RunStatus::Queued, RunStatus::RetryWait, RunStatus::Running];
-    if !live.iter().any(|s| s.as_str() == status) {
+    if RunStatus::parse(&status).is_none_or(RunStatus::is_terminal) {
         return Err(bad(format!(
             "status must be queued, retry_wait or running, got {status:?}"
         )));
