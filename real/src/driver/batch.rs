@@ -16,17 +16,21 @@
 //!   and [`DbOp::MarkPublished`] as two more ([`DbClient::call_batch`]);
 //!   the Postgres binding sends each as one statement (its batched form).
 //! - [`Batching::stream`] wraps a [`StreamClient`]: [`StreamOp::Ack`]s go
-//!   out as one pipeline of `XACK`s, one round trip for the lot, and
-//!   [`StreamOp::Publish`]es as one of `XADD`s
+//!   out as one `XACK` of all their IDs per partition, and
+//!   [`StreamOp::Publish`]es as one pipeline of `XADD`s
 //!   ([`StreamClient::call_batch`]).
 //!
 //! Why this keeps S1–S10: a batch is what
 //! [`pelican_model::Db::execute_batch`] defines, independent commands as if
 //! sent concurrently; fused into one statement on distinct runs, they run
 //! back to back with nothing in between — one of the interleavings the
-//! model checker explores for the same commands sent concurrently. A pipeline of `XACK`s is even less: each is its own command,
-//! and other clients' commands may run between them, exactly as if each
-//! delivery had sent its own. Each role has at most one command outstanding,
+//! model checker explores for the same commands sent concurrently. One
+//! `XACK` of many IDs is the same: Redis removes them one after another
+//! with nothing in between, as if each delivery's `XACK` had arrived back
+//! to back. Its answer counts the lot, so a delivery learns only that its
+//! ID is no longer pending (the protocol reads no more of it; see
+//! [`fused_acks`]). A pipeline of `XADD`s is even less: each is its own
+//! command, and other clients' commands may run between them. Each role has at most one command outstanding,
 //! so no role's own order changes. A batch that fails or whose answer is
 //! lost fails every command in it, each as a lost request or a lost reply
 //! (a pipeline cut short applied a prefix of its acks: lost replies), which
@@ -37,7 +41,7 @@
 
 use super::{DbClient, StreamClient, StreamResult};
 use pelican_model::ids::RunId;
-use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
+use pelican_model::protocol::{DbOp, DbReply, StreamOp, StreamReply, Unavailable};
 use pelican_model::world::Issuer;
 use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
@@ -258,11 +262,55 @@ impl<S: StreamClient> Sink<StreamOp, StreamResult> for Stream<S> {
     fn one(&self, op: StreamOp) -> impl Future<Output = Result<StreamResult, Unavailable>> {
         self.0.call(op)
     }
-    fn many(
-        &self,
-        ops: Vec<StreamOp>,
-    ) -> impl Future<Output = Result<Vec<StreamResult>, Unavailable>> {
-        self.0.call_batch(ops)
+    async fn many(&self, ops: Vec<StreamOp>) -> Result<Vec<StreamResult>, Unavailable> {
+        match fused_acks(&ops) {
+            Some((fused, of)) => {
+                let count = fused.len();
+                let replies = self.0.call_batch(fused).await?;
+                if replies.len() != count {
+                    return Err(Unavailable);
+                }
+                Ok(of.iter().map(|&g| each_ack(&replies[g])).collect())
+            }
+            None => self.0.call_batch(ops).await,
+        }
+    }
+}
+
+/// A batch of acknowledgements as one `XACK` per partition: the fused
+/// commands, and for each acknowledgement the index of the one that carries
+/// its IDs. `None` unless every command is an acknowledgement.
+fn fused_acks(ops: &[StreamOp]) -> Option<(Vec<StreamOp>, Vec<usize>)> {
+    let mut fused: Vec<StreamOp> = Vec::new();
+    let mut of = Vec::with_capacity(ops.len());
+    for op in ops {
+        let StreamOp::Ack { ids } = op else {
+            return None;
+        };
+        let partition = StreamOp::ack_partition(ids);
+        let at = fused.iter().position(
+            |f| matches!(f, StreamOp::Ack { ids } if StreamOp::ack_partition(ids) == partition),
+        );
+        let at = at.unwrap_or_else(|| {
+            fused.push(StreamOp::Ack { ids: Vec::new() });
+            fused.len() - 1
+        });
+        if let StreamOp::Ack { ids: all } = &mut fused[at] {
+            all.extend_from_slice(ids);
+        }
+        of.push(at);
+    }
+    Some((fused, of))
+}
+
+/// One acknowledgement's answer from its fused `XACK`'s: an error as the
+/// fused command's. A count of the lot does not say whose IDs were still
+/// pending, so each is told one when any was and none otherwise: the
+/// protocol reads only that the `XACK` was answered.
+fn each_ack(reply: &StreamResult) -> StreamResult {
+    match reply {
+        Ok(StreamReply::Acked(n)) => Ok(StreamReply::Acked(u64::from(*n > 0))),
+        other => other.clone(),
     }
 }
 
@@ -322,7 +370,7 @@ async fn batcher<O, R, K: Sink<O, R>>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Db, Sink, Stream};
+    use super::{Db, Sink, Stream, each_ack, fused_acks};
     use pelican_model::ids::{Dispatch, EntryId, RunId, WorkerId};
     use pelican_model::protocol::{DbOp, DbReply, StreamOp, Unavailable};
     use pelican_model::world::Issuer;
@@ -367,5 +415,31 @@ mod tests {
             None,
             "acks of one entry may share a pipeline"
         );
+    }
+
+    #[test]
+    fn acknowledgements_fuse_into_one_xack_per_partition() {
+        let ack = |partition, seq| StreamOp::Ack {
+            ids: vec![EntryId {
+                partition,
+                ..EntryId::new(1, seq)
+            }],
+        };
+        let ops = [ack(0, 1), ack(2, 1), ack(0, 2), ack(0, 1)];
+        let (fused, of) = fused_acks(&ops).expect("acks only");
+        assert_eq!(of, [0, 1, 0, 0]);
+        let ids = |op: &StreamOp| match op {
+            StreamOp::Ack { ids } => ids.iter().map(|i| (i.partition, i.seq)).collect::<Vec<_>>(),
+            _ => unreachable!(),
+        };
+        assert_eq!(ids(&fused[0]), [(0, 1), (0, 2), (0, 1)]);
+        assert_eq!(ids(&fused[1]), [(2, 1)]);
+        let publish = StreamOp::Locate {
+            id: EntryId::new(1, 0),
+        };
+        assert!(fused_acks(&[ack(0, 1), publish]).is_none(), "acks only");
+        use pelican_model::protocol::StreamReply::Acked;
+        assert_eq!(each_ack(&Ok(Acked(3))), Ok(Acked(1)));
+        assert_eq!(each_ack(&Ok(Acked(0))), Ok(Acked(0)));
     }
 }
