@@ -625,13 +625,6 @@ impl StreamClient for RedisStream {
 mod tests {
     use super::*;
 
-    fn f(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
     fn a_pending_row_names_its_entry() {
         let row = Value::Array(vec![
@@ -643,32 +636,5 @@ mod tests {
         assert_eq!(first_pending_id(&row), Some(EntryId::new(17, 2)));
         assert_eq!(first_pending_id(&Value::Array(vec![])), None);
         assert_eq!(first_pending_id(&Value::BulkString(b"17-2".to_vec())), None);
-    }
-
-    #[test]
-    fn job_entries_round_trip() {
-        let job = JobEntry::Job {
-            run: RunId(42),
-            dispatch: Dispatch(3),
-        };
-        let fields: Vec<(String, String)> = encode_job(&job)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-        assert_eq!(decode_job(&fields), job);
-    }
-
-    #[test]
-    fn malformed_entries_say_why() {
-        let reason = |pairs: &[(&str, &str)]| match decode_job(&f(pairs)) {
-            JobEntry::Malformed { reason } => reason,
-            other => panic!("decoded {other:?}"),
-        };
-        assert_eq!(reason(&[("dispatch", "1")]), "missing field run_id");
-        assert_eq!(reason(&[("run_id", "7")]), "missing field dispatch");
-        assert!(reason(&[("run_id", "x"), ("dispatch", "1")]).contains("not a number"));
-        assert!(reason(&[("run_id", "7"), ("dispatch", "0")]).contains("positive"));
-        assert!(reason(&[("run_id", "7"), ("dispatch", "1"), ("x", "y")]).contains("unexpected"));
-        assert!(reason(&[]).contains("missing"));
     }
 }

@@ -153,18 +153,56 @@ pub(super) fn decode_entry(v: &Value) -> (EntryId, JobEntry) {
             },
         );
     };
-    let id = parts
-        .first()
-        .and_then(text)
-        .and_then(|s| s.parse::<EntryId>().ok())
-        .unwrap_or(EntryId::ZERO);
-    let job = match parts.get(1).and_then(fields) {
-        Some(f) => decode_job(&f),
-        None => JobEntry::Malformed {
-            reason: "entry without fields".into(),
-        },
+    let id = match parts.first() {
+        Some(Value::BulkString(b)) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        other => other.and_then(text).and_then(|s| s.parse().ok()),
     };
-    (id, job)
+    let job = match parts.get(1) {
+        Some(f) => well_formed_job(f).unwrap_or_else(|| decode_fields(f)),
+        None => entry_without_fields(),
+    };
+    (id.unwrap_or(EntryId::ZERO), job)
+}
+
+fn entry_without_fields() -> JobEntry {
+    JobEntry::Malformed {
+        reason: "entry without fields".into(),
+    }
+}
+
+/// An entry's fields decoded by [`decode_job`], the definition.
+fn decode_fields(v: &Value) -> JobEntry {
+    fields(v).map_or_else(entry_without_fields, |f| decode_job(&f))
+}
+
+/// The entry every publication writes, `[run_id, R, dispatch, D]` (either
+/// order) with both numbers valid, read without copying its texts; `None`
+/// for anything else, which [`decode_fields`] decodes. Where it answers, it
+/// answers as [`decode_job`] does (the tests hold it to that).
+fn well_formed_job(v: &Value) -> Option<JobEntry> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let [k1, v1, k2, v2] = items.as_slice() else {
+        return None;
+    };
+    fn bytes(v: &Value) -> Option<&str> {
+        match v {
+            Value::BulkString(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+    let (run, dispatch) = match (bytes(k1)?, bytes(k2)?) {
+        ("run_id", "dispatch") => (bytes(v1)?, bytes(v2)?),
+        ("dispatch", "run_id") => (bytes(v2)?, bytes(v1)?),
+        _ => return None,
+    };
+    let run = run.parse::<u64>().ok()?;
+    let dispatch = dispatch.parse::<u32>().ok().filter(|d| *d > 0)?;
+    Some(JobEntry::Job {
+        run: RunId(run),
+        dispatch: Dispatch(dispatch),
+    })
 }
 
 /// XREADGROUP's reply: nil (nothing within BLOCK) or `[[stream, [entry...]]]`
@@ -280,5 +318,78 @@ pub(super) fn oldest_pending(
             _ => None,
         },
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// `[id, [k, v, ...]]` of bulk strings, as Redis answers an entry.
+    fn entry(id: &str, pairs: &[(&str, &str)]) -> Value {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let fields = pairs.iter().flat_map(|(k, v)| [bulk(k), bulk(v)]);
+        Value::Array(vec![bulk(id), Value::Array(fields.collect())])
+    }
+
+    #[test]
+    fn an_entry_decodes_as_its_fields_do() {
+        let cases: &[&[(&str, &str)]] = &[
+            &[("run_id", "42"), ("dispatch", "3")],
+            &[("dispatch", "3"), ("run_id", "42")],
+            &[("run_id", "+42"), ("dispatch", "3")],
+            &[("run_id", "42"), ("dispatch", "0")],
+            &[("run_id", "42"), ("dispatch", "4294967296")],
+            &[("run_id", "-1"), ("dispatch", "3")],
+            &[("run_id", "42"), ("run_id", "43")],
+            &[("run_id", "42"), ("dispatch", "3"), ("x", "y")],
+            &[("run_id", "42"), ("x", "3")],
+            &[("run_id", "42")],
+            &[],
+        ];
+        for pairs in cases {
+            let (id, job) = decode_entry(&entry("17-2", pairs));
+            assert_eq!(id, EntryId::new(17, 2));
+            assert_eq!(job, decode_job(&f(pairs)), "{pairs:?}");
+        }
+        let (id, job) = decode_entry(&entry("x", &[("run_id", "1"), ("dispatch", "1")]));
+        assert_eq!(id, EntryId::ZERO, "an unreadable id");
+        assert!(matches!(job, JobEntry::Job { .. }));
+        let bare = Value::Array(vec![Value::BulkString(b"1-0".to_vec())]);
+        assert!(matches!(decode_entry(&bare).1, JobEntry::Malformed { .. }));
+    }
+
+    #[test]
+    fn job_entries_round_trip() {
+        let job = JobEntry::Job {
+            run: RunId(42),
+            dispatch: Dispatch(3),
+        };
+        let fields: Vec<(String, String)> = encode_job(&job)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        assert_eq!(decode_job(&fields), job);
+    }
+
+    #[test]
+    fn malformed_entries_say_why() {
+        let reason = |pairs: &[(&str, &str)]| match decode_job(&f(pairs)) {
+            JobEntry::Malformed { reason } => reason,
+            other => panic!("decoded {other:?}"),
+        };
+        assert_eq!(reason(&[("dispatch", "1")]), "missing field run_id");
+        assert_eq!(reason(&[("run_id", "7")]), "missing field dispatch");
+        assert!(reason(&[("run_id", "x"), ("dispatch", "1")]).contains("not a number"));
+        assert!(reason(&[("run_id", "7"), ("dispatch", "0")]).contains("positive"));
+        assert!(reason(&[("run_id", "7"), ("dispatch", "1"), ("x", "y")]).contains("unexpected"));
+        assert!(reason(&[]).contains("missing"));
     }
 }
