@@ -63,6 +63,7 @@ use std::collections::BTreeMap;
 
 pub mod baseline;
 pub mod cpu;
+pub mod instructions;
 pub mod steady;
 pub mod work;
 use std::sync::Arc;
@@ -91,6 +92,11 @@ pub struct BenchPlan {
     pub in_flight: u32,
     /// Offered load of the latency run, runs per second.
     pub latency_rate: u32,
+    /// Offered load of a second latency run, as long (0: skip it).
+    pub latency_rate_high: u32,
+    /// Runs behind the worker's instructions per delivery ([`instructions`];
+    /// 0: skip them): drains of this many and three times as many.
+    pub instructions_runs: u32,
     /// Length of the latency run, seconds.
     pub latency_seconds: u32,
     /// Workers killed in the recovery run.
@@ -142,6 +148,8 @@ impl Default for BenchPlan {
             workers: 1,
             in_flight: 4096,
             latency_rate: 500,
+            latency_rate_high: 5_000,
+            instructions_runs: 10_000,
             latency_seconds: 10,
             kills: 20,
             submit_concurrency: 64,
@@ -206,6 +214,10 @@ pub struct LiveFigures {
     pub p50_ms: f64,
     /// 99th percentile of the same.
     pub p99_ms: f64,
+    /// The second latency run: its rate, p50 and p99 in ms.
+    pub latency_high: Option<(u32, f64, f64)>,
+    /// The worker's instructions per delivery ([`instructions`]).
+    pub instructions_per_delivery: Option<f64>,
     /// Runs the kills interrupted.
     pub recovery_runs: u64,
     /// Kill to outcome of each interrupted run.
@@ -374,6 +386,24 @@ impl LiveFigures {
         Some(100.0 * (1.0 - shipped / floor))
     }
 
+    /// The yardstick of the drain: the shipped protocol's median drain as
+    /// a fraction of the fenced floor's.
+    #[must_use]
+    pub fn drain_floor_ratio(&self) -> Option<f64> {
+        Some(median(&self.shipped_drains)? / self.fenced_floor_jobs_per_s()?)
+    }
+
+    /// The yardstick of CPU: the shipped drain's CPU per run, every process
+    /// together, as a multiple of the fenced floor's (medians of each).
+    #[must_use]
+    pub fn cpu_floor_ratio(&self) -> Option<f64> {
+        let total = |name: &str| {
+            let (_, drains) = self.drain_cpu.iter().find(|(n, _)| *n == name)?;
+            median(&drains.iter().map(cpu::PerRun::total).collect::<Vec<_>>())
+        };
+        Some(total("shipped")? / total(report_key(Protocol::Fenced))?)
+    }
+
     /// As JSON.
     #[must_use]
     pub fn json(&self) -> Value {
@@ -430,6 +460,12 @@ impl LiveFigures {
             "cost_drains_fenced_floor": self.fenced_floor_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
             "fencing_floor_cost_pct": self.fencing_floor_cost_pct().map(|x| round(x, 1)),
             "beyond_floor_cost_pct": self.beyond_floor_cost_pct().map(|x| round(x, 1)),
+            "drain_floor_ratio": self.drain_floor_ratio().map(|x| round(x, 3)),
+            "cpu_floor_ratio": self.cpu_floor_ratio().map(|x| round(x, 3)),
+            "instructions_per_delivery": self.instructions_per_delivery.map(|x| round(x, 0)),
+            "latency_rate_high": self.latency_high.map(|(rate, ..)| rate),
+            "live_p50_ms_high": self.latency_high.map(|(_, p50, _)| round(p50, 1)),
+            "live_p99_ms_high": self.latency_high.map(|(.., p99)| round(p99, 1)),
             "live_jobs_per_s_shipped_statements": median(&self.statements_drains).map(|x| round(x, 0)),
             "cost_drains_shipped_statements": self.statements_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
         });
@@ -769,29 +805,17 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
         figures.redis_cluster = Some(at_scale(Backlog::Fresh, Topology::Cluster, 1).0);
     }
 
-    // Latency at a fixed offered load.
-    {
-        let db = Database::create_on(&cluster.admin_url());
-        let url = db.url().to_owned();
-        let mut env = Env::with_database(url, Some(db), None);
-        env.trace = false;
-        let _workers = start_workers(&mut env, plan);
-        let io = Arc::new(rt.block_on(clients(&env, 8)));
-        let n = plan.latency_rate * plan.latency_seconds;
-        eprintln!(
-            "bench: latency at {} runs/s for {} s",
-            plan.latency_rate, plan.latency_seconds
-        );
-        // Warm up the workers' connections.
-        rt.block_on(submit_many(&io, 20, 4, "noop", "{}"));
-        std::thread::sleep(Duration::from_millis(500));
-        let mut lat = rt.block_on(latency(&io, n, plan.latency_rate));
-        figures.latency_jobs = lat.len() as u64;
-        figures.p50_ms = quantile(&mut lat, 0.50);
-        figures.p99_ms = quantile(&mut lat, 0.99);
-        eprintln!(
-            "bench: latency p50 {:.1} ms, p99 {:.1} ms over {} runs",
-            figures.p50_ms, figures.p99_ms, figures.latency_jobs
+    // Latency at a fixed offered load, then at a higher one.
+    let (jobs, p50, p99) = latency_at(&rt, &cluster, plan, plan.latency_rate);
+    (figures.latency_jobs, figures.p50_ms, figures.p99_ms) = (jobs, p50, p99);
+    if plan.latency_rate_high > 0 {
+        let (_, p50, p99) = latency_at(&rt, &cluster, plan, plan.latency_rate_high);
+        figures.latency_high = Some((plan.latency_rate_high, p50, p99));
+    }
+    if plan.instructions_runs > 0 {
+        figures.instructions_per_delivery = Some(
+            instructions::per_delivery(&cluster, plan.instructions_runs)
+                .unwrap_or_else(|e| panic!("counting the worker's instructions: {e}")),
         );
     }
 
@@ -843,6 +867,38 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     }
     drop(cluster);
     figures
+}
+
+/// Submission to the outcome seen in Postgres at `rate` runs/s for the
+/// plan's `latency_seconds`, with the workers idle at the start: the runs
+/// measured, the p50 and the p99 in ms.
+fn latency_at(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &BenchPlan,
+    rate: u32,
+) -> (u64, f64, f64) {
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), None);
+    env.trace = false;
+    let _workers = start_workers(&mut env, plan);
+    let io = Arc::new(rt.block_on(clients(&env, 8)));
+    let n = rate * plan.latency_seconds;
+    eprintln!(
+        "bench: latency at {rate} runs/s for {} s",
+        plan.latency_seconds
+    );
+    // Warm up the workers' connections.
+    rt.block_on(submit_many(&io, 20, 4, "noop", "{}"));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut lat = rt.block_on(latency(&io, n, rate));
+    let (p50, p99) = (quantile(&mut lat, 0.50), quantile(&mut lat, 0.99));
+    eprintln!(
+        "bench: latency at {rate} runs/s: p50 {p50:.1} ms, p99 {p99:.1} ms over {} runs",
+        lat.len()
+    );
+    (lat.len() as u64, p50, p99)
 }
 
 /// [`STATEMENT_COSTS`], each on a database of its own, in rounds
@@ -1491,15 +1547,38 @@ mod tests {
         assert!(close(f.fencing_floor_cost_pct(), 25.0));
         assert!(close(f.beyond_floor_cost_pct(), 100.0 / 3.0));
         assert!(close(f.guarantees_cost_pct(), 50.0));
+        assert!(close(f.drain_floor_ratio(), 2.0 / 3.0));
         let json = f.json();
         assert_eq!(json["live_jobs_per_s_fenced_floor"], 90_000.0);
         assert_eq!(json["fencing_floor_cost_pct"], 25.0);
+        assert_eq!(json["drain_floor_ratio"], 0.667);
         let unfloored = LiveFigures {
             fenced_floor_drains: Vec::new(),
             ..f
         };
         assert_eq!(unfloored.fencing_floor_cost_pct(), None);
         assert_eq!(unfloored.beyond_floor_cost_pct(), None);
+        assert_eq!(unfloored.drain_floor_ratio(), None);
+    }
+
+    #[test]
+    fn the_cpu_yardstick_compares_every_process_with_the_floors() {
+        let split = |workers, postgres| super::cpu::PerRun {
+            workers,
+            bench: 1.0,
+            postgres,
+            redis: 3.0,
+        };
+        let mut f = LiveFigures::default();
+        super::push_named(&mut f.drain_cpu, "shipped", split(20.0, 22.0));
+        assert_eq!(f.cpu_floor_ratio(), None, "no floor drained");
+        super::push_named(&mut f.drain_cpu, "fenced_floor", split(0.0, 12.0));
+        super::push_named(&mut f.drain_cpu, "fenced_floor", split(0.0, 14.0));
+        super::push_named(&mut f.drain_cpu, "fenced_floor", split(0.0, 8.0));
+        // 46 µs against the floor's median total, 16.
+        let ratio = f.cpu_floor_ratio().expect("both drained");
+        assert!((ratio - 46.0 / 16.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(f.json()["cpu_floor_ratio"], 2.875);
     }
 
     #[test]
