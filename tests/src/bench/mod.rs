@@ -65,6 +65,7 @@ pub mod baseline;
 pub mod cpu;
 pub mod instructions;
 pub mod steady;
+pub mod submission;
 pub mod work;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,6 +183,8 @@ pub struct LiveFigures {
     /// Runs `pelican submit --from-file` stored and published per second
     /// (process start and file included).
     pub submit_from_file_per_s: Option<f64>,
+    /// Runs `POST /runs` stored a second in arrays ([`submission`]).
+    pub submit_api_per_s: Option<f64>,
     /// From the workers' start to every run's outcome and an empty PEL.
     pub drain_seconds: f64,
     /// `drain_jobs / drain_seconds`.
@@ -453,13 +456,16 @@ impl LiveFigures {
             "live_jobs_per_s_redis_cluster_3_masters_pair": cluster.and_then(ScaleDrain::pair_jobs_per_s).map(|x| round(x, 0)),
             "slowdown_pct_redis_cluster_3_masters": cluster.and_then(ScaleDrain::slowdown_pct).map(|x| round(x, 1)),
         });
-        // The cost's split over the baselines (one `json!` of every key
-        // would pass the macro's recursion limit).
+        // The cost's split over the baselines, the yardstick and the bulk
+        // submissions (one `json!` of every key would pass the macro's
+        // recursion limit).
         let floor = json!({
             "live_jobs_per_s_fenced_floor": self.fenced_floor_jobs_per_s().map(|x| round(x, 0)),
             "cost_drains_fenced_floor": self.fenced_floor_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
             "fencing_floor_cost_pct": self.fencing_floor_cost_pct().map(|x| round(x, 1)),
             "beyond_floor_cost_pct": self.beyond_floor_cost_pct().map(|x| round(x, 1)),
+            "submit_api_per_s": self.submit_api_per_s.map(|x| round(x, 0)),
+            "submit_api_to_cli_ratio": self.submit_api_per_s.zip(self.submit_from_file_per_s).map(|(a, c)| round(a / c, 3)),
             "drain_floor_ratio": self.drain_floor_ratio().map(|x| round(x, 3)),
             "cpu_floor_ratio": self.cpu_floor_ratio().map(|x| round(x, 3)),
             "instructions_per_delivery": self.instructions_per_delivery.map(|x| round(x, 0)),
@@ -726,6 +732,7 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     if plan.baseline && plan.statement_runs > 0 {
         figures.statement_costs = statement_costs(&rt, &cluster, plan);
     }
+    figures.submit_api_per_s = Some(submission::through_api(&cluster, plan.drain_jobs));
     figures.submit_from_file_per_s = Some(submit_from_file(&cluster, plan.drain_jobs));
     if plan.compare_unbatched {
         let unbatched = drain_as(1, None, Backlog::Fresh, one);
