@@ -264,12 +264,14 @@ impl Env {
             c.args(["--body-limit-bytes", "4096"]);
         }
         c.args(flags);
-        let trace = self
-            .logs
-            .join(format!("{:02}-api.trace.jsonl", self.procs.len()));
-        c.arg("--trace-file").arg(&trace);
-        self.traces.push(trace.clone());
-        TRACES.with(|t| t.borrow_mut().push(trace));
+        if self.trace {
+            let trace = self
+                .logs
+                .join(format!("{:02}-api.trace.jsonl", self.procs.len()));
+            c.arg("--trace-file").arg(&trace);
+            self.traces.push(trace.clone());
+            TRACES.with(|t| t.borrow_mut().push(trace));
+        }
         let p = self.spawn("api", c);
         let base = format!("http://127.0.0.1:{port}");
         let health = format!("{base}/healthz");
