@@ -30,11 +30,13 @@
 //! to back. Its answer counts the lot, so a delivery learns only that its
 //! ID is no longer pending (the protocol reads no more of it; see
 //! [`fused_acks`]). A pipeline of `XADD`s is even less: each is its own
-//! command, and other clients' commands may run between them. Each role has at most one command outstanding,
-//! so no role's own order changes. A batch that fails or whose answer is
-//! lost fails every command in it, each as a lost request or a lost reply
-//! (a pipeline cut short applied a prefix of its acks: lost replies), which
-//! the fault model already covers. The simulator runs this very code
+//! command, and other clients' commands may run between them. Each role
+//! has at most one command outstanding, so no role's own order changes. A
+//! batch that fails or whose answer is lost fails every command in it,
+//! each as a lost request or a lost reply (a pipeline cut short applied a
+//! prefix of its commands, and on a cluster one partition's `XACK` may be
+//! applied while another's is lost: lost replies), which the fault model
+//! already covers. The simulator runs this very code
 //! against the model's servers (one request per batch, lost like any
 //! other), and the conformance tests compare the batched statements with
 //! their model twin, [`pelican_model::Db::execute_batch`].
@@ -413,7 +415,7 @@ mod tests {
         assert_eq!(
             <Stream<Never> as Sink<_, _>>::run(&ack),
             None,
-            "acks of one entry may share a pipeline"
+            "acks of one entry may share an XACK"
         );
     }
 
@@ -434,10 +436,10 @@ mod tests {
         };
         assert_eq!(ids(&fused[0]), [(0, 1), (0, 2), (0, 1)]);
         assert_eq!(ids(&fused[1]), [(2, 1)]);
-        let publish = StreamOp::Locate {
+        let locate = StreamOp::Locate {
             id: EntryId::new(1, 0),
         };
-        assert!(fused_acks(&[ack(0, 1), publish]).is_none(), "acks only");
+        assert!(fused_acks(&[ack(0, 1), locate]).is_none(), "acks only");
         use pelican_model::protocol::StreamReply::Acked;
         assert_eq!(each_ack(&Ok(Acked(3))), Ok(Acked(1)));
         assert_eq!(each_ack(&Ok(Acked(0))), Ok(Acked(0)));
