@@ -205,14 +205,7 @@ impl Env {
             }
         }
         c.args(flags);
-        if self.trace {
-            let trace = self
-                .logs
-                .join(format!("{:02}-worker-{id}.trace.jsonl", self.procs.len()));
-            c.arg("--trace-file").arg(&trace);
-            self.traces.push(trace.clone());
-            TRACES.with(|t| t.borrow_mut().push(trace));
-        }
+        self.trace_into(&mut c, &format!("worker-{id}"));
         if let Some(fp) = failpoint {
             // A bare name is a crash point; `name=action` is passed as is.
             let spec = if fp.contains('=') {
@@ -264,14 +257,7 @@ impl Env {
             c.args(["--body-limit-bytes", "4096"]);
         }
         c.args(flags);
-        if self.trace {
-            let trace = self
-                .logs
-                .join(format!("{:02}-api.trace.jsonl", self.procs.len()));
-            c.arg("--trace-file").arg(&trace);
-            self.traces.push(trace.clone());
-            TRACES.with(|t| t.borrow_mut().push(trace));
-        }
+        self.trace_into(&mut c, "api");
         let p = self.spawn("api", c);
         let base = format!("http://127.0.0.1:{port}");
         let health = format!("{base}/healthz");
@@ -279,6 +265,20 @@ impl Env {
             ureq::get(&health).call().is_ok()
         });
         (p, base)
+    }
+
+    /// With [`Env::trace`] on, gives the process `c` will start, named
+    /// `name`, a `--trace-file` of its own among the test's traces.
+    fn trace_into(&mut self, c: &mut Command, name: &str) {
+        if !self.trace {
+            return;
+        }
+        let trace = self
+            .logs
+            .join(format!("{:02}-{name}.trace.jsonl", self.procs.len()));
+        c.arg("--trace-file").arg(&trace);
+        self.traces.push(trace.clone());
+        TRACES.with(|t| t.borrow_mut().push(trace));
     }
 
     fn spawn(&mut self, name: &str, mut c: Command) -> Proc {
