@@ -1334,6 +1334,29 @@ pub fn bad_api_requests_get_clear_errors(mutant: Option<&str>) {
             "POST {path}: a JSON error body, got {json}"
         );
     }
+    // A body far over the limit (and over the sockets' buffers, so the
+    // client is still sending when the API has decided) is read to its end
+    // and refused: the 413 reaches the client every time, on a connection
+    // that stays open, and the next request on it is answered.
+    let huge = format!(r#"{{"kind":"noop","input":"{}"}}"#, "x".repeat(1 << 20));
+    for _ in 0..10 {
+        let mut resp = agent
+            .post(format!("{base}/runs"))
+            .header("Authorization", "Bearer sekret")
+            .header("Content-Type", "application/json")
+            .send(&huge)
+            .expect("the API answers a body over the limit");
+        assert_eq!(resp.status().as_u16(), 413);
+        assert_eq!(
+            resp.headers().get("connection"),
+            None,
+            "a refused body was read whole: its connection stays open"
+        );
+        let json: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        assert!(json["error"].is_string(), "{json}");
+        let (status, _) = post("/runs/424242/cancel", ok, "");
+        assert_eq!(status, 404, "the next request on the connection");
+    }
     let get = |path: &str, token: Option<&str>| {
         let mut req = agent.get(format!("{base}{path}"));
         if let Some(t) = token {

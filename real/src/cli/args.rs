@@ -388,7 +388,8 @@ pub(crate) struct ApiArgs {
     /// (local experiments only).
     #[arg(long, env = "PELICAN_INSECURE_NO_AUTH", conflicts_with_all = ["api_token", "api_read_token"])]
     pub(crate) insecure_no_auth: bool,
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes. A larger one is read on
+    /// (up to 64 MiB, for 5 s) and thrown away, then refused with 413.
     #[arg(long, env = "PELICAN_BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub(crate) body_limit_bytes: usize,
     /// The most runs one `POST /runs` array may submit (its body is

@@ -54,6 +54,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 mod auth;
+mod body;
 mod bulk;
 mod events;
 mod queue;
@@ -186,22 +187,11 @@ pub fn router(state: Arc<ApiState>, body_limit_bytes: usize) -> Router {
         .layer(axum::Extension(OpenApiJson(doc)))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(body_limit_bytes))
-        .layer(axum::middleware::map_response(close_when_body_refused))
+        .layer(axum::middleware::from_fn_with_state(
+            body_limit_bytes,
+            body::read_whole,
+        ))
         .with_state(state)
-}
-
-/// A 413 answers before its request's body was read, and hyper closes
-/// the connection after it (the rest of the body is still on the wire):
-/// the answer says so, so that a client sends its next request on another
-/// connection instead of this closed one.
-async fn close_when_body_refused(mut resp: Response) -> Response {
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        resp.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
-    resp
 }
 
 /// `GET /`: the dashboard (a static page of these routes; no token, it
