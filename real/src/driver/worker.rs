@@ -107,10 +107,14 @@ fn spawn_delivery<S, D, P, X>(
 {
     let (io, executor) = (io.clone(), executor.clone());
     let nth = count.fetch_add(1, Ordering::Relaxed);
-    tokio::spawn(async move {
+    // Boxed: the delivery's future (3 KB, most of it its pinned server
+    // call) is written to the heap once, and the task moves a pointer
+    // through its stages instead of copying the future at each (2,500
+    // fewer instructions per delivery, `xtask/worker-instructions.sh`).
+    tokio::spawn(Box::pin(async move {
         super::delivery::deliver(&io, &*executor, worker, entry, job, nth).await;
         drop(permit);
-    });
+    }));
 }
 
 /// XREADGROUP as many entries of `partition` as there are free slots,
