@@ -204,5 +204,10 @@ mod mutants {
         mutant_unknown_retried => UnknownRetried,
         mutant_forget_keys => ForgetKeys,
         mutant_forget_holders => ForgetHolders,
+        mutant_no_sweep => NoSweep,
+        mutant_overbooked => Overbooked,
+        mutant_ignore_budget => IgnoreBudget,
+        mutant_zombie_progress => ZombieProgress,
+        mutant_reclaim_one_partition => ReclaimOnePartition,
     }
 }
