@@ -50,6 +50,12 @@ impl DbClient for Mem {
     async fn call_as(&self, op: DbOp, by: Issuer) -> Result<DbReply, Unavailable> {
         Ok(self.world().db(&op, by))
     }
+
+    /// Back to back under one lock, as the simulator's server runs a batch.
+    async fn call_batch_as(&self, ops: Vec<(DbOp, Issuer)>) -> Result<Vec<DbReply>, Unavailable> {
+        let mut w = self.world();
+        Ok(ops.iter().map(|(op, by)| w.db(op, *by)).collect())
+    }
 }
 
 impl Tools for Mem {
