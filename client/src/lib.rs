@@ -364,7 +364,10 @@ impl Client {
     /// [`Error::Unauthorized`], [`Error::Unavailable`].
     pub async fn submit(&self, run: &Submit) -> Result<Submitted, Error> {
         let key = run.key.clone().unwrap_or_else(new_key);
-        let body = json!({ "kind": run.kind, "input": run.input });
+        let body = json!({
+            "kind": run.kind, "input": run.input,
+            "delay_ms": run.delay_ms, "run_at_ms": run.run_at_ms,
+        });
         let answer = self
             .send(Method::POST, "/runs", Some(&body), Some(&key))
             .await?;
@@ -416,7 +419,10 @@ impl Client {
             .iter()
             .map(|r| {
                 let key = r.key.clone().unwrap_or_else(new_key);
-                json!({ "kind": r.kind, "input": r.input, "key": key })
+                json!({
+                    "kind": r.kind, "input": r.input, "key": key,
+                    "delay_ms": r.delay_ms, "run_at_ms": r.run_at_ms,
+                })
             })
             .collect();
         let answer = self

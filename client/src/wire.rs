@@ -35,6 +35,16 @@ pub struct NewRun {
     /// The job input, any JSON (default `{}`).
     #[serde(default = "empty_object")]
     pub input: Value,
+    /// Not to start before this many ms from now (Postgres's clock; at
+    /// most ten years). The run waits `delayed`, holding no stream entry
+    /// and no worker, and is cancellable while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Not to start before this time, in ms since the Unix epoch
+    /// (Postgres's clock; a time past is no delay). With `delay_ms`, the
+    /// later of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at_ms: Option<u64>,
 }
 
 /// A run to submit; an item of a `POST /runs` array.
@@ -53,6 +63,13 @@ pub struct Submit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = r"^[!-~]{1,255}$"))]
     pub key: Option<String>,
+    /// Not to start before this many ms from now ([`NewRun::delay_ms`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Not to start before this time, in ms since the Unix epoch
+    /// ([`NewRun::run_at_ms`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at_ms: Option<u64>,
 }
 
 impl Submit {
@@ -62,7 +79,24 @@ impl Submit {
             kind: kind.into(),
             input,
             key: None,
+            delay_ms: None,
+            run_at_ms: None,
         }
+    }
+
+    /// Not to start before `delay` from now (by Postgres's clock).
+    #[must_use]
+    pub fn delay(mut self, delay: std::time::Duration) -> Submit {
+        self.delay_ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Not to start before `at_ms`, in ms since the Unix epoch (by
+    /// Postgres's clock).
+    #[must_use]
+    pub fn run_at_ms(mut self, at_ms: u64) -> Submit {
+        self.run_at_ms = Some(at_ms);
+        self
     }
 
     /// Its idempotency key: a second submission with the same key answers
@@ -130,7 +164,8 @@ pub struct Submitted {
     /// The run.
     #[cfg_attr(feature = "openapi", schema(value_type = u64))]
     pub run_id: RunId,
-    /// Its status (`queued` for a new run; null when it could not be read).
+    /// Its status (`queued`, or `delayed`, for a new run; null when it
+    /// could not be read).
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub status: Option<RunStatus>,
@@ -156,7 +191,7 @@ pub struct BulkItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub run_id: Option<RunId>,
-    /// A new run's status (`queued`).
+    /// A new run's status (`queued` or `delayed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub status: Option<RunStatus>,
@@ -235,8 +270,8 @@ pub struct Run {
     pub kind: String,
     /// Its input.
     pub input: Value,
-    /// Where it is in its life: queued, running, retry_wait, succeeded,
-    /// failed, dead, cancelled.
+    /// Where it is in its life: delayed, queued, running, retry_wait,
+    /// succeeded, failed, dead, cancelled.
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub status: RunStatus,
     /// Its dispatch number (a requeue makes a new dispatch).
@@ -247,9 +282,13 @@ pub struct Run {
     /// When the running attempt's lease ends (ms since the epoch).
     #[serde(default)]
     pub lease_until_ms: Option<u64>,
-    /// When a retry is due (ms since the epoch).
+    /// When a retry, or a delayed run, is due (ms since the epoch).
     #[serde(default)]
     pub retry_at_ms: Option<u64>,
+    /// When a run submitted with a delay was due to start (ms since the
+    /// epoch); kept after it starts. Null: submitted without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at_ms: Option<u64>,
     /// The stream entry of its current dispatch.
     #[serde(default)]
     pub entry_id: Option<String>,

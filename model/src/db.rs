@@ -65,7 +65,7 @@ macro_rules! run_columns {
             $result,
             ", error_class, ",
             $message,
-            ", unknown_failures, deadline_ms, events, trace_parent"
+            ", unknown_failures, deadline_ms, events, trace_parent, due_at"
         )
     };
 }
@@ -104,8 +104,13 @@ pub struct RunRow {
     pub attempts_max: u32,
     /// While running: the attempt's lease, renewed by heartbeats.
     pub lease_until: Option<Timestamp>,
-    /// While waiting for a retry: when it is due.
+    /// While waiting for a retry, or delayed: when it is due.
     pub retry_at: Option<Timestamp>,
+    /// When a delayed run was due to start (its submission's `delay_ms` or
+    /// `run_at_ms`), kept for good; `None`: submitted without a delay. No
+    /// attempt of the run starts before it (S15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
     /// When the current dispatch was published, or taken by the outbox to
     /// publish (NULL: queued and waiting for the outbox). Set once a run
     /// leaves `queued`, so the outbox's index holds only its work.
@@ -325,10 +330,58 @@ pub struct NewRunRow<'a> {
     pub input: &'a str,
     /// How many attempts it may make.
     pub attempts_max: u32,
-    /// Its budget from now, if any.
+    /// Its budget, if any: from its due time if it is delayed, else from
+    /// now.
     pub budget_ms: Option<u64>,
     /// The caller's `traceparent` (`""`: none).
     pub trace: &'a str,
+    /// When it may start: not before this many ms from now, nor before
+    /// this time (`Delay::NONE`: at once).
+    pub delay: Delay,
+}
+
+/// When a submitted run may start: the later of `delay_ms` after its
+/// insert and `at_ms`, both by Postgres's clock (0: no bound). A run with
+/// either bound is inserted `delayed`, holds no stream entry until the
+/// retry pass promotes it at that time, and its elapsed budget counts from
+/// then.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Delay {
+    /// Not before this many ms after the insert (0: no bound).
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Not before this time, in ms since the Unix epoch (0: no bound).
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+impl Delay {
+    /// No delay: the run is queued at once.
+    pub const NONE: Delay = Delay {
+        delay_ms: 0,
+        at_ms: 0,
+    };
+
+    /// Whether there is no delay (for serde's `skip_serializing_if`).
+    #[must_use]
+    pub fn is_none(&self) -> bool {
+        !self.waits()
+    }
+
+    /// Whether the run waits (either bound is set).
+    #[must_use]
+    pub const fn waits(self) -> bool {
+        self.delay_ms > 0 || self.at_ms > 0
+    }
+
+    /// When the run is due, for an insert at `now`; `None`: no delay.
+    #[must_use]
+    pub fn due(self, now: Timestamp) -> Option<Timestamp> {
+        self.waits()
+            .then(|| now.add_ms(self.delay_ms).max(Timestamp(self.at_ms)))
+    }
 }
 
 /// A client's idempotency key for a submission (`submit_keys`): the run it
@@ -448,6 +501,7 @@ impl Db {
             attempts_max,
             budget_ms: None,
             trace: "",
+            delay: Delay::NONE,
         };
         self.insert_run_budgeted(run, &new)
     }
@@ -462,30 +516,37 @@ impl Db {
             attempts_max,
             budget_ms,
             trace,
+            delay,
         } = *new;
         if self.runs.contains_key(&run) {
             return 0;
         }
+        let due = delay.due(self.clock);
         self.runs.insert(
             run,
             RunRow {
                 run_id: run,
                 kind: kind.to_owned(),
                 input: input.to_owned(),
-                status: RunStatus::Queued,
+                status: if due.is_some() {
+                    RunStatus::Delayed
+                } else {
+                    RunStatus::Queued
+                },
                 dispatch: Dispatch(1),
                 active_fence: Fence(0),
                 attempts: 0,
                 attempts_max,
                 lease_until: None,
-                retry_at: None,
+                retry_at: due,
+                due_at: due,
                 published_at: None,
                 finished_at: None,
                 entry_id: None,
                 result: None,
                 error: None,
                 unknown_failures: 0,
-                deadline: budget_ms.map(|b| self.clock.add_ms(b)),
+                deadline: budget_ms.map(|b| due.unwrap_or(self.clock).add_ms(b)),
                 events: 1,
                 trace: (!trace.is_empty()).then(|| trace.to_owned()),
             },
@@ -1056,14 +1117,20 @@ impl Db {
         }
     }
 
-    /// [`Statement::PromoteRetries`]: due retries become queued, at most
-    /// `limit` of them, oldest `retry_at` first, and taken for publication
-    /// at `now` as [`Db::claim_outbox`] takes them; by run id.
-    pub fn promote_retries(&mut self, now: Timestamp, limit: usize) -> Vec<Candidate> {
+    /// [`Statement::PromoteRetries`]: due retries and delayed runs become
+    /// queued, at most `limit` of them, oldest `retry_at` first, and taken
+    /// for publication at `now` as [`Db::claim_outbox`] takes them; by run
+    /// id. `early` (the `PromoteEarly` mutant's twin) takes delayed runs
+    /// whether due or not.
+    pub fn promote(&mut self, now: Timestamp, limit: usize, early: bool) -> Vec<Candidate> {
         let mut due: Vec<(Timestamp, RunId)> = self
             .runs
             .values()
-            .filter(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= now))
+            .filter(|r| match r.status {
+                RunStatus::Delayed if early => true,
+                RunStatus::RetryWait | RunStatus::Delayed => r.retry_at.is_some_and(|t| t <= now),
+                _ => false,
+            })
             .map(|r| (r.retry_at.expect("filtered"), r.run_id))
             .collect();
         due.sort();
@@ -1359,6 +1426,7 @@ impl Db {
                 &mut r.published_at,
                 &mut r.finished_at,
                 &mut r.deadline,
+                &mut r.due_at,
             ]
             .into_iter()
             .flatten()

@@ -1,4 +1,4 @@
-//! The guarantees S1–S14 ([`Guarantee`]) as functions over a [`World`] or
+//! The guarantees S1–S15 ([`Guarantee`]) as functions over a [`World`] or
 //! its database.
 //!
 //! Step guarantees (S2, S3, S4, S5, S7, S8) are checked as commands execute
@@ -120,6 +120,9 @@ guarantees! {
     /// Submit once: submissions under one idempotency key make one run for
     /// as long as the key is kept, whatever retention did with the run.
     S14 = 14, "submit once";
+    /// Delays: no attempt of a run submitted with a delay starts before
+    /// its due time by Postgres's clock.
+    S15 = 15, "delays";
 }
 
 impl Guarantee {
@@ -476,6 +479,7 @@ mod tests {
                 "S12 provider limits",
                 "S13 run events",
                 "S14 submit once",
+                "S15 delays",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

@@ -7,6 +7,10 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
+    /// Submitted with a delay and not yet due: no stream entry and no worker
+    /// slot. Promoted to `queued` at its due time (`due_at`), by the pass
+    /// that promotes retries.
+    Delayed,
     /// Waiting for a worker; published (or about to be) on the stream.
     Queued,
     /// An attempt holds the run under its fence and lease.
@@ -26,7 +30,8 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// All states, in lifecycle order.
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
+        RunStatus::Delayed,
         RunStatus::Queued,
         RunStatus::Running,
         RunStatus::RetryWait,
@@ -49,6 +54,7 @@ impl RunStatus {
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
+            RunStatus::Delayed => "delayed",
             RunStatus::Queued => "queued",
             RunStatus::Running => "running",
             RunStatus::RetryWait => "retry_wait",

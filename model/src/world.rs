@@ -362,6 +362,8 @@ pub enum Violation {
     /// S14: a submission under a key still kept made a run other than the
     /// key's first (`.0`).
     KeyForgotten(RunId),
+    /// S15: an attempt of a delayed run was claimed before its due time.
+    StartedEarly(RunId),
 }
 
 impl Violation {
@@ -383,6 +385,7 @@ impl Violation {
             Violation::SlotOverbooked(_) | Violation::RateExceeded(_) => Guarantee::S12,
             Violation::EventsRewritten(_) | Violation::EventFromFencedOff(_) => Guarantee::S13,
             Violation::KeyForgotten(_) => Guarantee::S14,
+            Violation::StartedEarly(_) => Guarantee::S15,
         }
     }
 }
@@ -586,6 +589,10 @@ impl World {
                 {
                     self.violations
                         .insert(Violation::LiveLeaseTaken(before.run_id));
+                }
+                if before.due_at.is_some_and(|due| due > self.db.clock) {
+                    self.violations
+                        .insert(Violation::StartedEarly(before.run_id));
                 }
                 self.debug_assert_claimed(op, before, c.claimed);
             }

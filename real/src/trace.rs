@@ -305,10 +305,12 @@ impl Replay {
                     input,
                     key,
                     trace,
+                    delay,
                 },
             ) => {
                 let s = Submitter::new(policy, run, &kind, &input, key.as_deref());
                 let s = s.traced(trace.as_deref().unwrap_or_default());
+                let s = s.delayed(delay);
                 machines.insert(role, Machine::Submitter(Box::new(s)));
             }
             (role, start) => return Err((format!("{role:?} cannot start as {start:?}"), None)),

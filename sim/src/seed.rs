@@ -11,6 +11,7 @@ use crate::scenario::{FaultMix, Scenario};
 use madsim::rand::Rng;
 use madsim::runtime::{Handle, Runtime};
 use madsim::task::NodeId;
+use pelican_model::db::Delay;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
 use pelican_model::invariants::Broken;
 use pelican_model::protocol::{
@@ -205,6 +206,8 @@ struct Planned {
     run: RunId,
     kind: String,
     input: String,
+    /// Its submission's delay (S15).
+    delay: Delay,
 }
 
 fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
@@ -257,11 +260,21 @@ fn plan(rng: &mut impl Rng, scenario: &Scenario) -> Vec<Planned> {
                 // A result Postgres refuses (a NUL byte).
                 _ => ("echo", r#"{"text":"poison\u0000"}"#.to_owned()),
             };
+            // One run in eight waits up to 3 s before it may start (S15).
+            let delay = Delay {
+                delay_ms: if rng.gen_range(0..8) == 0 {
+                    rng.gen_range(1..3_000)
+                } else {
+                    0
+                },
+                at_ms: 0,
+            };
             Planned {
                 at_ms: rng.gen_range(0..window.max(1)),
                 run: RunId(n),
                 kind: kind.to_owned(),
                 input,
+                delay,
             }
         })
         .collect();
@@ -285,6 +298,7 @@ fn plan_with(
                 run: RunId(u64::from(n)),
                 kind,
                 input,
+                delay: Delay::NONE,
             }
         })
         .collect();
@@ -390,6 +404,7 @@ async fn submit_group(io: Arc<SimIo>, oracle: Shared, started: u64, mut runs: Ve
                     input: p.input.clone(),
                     key: Some(key_of(p.run)),
                     trace: None,
+                    delay: p.delay,
                 };
                 (p.run, run)
             })
@@ -425,7 +440,9 @@ fn submitted(
                 if p.run.0 % 2 == 1 {
                     madsim::task::spawn(watch_events(io.clone(), oracle.clone(), p.run));
                 }
-                o.count(if published {
+                o.count(if p.delay.waits() {
+                    "submitted_delayed"
+                } else if published {
                     "submitted"
                 } else {
                     "submitted_unpublished"
@@ -469,6 +486,7 @@ where
         input: p.input.clone(),
         key: Some(key_of(p.run)),
         trace: None,
+        delay: p.delay,
     };
     for _ in 0..8 {
         let end = submit_many(&*io, &[(fresh, run.clone())]).await;

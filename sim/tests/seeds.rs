@@ -119,7 +119,10 @@ fn a_calm_seed_does_the_work() {
     // submitted unpublished (the mark finds it running; the outbox has
     // nothing to do).
     let count = |k: &str| o.counters.get(k).copied().unwrap_or(0);
-    assert_eq!(count("submitted") + count("submitted_unpublished"), 10);
+    assert_eq!(
+        count("submitted") + count("submitted_unpublished") + count("submitted_delayed"),
+        10
+    );
     assert!(o.counters.get("acked_written").copied().unwrap_or(0) >= 10);
     assert!(!o.counters.contains_key("kills"));
 }
@@ -209,5 +212,6 @@ mod mutants {
         mutant_ignore_budget => IgnoreBudget,
         mutant_zombie_progress => ZombieProgress,
         mutant_reclaim_one_partition => ReclaimOnePartition,
+        mutant_promote_early => PromoteEarly,
     }
 }

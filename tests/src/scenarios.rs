@@ -5,6 +5,7 @@
 //! on the correct build (it must pass); `tests/mutants.rs` runs each mutant
 //! against the scenario that exposes it (it must fail).
 
+mod delays;
 mod events;
 mod hygiene;
 mod incident;
@@ -35,6 +36,7 @@ pub use steady::{
     retention_keeps_a_keys_window, retention_keeps_pace_with_finished_runs,
 };
 
+pub use delays::delayed_runs_start_when_due;
 pub use incident::the_incident_routes_find_count_and_act_in_bulk;
 pub use telemetry::runs_export_their_spans_to_an_otlp_receiver;
 
@@ -1095,6 +1097,8 @@ pub fn unpublished_run_is_published_by_the_outbox(mutant: Option<&str>) {
                 attempts_max: 3,
                 budget_ms: 0,
                 trace: String::new(),
+                delay_ms: 0,
+                at_ms: 0,
             };
             assert!(matches!(io.db.execute(&insert).await, Ok(DbReply::Rows(1))));
             runs.push(run);

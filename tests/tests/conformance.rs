@@ -343,6 +343,87 @@ fn truncating_runs_empties_the_live_counts() {
     });
 }
 
+/// Delayed runs, and keys that outlive their runs, in Postgres as in the
+/// model: a run inserted with `delay_ms` or `run_at_ms` waits `delayed`
+/// until the retry pass queues it when due (a past `run_at_ms` is due at
+/// once), is cancellable while it waits, and its budget counts from its
+/// due time; a keyed insert whose key outlived its run (deleted by
+/// retention) answers that run and inserts nothing, even under the same
+/// run id.
+#[test]
+fn delayed_runs_and_kept_keys_answer_as_the_model() {
+    use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+    use pelican_model::protocol::DbOp;
+    use pelican_model::time::Timestamp;
+    use pelican_tests::conformance::{DbStep, START, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let one = DbStep::One;
+    let insert = |run, delay_ms, at_ms, key: Option<&str>| {
+        let (kind, input, trace) = ("noop".to_owned(), "{}".to_owned(), String::new());
+        one(match key {
+            None => DbOp::InsertRun {
+                run: RunId(run),
+                kind,
+                input,
+                attempts_max: 3,
+                budget_ms: 5_000,
+                trace,
+                delay_ms,
+                at_ms,
+            },
+            Some(key) => DbOp::InsertRunKeyed {
+                run: RunId(run),
+                kind,
+                input,
+                attempts_max: 3,
+                budget_ms: 0,
+                key: key.into(),
+                trace,
+                delay_ms,
+                at_ms,
+            },
+        })
+    };
+    let at = START.as_ms();
+    let steps = vec![
+        DbStep::Clock(START),
+        insert(1, 2_000, 0, None),
+        insert(2, 0, at + 4_000, None),
+        insert(3, 2_000, at + 1_000, Some("k3")),
+        insert(4, 0, at / 2, None),
+        insert(5, 3_000, 0, None),
+        one(DbOp::Cancel { run: RunId(5) }),
+        one(DbOp::PromoteRetries { limit: 10 }),
+        DbStep::Clock(Timestamp(at + 2_000)),
+        one(DbOp::PromoteRetries { limit: 1 }),
+        one(DbOp::PromoteRetries { limit: 10 }),
+        one(DbOp::Claim {
+            run: RunId(3),
+            dispatch: Dispatch(1),
+            entry: EntryId::new(at + 2_000, 0),
+            worker: "w1".into(),
+            lease_ms: 1_000,
+        }),
+        one(DbOp::Complete {
+            run: RunId(3),
+            fence: Fence(1),
+            result: "ok".into(),
+        }),
+        DbStep::Clock(Timestamp(at + 9_000)),
+        one(DbOp::PromoteRetries { limit: 10 }),
+        one(DbOp::DeleteFinished {
+            keep_ms: 1_000,
+            limit: 10,
+        }),
+        insert(3, 0, 0, Some("k3")),
+        insert(6, 0, 0, Some("k3")),
+    ];
+    if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
+        panic!("model::Db and Postgres differ: {e}");
+    }
+}
+
 /// A run of kind `noop` inserted, as the API inserts one.
 fn insert_run(run: u64) -> pelican_tests::conformance::DbStep {
     use pelican_model::ids::RunId;
@@ -354,5 +435,7 @@ fn insert_run(run: u64) -> pelican_tests::conformance::DbStep {
         attempts_max: 3,
         budget_ms: 0,
         trace: String::new(),
+        delay_ms: 0,
+        at_ms: 0,
     })
 }

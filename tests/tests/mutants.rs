@@ -80,6 +80,7 @@ mutants! {
     reclaim_one_partition: "ReclaimOnePartition" => partitions_spread_over_cluster_masters,
     forget_keys: "ForgetKeys" => retention_keeps_a_keys_window,
     forget_holders: "ForgetHolders" => idle_consumers_are_forgotten_unless_they_hold,
+    promote_early: "PromoteEarly" => delayed_runs_start_when_due,
 }
 
 /// The mutants' statements answer as their model twins: first on every
@@ -104,6 +105,8 @@ fn mutant_statements_answer_as_the_model() {
             attempts_max: 3,
             budget_ms: 0,
             trace: String::new(),
+            delay_ms: 0,
+            at_ms: 0,
         })
     };
     let claim = |r| DbOp::Claim {
@@ -167,6 +170,22 @@ fn mutant_statements_answer_as_the_model() {
             lease_ms: 2_000,
         })
     }));
+    // PromoteEarly's pass takes run 8, delayed a minute, at once, and
+    // leaves run 9, submitted without a delay, queued as it was.
+    steps.extend([8, 9].map(|r| {
+        one(DbOp::InsertRun {
+            run: run(r),
+            kind: "noop".into(),
+            input: "{}".into(),
+            attempts_max: 3,
+            budget_ms: 0,
+            trace: String::new(),
+            delay_ms: if r == 8 { 60_000 } else { 0 },
+            at_ms: 0,
+        })
+    }));
+    steps.push(one(DbOp::PromoteRetries { limit: 10 }));
+    steps.push(one(DbOp::PromoteEarly { limit: 10 }));
     let pg = migrated(db.url());
     if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
         panic!("model::Db and Postgres differ on every status: {e}");

@@ -92,6 +92,10 @@ pub struct Config {
     /// [`MaintenanceTask::Consumers`]: pelican_model::protocol::MaintenanceTask::Consumers
     #[serde(default)]
     pub consumers: bool,
+    /// The first run is submitted with a delay, due at the next tick: the
+    /// retry pass must not queue it before (S15).
+    #[serde(default)]
+    pub delays: bool,
 }
 
 fn yes() -> bool {
@@ -147,6 +151,7 @@ impl Config {
             steps: false,
             limits: false,
             consumers: false,
+            delays: false,
         }
     }
 
@@ -182,6 +187,7 @@ impl Config {
             steps: false,
             limits: false,
             consumers: false,
+            delays: false,
         }
     }
 
@@ -376,8 +382,29 @@ impl Config {
         c
     }
 
+    /// Two runs on two workers, the first submitted with a delay (due once
+    /// time passes), with a crash, a lost reply or a cancel (of the delayed
+    /// run while it waits, or of either later), one per path: the delayed
+    /// run holds no entry and starts no attempt until it is due (S15), and
+    /// every run still ends.
+    #[must_use]
+    pub fn delays() -> Config {
+        let mut c = Self::small();
+        c.name = "delays".into();
+        c.runs = 2;
+        c.delays = true;
+        c.faults = Budget {
+            crashes: 1,
+            lost: 1,
+            cancels: 1,
+            total: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// The names [`Config::named`] knows.
-    pub const NAMES: [&'static str; 12] = [
+    pub const NAMES: [&'static str; 13] = [
         "small",
         "standard",
         "standard_steps",
@@ -390,6 +417,7 @@ impl Config {
         "limits",
         "partitions",
         "trims",
+        "delays",
     ];
 
     /// A configuration by name.
@@ -407,6 +435,7 @@ impl Config {
             "limits" => Ok(Self::limits()),
             "partitions" => Ok(Self::partitions()),
             "trims" => Ok(Self::trims()),
+            "delays" => Ok(Self::delays()),
             other => Err(format!(
                 "unknown configuration {other:?}; known: {}",
                 Self::NAMES.join(", ")
@@ -466,7 +495,8 @@ impl Config {
     /// kind with a budget, Overbooked jobs under a provider's limits,
     /// ReclaimOnePartition two partitions, IgnoreTrimmed a reclaim
     /// threshold of 0 (a trimmed entry is reported once idle),
-    /// ForgetHolders the consumers' housekeeping.
+    /// ForgetHolders the consumers' housekeeping, PromoteEarly a delayed
+    /// run.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -511,6 +541,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::ForgetHolders) {
             self.consumers = true;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::PromoteEarly) {
+            self.delays = true;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::ReclaimOnePartition) && self.policy.partitions < 2 {

@@ -201,6 +201,7 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<11>,
     holds::<12>,
     holds::<13>,
+    holds::<14>,
 ];
 
 /// Whether some run has consecutive attempts that satisfy
@@ -272,135 +273,156 @@ const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
 
 /// The `sometimes` properties, each with the configurations that explore it
 /// (at most 32: [`PelicanModel::explored`] has a bit for each).
-const SOMETIMES: [Sometimes; 19] = [
-    Sometimes {
-        name: "reclaim takes over a stalled attempt",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| attempts_pair(s, |prev, next| prev.dispatch == next.dispatch),
-    },
-    Sometimes {
-        name: "late write rejected",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| s.seen.late_write_rejected,
-    },
-    Sometimes {
-        name: "retry scheduled and re-published",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| attempts_pair(s, |prev, next| next.dispatch > prev.dispatch),
-    },
-    Sometimes {
-        name: "dead letter",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| !s.world.db.dead_letters.is_empty(),
-    },
-    Sometimes {
-        name: "cancel beats a running attempt",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| s.seen.cancel_beat_result,
-    },
-    Sometimes {
-        name: "trimmed entry recovered",
-        // Reported once idle: the holder must be gone too (two faults).
-        explored: |cfg| {
-            cfg.faults.trims > 0
-                && cfg.faults.crashes + cfg.faults.pauses > 0
-                && cfg.faults.total >= 2
+const SOMETIMES: [Sometimes; 21] =
+    [
+        Sometimes {
+            name: "delayed run started when due",
+            explored: |cfg| cfg.delays,
+            reached: |_, s| {
+                s.world
+                    .db
+                    .runs
+                    .values()
+                    .any(|r| r.due_at.is_some() && r.attempts > 0)
+            },
         },
-        reached: |_, s| s.seen.trimmed_recovered,
-    },
-    Sometimes {
-        name: "duplicate publication absorbed",
-        explored: ALWAYS_EXPLORED,
-        reached: |m, s| {
-            m.is_final(s) && {
-                let mut seen = std::collections::BTreeSet::new();
-                s.world.entries.values().any(|e| !seen.insert(e.clone()))
+        Sometimes {
+            name: "delayed run cancelled while it waits",
+            explored: |cfg| cfg.delays && cfg.faults.cancels > 0,
+            reached: |_, s| {
+                s.world.db.runs.values().any(|r| {
+                    r.due_at.is_some() && r.status == RunStatus::Cancelled && r.attempts == 0
+                })
+            },
+        },
+        Sometimes {
+            name: "reclaim takes over a stalled attempt",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| attempts_pair(s, |prev, next| prev.dispatch == next.dispatch),
+        },
+        Sometimes {
+            name: "late write rejected",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| s.seen.late_write_rejected,
+        },
+        Sometimes {
+            name: "retry scheduled and re-published",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| attempts_pair(s, |prev, next| next.dispatch > prev.dispatch),
+        },
+        Sometimes {
+            name: "dead letter",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| !s.world.db.dead_letters.is_empty(),
+        },
+        Sometimes {
+            name: "cancel beats a running attempt",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| s.seen.cancel_beat_result,
+        },
+        Sometimes {
+            name: "trimmed entry recovered",
+            // Reported once idle: the holder must be gone too (two faults).
+            explored: |cfg| {
+                cfg.faults.trims > 0
+                    && cfg.faults.crashes + cfg.faults.pauses > 0
+                    && cfg.faults.total >= 2
+            },
+            reached: |_, s| s.seen.trimmed_recovered,
+        },
+        Sometimes {
+            name: "duplicate publication absorbed",
+            explored: ALWAYS_EXPLORED,
+            reached: |m, s| {
+                m.is_final(s) && {
+                    let mut seen = std::collections::BTreeSet::new();
+                    s.world.entries.values().any(|e| !seen.insert(e.clone()))
+                        && s.world
+                            .db
+                            .runs
+                            .values()
+                            .any(|r| r.status == RunStatus::Succeeded)
+                }
+            },
+        },
+        Sometimes {
+            name: "recovery after total Redis loss",
+            explored: ALWAYS_EXPLORED,
+            reached: |m, s| {
+                s.seen.redis_wiped
+                    && m.is_final(s)
                     && s.world
                         .db
                         .runs
                         .values()
-                        .any(|r| r.status == RunStatus::Succeeded)
-            }
+                        .any(|r| r.status == RunStatus::Succeeded && r.dispatch.0 > 1)
+            },
         },
-    },
-    Sometimes {
-        name: "recovery after total Redis loss",
-        explored: ALWAYS_EXPLORED,
-        reached: |m, s| {
-            s.seen.redis_wiped
-                && m.is_final(s)
-                && s.world
-                    .db
-                    .runs
-                    .values()
-                    .any(|r| r.status == RunStatus::Succeeded && r.dispatch.0 > 1)
+        Sometimes {
+            name: "malformed entry quarantined",
+            explored: ALWAYS_EXPLORED,
+            reached: |_, s| !s.world.quarantined.is_empty(),
         },
-    },
-    Sometimes {
-        name: "malformed entry quarantined",
-        explored: ALWAYS_EXPLORED,
-        reached: |_, s| !s.world.quarantined.is_empty(),
-    },
-    Sometimes {
-        name: "refused result fails its run",
-        explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Poison),
-        reached: |_, s| {
-            s.world.db.runs.values().any(|r| {
-                r.status == RunStatus::Failed
-                    && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
-            })
+        Sometimes {
+            name: "refused result fails its run",
+            explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Poison),
+            reached: |_, s| {
+                s.world.db.runs.values().any(|r| {
+                    r.status == RunStatus::Failed
+                        && r.error.as_ref().map(|e| e.0) == Some(ErrorClass::Unstorable)
+                })
+            },
         },
-    },
-    Sometimes {
-        name: "unknown error fails its run at the cap",
-        explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Unknown),
-        reached: |_, s| s.seen.unknown_capped,
-    },
-    Sometimes {
-        name: "spent budget fails its run",
-        explored: |cfg| !cfg.policy.kinds.is_empty(),
-        reached: |_, s| s.seen.budget_exhausted,
-    },
-    Sometimes {
-        name: "recorded step replayed",
-        explored: |cfg| cfg.steps,
-        reached: |_, s| s.seen.step_replayed,
-    },
-    Sometimes {
-        name: "late progress refused",
-        explored: |cfg| cfg.steps,
-        reached: |_, s| s.seen.progress_refused,
-    },
-    Sometimes {
-        name: "a call waits for a held slot",
-        explored: |cfg| cfg.limits,
-        reached: |_, s| s.seen.slot_waited,
-    },
-    Sometimes {
-        name: "reclaim takes over an attempt past partition 0",
-        explored: |cfg| cfg.policy.partitions > 1,
-        reached: |_, s| {
-            attempts_pair(s, |prev, next| {
-                prev.dispatch == next.dispatch && next.entry_id.partition > 0
-            })
+        Sometimes {
+            name: "unknown error fails its run at the cap",
+            explored: |cfg| cfg.outcomes.contains(&OutcomeKind::Unknown),
+            reached: |_, s| s.seen.unknown_capped,
         },
-    },
-    Sometimes {
-        name: "entry of a deleted run acknowledged",
-        explored: |cfg| cfg.policy.keep_finished_ms > 0,
-        reached: |_, s| s.seen.retired_delivered,
-    },
-    Sometimes {
-        name: "a retry under a key answers its deleted run",
-        explored: |cfg| cfg.policy.keep_finished_ms > 0,
-        reached: |_, s| s.seen.key_outlived_run,
-    },
-    Sometimes {
-        name: "an idle consumer forgotten",
-        explored: |cfg| cfg.consumers,
-        reached: |_, s| s.seen.consumer_forgotten,
-    },
-];
+        Sometimes {
+            name: "spent budget fails its run",
+            explored: |cfg| !cfg.policy.kinds.is_empty(),
+            reached: |_, s| s.seen.budget_exhausted,
+        },
+        Sometimes {
+            name: "recorded step replayed",
+            explored: |cfg| cfg.steps,
+            reached: |_, s| s.seen.step_replayed,
+        },
+        Sometimes {
+            name: "late progress refused",
+            explored: |cfg| cfg.steps,
+            reached: |_, s| s.seen.progress_refused,
+        },
+        Sometimes {
+            name: "a call waits for a held slot",
+            explored: |cfg| cfg.limits,
+            reached: |_, s| s.seen.slot_waited,
+        },
+        Sometimes {
+            name: "reclaim takes over an attempt past partition 0",
+            explored: |cfg| cfg.policy.partitions > 1,
+            reached: |_, s| {
+                attempts_pair(s, |prev, next| {
+                    prev.dispatch == next.dispatch && next.entry_id.partition > 0
+                })
+            },
+        },
+        Sometimes {
+            name: "entry of a deleted run acknowledged",
+            explored: |cfg| cfg.policy.keep_finished_ms > 0,
+            reached: |_, s| s.seen.retired_delivered,
+        },
+        Sometimes {
+            name: "a retry under a key answers its deleted run",
+            explored: |cfg| cfg.policy.keep_finished_ms > 0,
+            reached: |_, s| s.seen.key_outlived_run,
+        },
+        Sometimes {
+            name: "an idle consumer forgotten",
+            explored: |cfg| cfg.consumers,
+            reached: |_, s| s.seen.consumer_forgotten,
+        },
+    ];
 
 const _: () = assert!(SOMETIMES.len() <= 32, "one bit per entry in a u32");
 

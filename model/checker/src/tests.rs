@@ -273,17 +273,24 @@ fn standard_holds_and_reaches_every_interesting_path() {
 /// `cfg` explored completely, no property violated, and `sometimes`
 /// property `name` reached.
 fn holds_and_reaches(cfg: &Config, name: &str) {
+    holds_and_reaches_each(cfg, &[name]);
+}
+
+/// [`holds_and_reaches`] for each of `names`, in one exploration.
+fn holds_and_reaches_each(cfg: &Config, names: &[&str]) {
     let r = report::check(cfg, &opts());
     assert!(r.complete, "incomplete exploration");
     for (property, v) in &r.properties {
         assert_ne!(*v, Verdict::Violated, "{property}");
     }
-    let reached = r
-        .properties
-        .iter()
-        .find(|(p, _)| *p == name)
-        .map(|(_, v)| *v);
-    assert_eq!(reached, Some(Verdict::Reached), "{name}");
+    for name in names {
+        let reached = r
+            .properties
+            .iter()
+            .find(|(p, _)| p == name)
+            .map(|(_, v)| *v);
+        assert_eq!(reached, Some(Verdict::Reached), "{name}");
+    }
 }
 
 /// A trimmed pending entry whose holder is gone is recovered once idle,
@@ -326,6 +333,20 @@ fn unknown_errors_are_retried_up_to_the_cap() {
 #[ignore = "release mode only: run by `cargo xtask test`"]
 fn budgets_fail_their_runs_once_spent() {
     holds_and_reaches(&Config::budget(), "spent budget fails its run");
+}
+
+/// A run submitted with a delay starts only once time has passed, and a
+/// cancel while it waits ends it with no attempt (S15).
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn delays_hold_and_delayed_runs_start_when_due() {
+    holds_and_reaches_each(
+        &Config::delays(),
+        &[
+            "delayed run started when due",
+            "delayed run cancelled while it waits",
+        ],
+    );
 }
 
 #[test]
@@ -461,5 +482,6 @@ mod mutants {
         mutant_reclaim_one_partition: ReclaimOnePartition on standard;
         mutant_forget_keys: ForgetKeys on retention;
         mutant_forget_holders: ForgetHolders on small;
+        mutant_promote_early: PromoteEarly on small;
     }
 }

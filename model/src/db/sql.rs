@@ -457,6 +457,21 @@ ALTER TABLE attempts ALTER COLUMN claimed_at SET DEFAULT pelican_now_ms();
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS ended_at bigint;
 "#;
 
+/// Migration 20: delayed runs. A run submitted with a delay is inserted
+/// `delayed`, with its due time in `retry_at` (found by the retry pass
+/// through `runs_retry_order`, as due retries are) and kept in `due_at`,
+/// which no later statement changes. The status check is replaced to allow
+/// `delayed`: added `NOT VALID` (no scan under the exclusive lock) and then
+/// validated, which lets writers go on. A unit test holds its list to
+/// `RunStatus::ALL`.
+pub const SCHEMA_DELAYED: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS due_at bigint;
+ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_status_check;
+ALTER TABLE runs ADD CONSTRAINT runs_status_check CHECK (status IN
+    ('delayed','queued','running','retry_wait','succeeded','failed','cancelled','dead')) NOT VALID;
+ALTER TABLE runs VALIDATE CONSTRAINT runs_status_check;
+"#;
+
 /// The reads of a snapshot of every table (`PgDb::snapshot`, for tests and
 /// operators' checks: the invariants run over it), one per table, in one
 /// transaction opened with [`snapshot::ISOLATION`]. Each reads the columns

@@ -33,7 +33,7 @@
 
 use super::answers::{Query, Shape, shape};
 use super::class::{Class, class_of};
-use super::{Candidate, Db, NewRunRow, RunFilter, RunRow};
+use super::{Candidate, Db, Delay, NewRunRow, RunFilter, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
 use crate::status::{ErrorClass, RunStatus};
 use crate::time::Timestamp;
@@ -572,34 +572,91 @@ macro_rules! delete_picked {
 
 use DbReply::{Candidates, Rows};
 
+/// When a new run is due, from its `delay_ms` and `at_ms` ([`Delay::due`]):
+/// NULL when both are 0.
+macro_rules! due {
+    ($delay:literal, $at:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $delay,
+            " > 0 OR ",
+            $at,
+            " > 0 THEN GREATEST(pelican_now_ms() + ",
+            $delay,
+            ", ",
+            $at,
+            ") END"
+        )
+    };
+}
+
+/// The columns an insert of a new run writes, in [`insert_values`]'s order
+/// after its id, kind and input.
+macro_rules! insert_columns {
+    () => {
+        "run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, \
+         deadline_ms, trace_parent, retry_at, due_at"
+    };
+}
+
+/// The values of a new run after its id, kind and input, from its due time
+/// (`due`, NULL: none), attempts, budget and trace: `delayed` until due,
+/// else `queued`; its budget counted from its due time, or from now.
+macro_rules! insert_values {
+    ($due:literal, $attempts_max:literal, $budget_ms:literal, $trace:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $due,
+            " IS NULL THEN 'queued' ELSE 'delayed' END, 1, 0, 0, ",
+            $attempts_max,
+            ", coalesce(",
+            $due,
+            ", pelican_now_ms()) + NULLIF(",
+            $budget_ms,
+            ", 0), NULLIF(",
+            $trace,
+            ", ''), ",
+            $due,
+            ", ",
+            $due
+        )
+    };
+}
+
 /// A statement's `budget_ms` (0: no budget).
 fn budget(budget_ms: u64) -> Option<u64> {
     (budget_ms > 0).then_some(budget_ms)
 }
 
 statements! {
-    /// A new run, `queued`, dispatch 1, not yet published, whose elapsed
-    /// budget (`budget_ms`, 0: none) starts now by Postgres's clock, under
-    /// the caller's W3C `traceparent` `trace` (`""`: none).
+    /// A new run, dispatch 1, not yet published, under the caller's W3C
+    /// `traceparent` `trace` (`""`: none): `queued`; or `delayed` until
+    /// `delay_ms` from now and `at_ms` (Unix ms) have both passed by
+    /// Postgres's clock, when either is not 0 ([`Delay`]). Its elapsed
+    /// budget (`budget_ms`, 0: none) starts then, or now.
     /// Idempotent: a second insert of the same id affects no row.
-    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, trace: String } => {
+    InsertRun { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, trace: String, delay_ms: u64, at_ms: u64 } => {
         name: "insert_run",
         access: Write,
         class: [],
         reply: Rows,
-        sql: "INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
-              VALUES ($1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0), NULLIF($6, '')) \
-              ON CONFLICT (run_id) DO NOTHING",
-        many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[]) \
-                  AS i(run_id, kind, input, attempts_max, budget_ms, trace)) \
-              INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
-              SELECT run_id, kind, input, 'queued', 1, 0, 0, attempts_max, pelican_now_ms() + NULLIF(budget_ms, 0), NULLIF(trace, '') \
+        sql: concat!("WITH d AS (SELECT ", due!("$7", "$8"), " AS due) \
+              INSERT INTO runs (", insert_columns!(), ") \
+              SELECT $1, $2, $3, ", insert_values!("d.due", "$4", "$5", "$6"), " FROM d \
+              ON CONFLICT (run_id) DO NOTHING"),
+        many: concat!("WITH input AS ( \
+                SELECT i.*, ", due!("i.delay_ms", "i.at_ms"), " AS due \
+                  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[], \
+                              $7::bigint[], $8::bigint[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms, trace, delay_ms, at_ms)) \
+              INSERT INTO runs (", insert_columns!(), ") \
+              SELECT run_id, kind, input, ", insert_values!("due", "attempts_max", "budget_ms", "trace"), " \
                 FROM input ORDER BY run_id \
-              ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+              ON CONFLICT (run_id) DO NOTHING RETURNING run_id"),
         show: [run],
         model: |db| {
-            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace };
+            let delay = Delay { delay_ms: *delay_ms, at_ms: *at_ms };
+            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace, delay };
             Rows(db.insert_run_budgeted(*run, &new))
         },
     }
@@ -609,46 +666,53 @@ statements! {
     /// run. The key row is locked before the run is inserted, so a
     /// concurrent retry with the same key waits for this one and then
     /// answers its run (`DO UPDATE` returns the latest row version, which
-    /// a plain read in the same statement could not see).
-    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String, trace: String } => {
+    /// a plain read in the same statement could not see). Only a key this
+    /// statement made inserts (`xmax = 0`: the row version is an insert's,
+    /// not `DO UPDATE`'s): a known key whose run retention deleted
+    /// answers that run and inserts nothing, as the model does.
+    InsertRunKeyed { run: RunId, kind: String, input: String, attempts_max: u32, budget_ms: u64, key: String, trace: String, delay_ms: u64, at_ms: u64 } => {
         name: "insert_run_keyed",
         access: Write,
         class: [binds_key(key)],
         reply: Keyed,
-        sql: "WITH k AS ( \
+        sql: concat!("WITH k AS ( \
                 INSERT INTO submit_keys (key, run_id, request, created_at) \
                 VALUES ($6, $1, octet_length($2) || ':' || $2 || $3, pelican_now_ms()) \
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
-                RETURNING run_id, request), \
+                RETURNING run_id, request, xmax = 0 AS fresh), \
+              d AS (SELECT ", due!("$8", "$9"), " AS due), \
               inserted AS ( \
-                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
-                SELECT $1, $2, $3, 'queued', 1, 0, 0, $4, pelican_now_ms() + NULLIF($5, 0), NULLIF($7, '') FROM k WHERE k.run_id = $1 \
+                INSERT INTO runs (", insert_columns!(), ") \
+                SELECT $1, $2, $3, ", insert_values!("d.due", "$4", "$5", "$7"), " FROM k, d WHERE k.fresh \
                 ON CONFLICT (run_id) DO NOTHING) \
-              SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k",
+              SELECT run_id, request = octet_length($2) || ':' || $2 || $3 AS same FROM k"),
         // Keys distinct within a batch (the submitter sends a key again
         // only after its first run's answer), taken in the keys' order so
         // that two batches sharing keys lock them in the same order. Each
         // row answers for its command's run (`run_id`) with the key's run
         // (`key_run`).
-        many: "WITH input AS ( \
-                SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[], $7::text[]) \
-                  AS i(run_id, kind, input, attempts_max, budget_ms, key, trace)), \
+        many: concat!("WITH input AS ( \
+                SELECT i.*, ", due!("i.delay_ms", "i.at_ms"), " AS due \
+                  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::text[], $7::text[], \
+                              $8::bigint[], $9::bigint[]) \
+                  AS i(run_id, kind, input, attempts_max, budget_ms, key, trace, delay_ms, at_ms)), \
               k AS ( \
                 INSERT INTO submit_keys AS s (key, run_id, request, created_at) \
                 SELECT key, run_id, octet_length(kind) || ':' || kind || input, pelican_now_ms() \
                   FROM input ORDER BY key COLLATE \"C\" \
                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key \
-                RETURNING s.key, s.run_id AS key_run, s.request), \
+                RETURNING s.key, s.run_id AS key_run, s.request, s.xmax = 0 AS fresh), \
               inserted AS ( \
-                INSERT INTO runs (run_id, kind, input, status, dispatch, active_fence, attempts, attempts_max, deadline_ms, trace_parent) \
-                SELECT i.run_id, i.kind, i.input, 'queued', 1, 0, 0, i.attempts_max, pelican_now_ms() + NULLIF(i.budget_ms, 0), NULLIF(i.trace, '') \
-                  FROM input i JOIN k ON k.key = i.key AND k.key_run = i.run_id ORDER BY i.run_id \
+                INSERT INTO runs (", insert_columns!(), ") \
+                SELECT i.run_id, i.kind, i.input, ", insert_values!("i.due", "i.attempts_max", "i.budget_ms", "i.trace"), " \
+                  FROM input i JOIN k ON k.key = i.key AND k.fresh ORDER BY i.run_id \
                 ON CONFLICT (run_id) DO NOTHING) \
               SELECT i.run_id, k.key_run, k.request = octet_length(i.kind) || ':' || i.kind || i.input AS same \
-                FROM input i JOIN k ON k.key = i.key",
+                FROM input i JOIN k ON k.key = i.key"),
         show: [run, key],
         model: |db| {
-            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace };
+            let delay = Delay { delay_ms: *delay_ms, at_ms: *at_ms };
+            let new = NewRunRow { kind, input, attempts_max: *attempts_max, budget_ms: budget(*budget_ms), trace, delay };
             let (run, same) = db.insert_run_keyed(*run, &new, key);
             DbReply::Keyed { run, same }
         },
@@ -967,15 +1031,15 @@ statements! {
                 UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
                        published_at = coalesce(published_at, pelican_now_ms()), finished_at = pelican_now_ms(), \
                        events = events + 1 \
-                 WHERE run_id = $1 AND status IN ('queued', 'running', 'retry_wait') \
+                 WHERE run_id = $1 AND status IN ('delayed', 'queued', 'running', 'retry_wait') \
                 RETURNING run_id, events, attempts, active_fence) ",
               event_row!(), "SELECT run_id, events, 'cancelled', attempts, active_fence, NULL, '' FROM done"),
         show: [run],
         model: |db| Rows(db.cancel(*run)),
     }
 
-    /// Queues up to `limit` runs whose retry is due, oldest due first, and
-    /// takes them for publication as the outbox does ([`ClaimOutbox`]):
+    /// Queues up to `limit` runs whose retry, or delay, is due, oldest due
+    /// first, and takes them for publication as the outbox does ([`ClaimOutbox`]):
     /// the promoting pass publishes them itself, so no other worker's
     /// outbox does, and a taker that dies before its XADD leaves the run
     /// to the sweeper.
@@ -987,7 +1051,7 @@ statements! {
         class: [sweeps],
         reply: Candidates,
         sql: "WITH due AS MATERIALIZED ( \
-                SELECT run_id FROM runs WHERE status = 'retry_wait' AND retry_at <= pelican_now_ms() \
+                SELECT run_id FROM runs WHERE status IN ('retry_wait', 'delayed') AND retry_at <= pelican_now_ms() \
                  ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
               taken AS ( \
                 UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
@@ -995,7 +1059,7 @@ statements! {
                 RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
               SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
         show: [],
-        model: |db| Candidates(db.promote_retries(db.clock, *limit)),
+        model: |db| Candidates(db.promote(db.clock, *limit, false)),
     }
 
     /// The outbox: takes up to `limit` queued runs nobody has published,
@@ -1496,6 +1560,27 @@ statements! {
             db.claim(*run, *dispatch, *entry, worker, *now, *lease_ms)
                 .map(|c| db.claimed_job(*run, c)),
         ),
+    }
+
+    #[cfg(feature = "mutants")]
+    /// Mutant twin of `PromoteRetries` (`PromoteEarly`): promotes every
+    /// delayed run, due or not, beside the due retries.
+    PromoteEarly { limit: usize } => {
+        name: "promote_early",
+        access: Write,
+        class: [sweeps],
+        reply: Candidates,
+        sql: "WITH due AS MATERIALIZED ( \
+                SELECT run_id FROM runs WHERE (status = 'retry_wait' AND retry_at <= pelican_now_ms()) \
+                    OR status = 'delayed' \
+                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+              taken AS ( \
+                UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
+                 WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due)) \
+                RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
+              SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
+        show: [],
+        model: |db| Candidates(db.promote(db.clock, *limit, true)),
     }
 
     #[cfg(feature = "mutants")]

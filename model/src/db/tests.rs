@@ -21,6 +21,7 @@ fn noop() -> NewRunRow<'static> {
         attempts_max: 1,
         budget_ms: None,
         trace: "",
+        delay: Delay::NONE,
     }
 }
 
@@ -213,8 +214,8 @@ fn retry_moves_to_a_new_dispatch_and_the_scheduler_requeues_when_due() {
         db.claim(RunId(1), Dispatch(1), e(1), "w0", t(600), LEASE),
         None
     );
-    assert!(db.promote_retries(t(499), 10).is_empty());
-    let promoted = db.promote_retries(t(500), 10);
+    assert!(db.promote(t(499), 10, false).is_empty());
+    let promoted = db.promote(t(500), 10, false);
     assert_eq!(promoted.len(), 1);
     assert_eq!(promoted[0].dispatch, Dispatch(2));
     assert_eq!(
@@ -280,7 +281,7 @@ fn fenced_dead_letter_records_the_attempt_history() {
         .claim(RunId(1), Dispatch(1), e(1), "w0", t(0), LEASE)
         .unwrap();
     db.schedule_retry(RunId(1), c1.fence, ErrorClass::Panic, "boom", t(0));
-    db.promote_retries(t(0), 1);
+    db.promote(t(0), 1, false);
     let c2 = db
         .claim(RunId(1), Dispatch(2), e(2), "w1", t(0), LEASE)
         .unwrap();
@@ -504,4 +505,69 @@ fn an_events_read_is_bounded_by_its_bytes() {
     assert_eq!(seqs(4, 1_000), [5, 6]);
     assert_eq!(seqs(2, 1), [3], "the first comes whatever its size");
     assert_eq!(seqs(0, 0), [1, 2], "nothing before them");
+}
+
+/// The schema's status check allows exactly the states of
+/// [`RunStatus::ALL`].
+#[test]
+fn the_status_check_lists_every_state() {
+    let check = sql::SCHEMA_DELAYED;
+    let (_, list) = check
+        .split_once("CHECK (status IN")
+        .expect("a status check");
+    let (list, _) = list.split_once(')').expect("closed");
+    let listed: Vec<&str> = list
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .trim_matches(|c| c == '(' || c == '\'' || c == '\n' || c == ' ')
+        })
+        .collect();
+    let all: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+    assert_eq!(listed, all);
+}
+
+/// A delayed run waits `delayed` until due, then the retry pass queues it;
+/// its due time stays, its budget counts from then, and a cancel ends it
+/// while it waits.
+#[test]
+fn a_delayed_run_waits_until_due() {
+    let mut db = Db::new();
+    db.clock = t(1_000);
+    let new = NewRunRow {
+        budget_ms: Some(50),
+        delay: Delay {
+            delay_ms: 200,
+            at_ms: 900,
+        },
+        ..noop()
+    };
+    assert_eq!(db.insert_run_budgeted(RunId(1), &new), 1);
+    let at = NewRunRow {
+        delay: Delay {
+            delay_ms: 0,
+            at_ms: 1_500,
+        },
+        ..noop()
+    };
+    assert_eq!(db.insert_run_budgeted(RunId(2), &at), 1);
+    let r = &db.runs[&RunId(1)];
+    assert_eq!(r.status, RunStatus::Delayed);
+    assert_eq!((r.due_at, r.retry_at), (Some(t(1_200)), Some(t(1_200))));
+    assert_eq!(r.deadline, Some(t(1_250)));
+    assert!(db.promote(t(1_199), 10, false).is_empty());
+    assert_eq!(db.claim_outbox(t(1_199), 10), vec![]);
+    let promoted = db.promote(t(1_200), 10, false);
+    assert_eq!(
+        promoted.iter().map(|c| c.run_id).collect::<Vec<_>>(),
+        [RunId(1)]
+    );
+    let r = &db.runs[&RunId(1)];
+    assert_eq!(
+        (r.status, r.retry_at, r.due_at),
+        (RunStatus::Queued, None, Some(t(1_200)))
+    );
+    assert_eq!(db.cancel(RunId(2)), 1);
+    assert_eq!(db.runs[&RunId(2)].status, RunStatus::Cancelled);
+    assert!(db.promote(t(2_000), 10, false).is_empty());
 }

@@ -185,7 +185,16 @@ impl Maintenance {
         self.report = PassReport::default();
         let limit = self.policy.sweep_batch_max;
         let (phase, op) = match task {
-            MaintenanceTask::Retries => (Phase::Promoting, DbOp::PromoteRetries { limit }),
+            MaintenanceTask::Retries => {
+                let op = DbOp::PromoteRetries { limit };
+                #[cfg(feature = "mutants")]
+                let op = if crate::injects!(self.policy, PromoteEarly) {
+                    DbOp::PromoteEarly { limit }
+                } else {
+                    op
+                };
+                (Phase::Promoting, op)
+            }
             MaintenanceTask::Outbox if crate::injects!(self.policy, NoPublishRecovery) => return,
             MaintenanceTask::Outbox => (Phase::ListingOutbox, DbOp::ClaimOutbox { limit }),
             MaintenanceTask::Sweep if crate::injects!(self.policy, NoSweep) => return,

@@ -119,6 +119,9 @@ mutants! {
     /// Housekeeping deletes idle consumers whatever they hold: their
     /// pending deliveries leave the PEL unacknowledged.
     ForgetHolders,
+    /// The retry pass promotes delayed runs whether they are due or not:
+    /// a run submitted with a delay starts before its time.
+    PromoteEarly,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -3,6 +3,7 @@
 //! reply is lost, the run is still accepted: the outbox publishes it.
 
 use super::{Command, DbOp, DbReply, Input, JobEntry, Policy, StreamOp, StreamReply};
+use crate::db::Delay;
 use crate::ids::{Dispatch, Partition, RunId};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -12,7 +13,8 @@ use std::collections::VecDeque;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SubmitterEnd {
     /// 202: the run row is durable. `published` says whether the XADD was
-    /// confirmed (if not, the outbox publishes it).
+    /// confirmed (if not, the outbox publishes it; a delayed run is
+    /// published when due, by the retry pass).
     Accepted {
         /// The XADD was confirmed and recorded.
         published: bool,
@@ -46,6 +48,8 @@ pub struct Submitter {
     partition: Partition,
     phase: Phase,
     outbox: VecDeque<Command>,
+    /// Inserted `delayed`: not published at submission.
+    delayed: bool,
 }
 
 impl Submitter {
@@ -74,6 +78,8 @@ impl Submitter {
                 attempts_max,
                 budget_ms,
                 trace: String::new(),
+                delay_ms: 0,
+                at_ms: 0,
             },
             Some(key) => DbOp::InsertRunKeyed {
                 run,
@@ -83,6 +89,8 @@ impl Submitter {
                 budget_ms,
                 key: key.to_owned(),
                 trace: String::new(),
+                delay_ms: 0,
+                at_ms: 0,
             },
         };
         Submitter {
@@ -90,6 +98,7 @@ impl Submitter {
             partition: policy.partition_of(run),
             phase: Phase::Inserting,
             outbox: VecDeque::from([Command::Db(op)]),
+            delayed: false,
         }
     }
 
@@ -103,6 +112,26 @@ impl Submitter {
         {
             traceparent.clone_into(trace);
         }
+        self
+    }
+
+    /// The same submission, not to start before `delay` ([`Delay`]): its
+    /// row is inserted `delayed` and nothing is published; the retry pass
+    /// queues and publishes it when due. [`Delay::NONE`] changes nothing.
+    #[must_use]
+    pub fn delayed(mut self, delay: Delay) -> Submitter {
+        if let Some(Command::Db(
+            DbOp::InsertRun {
+                delay_ms, at_ms, ..
+            }
+            | DbOp::InsertRunKeyed {
+                delay_ms, at_ms, ..
+            },
+        )) = self.outbox.front_mut()
+        {
+            (*delay_ms, *at_ms) = (delay.delay_ms, delay.at_ms);
+        }
+        self.delayed = delay.waits();
         self
     }
 
@@ -146,6 +175,11 @@ impl Submitter {
                 } else {
                     SubmitterEnd::KeyConflict(other)
                 })
+            }
+            (Phase::Inserting, Input::Db(DbReply::Rows(_) | DbReply::Keyed { .. }))
+                if self.delayed =>
+            {
+                Phase::Done(SubmitterEnd::Accepted { published: false })
             }
             (Phase::Inserting, Input::Db(DbReply::Rows(_) | DbReply::Keyed { .. })) => {
                 let entry = JobEntry::Job {

@@ -223,6 +223,47 @@ fn retryable_failure_schedules_a_durable_retry_with_backoff() {
     );
 }
 
+/// A delayed submission publishes nothing; the retry pass publishes it
+/// once due, and not before. The mutant's twin starts it early (S15).
+#[test]
+fn a_delayed_run_is_published_when_due() {
+    let mut world = World::at(T0);
+    let delay = crate::db::Delay {
+        delay_ms: 5_000,
+        at_ms: 0,
+    };
+    let mut s = Submitter::new(&policy(), RunId(1), "noop", "{}", None).delayed(delay);
+    while let Some(c) = s.poll() {
+        assert!(matches!(c, Command::Db(_)), "no publication: {c:?}");
+        let input = exec(&mut world, &c, Issuer::default());
+        s.handle(T0, input);
+    }
+    assert_eq!(s.end(), Some(SubmitterEnd::Accepted { published: false }));
+    let promote = |world: &mut World| {
+        let mut m = Maintenance::new(&policy());
+        m.start(MaintenanceTask::Retries, T0);
+        while let Some(c) = m.poll() {
+            let input = exec(world, &c, Issuer::default());
+            m.handle(T0, input);
+        }
+    };
+    world.db.clock = T0.add_ms(4_999);
+    promote(&mut world);
+    assert_eq!(world.db.runs[&RunId(1)].status, RunStatus::Delayed);
+    assert_eq!(world.redis.part(0).len(), 0);
+    world.db.clock = T0.add_ms(5_000);
+    promote(&mut world);
+    let (_, job) = read(&mut world, 1);
+    assert_eq!(
+        job,
+        JobEntry::Job {
+            run: RunId(1),
+            dispatch: Dispatch(1)
+        }
+    );
+    assert!(world.violations.is_empty(), "{:?}", world.violations);
+}
+
 #[test]
 fn the_last_attempt_dead_letters_and_notifies() {
     let mut world = World::at(T0);
@@ -550,7 +591,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 22);
+    assert_eq!(Mutant::ALL.len(), 23);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 
@@ -774,7 +815,7 @@ fn a_spent_budget_fails_the_run_without_running_it() {
     );
     // The retry is due once the budget is spent.
     world.db.clock = T0.add_ms(10_000);
-    world.db.promote_retries(T0.add_ms(10_000), usize::MAX);
+    world.db.promote(T0.add_ms(10_000), usize::MAX, false);
     let entry = JobEntry::Job {
         run: RunId(1),
         dispatch: world.db.runs[&RunId(1)].dispatch,

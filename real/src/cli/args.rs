@@ -288,10 +288,19 @@ pub(crate) enum Cmd {
         /// stores nothing and prints the key's run.
         #[arg(long)]
         key: Option<String>,
+        /// Not to start before this long from now (by Postgres's clock),
+        /// e.g. `90s`, `15m`, `2h 30m`: the run waits `delayed`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_delay)]
+        delay: Option<u64>,
+        /// Not to start before this time: RFC 3339 (`2026-12-24T18:00:00Z`)
+        /// or ms since the Unix epoch. With --delay, the later of the two.
+        #[arg(long, value_name = "TIME", value_parser = parse_at)]
+        at: Option<u64>,
         /// Submit every line of FILE instead: one JSON object a line,
-        /// `{"kind": K, "input": I, "key": KEY}` (input and key optional).
+        /// `{"kind": K, "input": I, "key": KEY, "delay_ms": N,
+        /// "run_at_ms": T}` (all but kind optional).
         /// A bad line fails alone; the rest are stored.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["kind", "key"])]
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["kind", "key", "delay", "at"])]
         from_file: Option<std::path::PathBuf>,
         /// With --from-file: lines inserted, published and marked together.
         #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -614,4 +623,29 @@ pub(crate) struct WorkerArgs {
     /// replays it through the protocol.
     #[arg(long, env = "PELICAN_TRACE_FILE")]
     pub(crate) trace_file: Option<std::path::PathBuf>,
+}
+
+/// `--delay`: a duration as humantime reads it (`90s`, `2h 30m`), in ms.
+fn parse_delay(s: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (try 90s, 15m, 2h 30m)"))?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    crate::live::api::delay_of(Some(ms), None)?;
+    Ok(ms)
+}
+
+/// `--at`: an RFC 3339 time, or ms since the Unix epoch.
+fn parse_at(s: &str) -> Result<u64, String> {
+    let ms = match s.parse::<u64>() {
+        Ok(ms) => ms,
+        Err(_) => {
+            let t = humantime::parse_rfc3339_weak(s)
+                .map_err(|e| format!("{e} (try 2026-12-24T18:00:00Z, or ms since the epoch)"))?;
+            let since = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| "a time before 1970".to_owned())?;
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        }
+    };
+    crate::live::api::delay_of(None, Some(ms))?;
+    Ok(ms)
 }

@@ -13,7 +13,7 @@ use crate::{
     Batching, Config, Entropy, Io, NoProbe, Probe, Requeued, Worker, cancel, requeue_dead, submit,
 };
 use anyhow::{Context, Result, bail};
-use pelican_model::db::query;
+use pelican_model::db::{Delay, query};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{Policy, StreamOp, StreamReply, SubmitterEnd};
 use pelican_model::status::RunStatus;
@@ -430,6 +430,8 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             input,
             attempts_max,
             key,
+            delay,
+            at,
             from_file,
             batch_max,
         } => {
@@ -437,7 +439,15 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             match (from_file, kind) {
                 (Some(path), _) => submit_file(c, config, &path, batch_max as usize, json).await,
                 (None, Some(kind)) => {
-                    submit_one(c, config, &kind, &input, key.as_deref(), json).await
+                    let new = crate::NewRun {
+                        key,
+                        delay: Delay {
+                            delay_ms: delay.unwrap_or(0),
+                            at_ms: at.unwrap_or(0),
+                        },
+                        ..crate::NewRun::new(&kind, &input)
+                    };
+                    submit_one(c, config, new, json).await
                 }
                 (None, None) => bail!("name a KIND, or give --from-file"),
             }
@@ -489,28 +499,30 @@ pub(crate) async fn migrate(c: &Connection) -> Result<()> {
 async fn submit_one(
     c: &Connection,
     config: Config,
-    kind: &str,
-    input: &str,
-    key: Option<&str>,
+    mut new: crate::NewRun,
     json: bool,
 ) -> Result<()> {
-    api::validate_kind(kind).map_err(anyhow::Error::msg)?;
-    if let Some(k) = key {
+    api::validate_kind(&new.kind).map_err(anyhow::Error::msg)?;
+    if let Some(k) = &new.key {
         api::validate_key(k).map_err(anyhow::Error::msg)?;
     }
-    let input: serde_json::Value = serde_json::from_str(input).context("the input is not JSON")?;
+    let input: serde_json::Value =
+        serde_json::from_str(&new.input).context("the input is not JSON")?;
+    new.input = input.to_string();
+    let key = new.key.clone();
+    let key = key.as_deref();
     let clients = connect(c, 0).await?;
     let io = io(clients, config, NoProbe);
     let run = io.db.query(query::NextRunId {}).await?;
-    let new = crate::NewRun {
-        key: key.map(str::to_owned),
-        ..crate::NewRun::new(kind, &input.to_string())
-    };
     match submit(&io, run, &new).await {
         SubmitterEnd::Accepted { published } => {
             let answer = pelican_client::Submitted {
                 run_id: run,
-                status: Some(RunStatus::Queued),
+                status: Some(if new.delay.waits() {
+                    RunStatus::Delayed
+                } else {
+                    RunStatus::Queued
+                }),
                 published: Some(published),
                 existing: false,
             };
@@ -562,6 +574,8 @@ struct FileLine {
     #[serde(default = "empty_object")]
     input: serde_json::Value,
     key: Option<String>,
+    delay_ms: Option<u64>,
+    run_at_ms: Option<u64>,
 }
 
 fn empty_object() -> serde_json::Value {
@@ -580,6 +594,7 @@ fn file_line(text: &str) -> Result<crate::NewRun, String> {
         input: line.input.to_string(),
         key: line.key,
         trace: None,
+        delay: api::delay_of(line.delay_ms, line.run_at_ms)?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! Driving the short-lived roles: a maintenance pass, a submission, a cancel.
 
 use super::{DbClient, Io, Probe, RoleId, StreamClient};
-use pelican_model::db::query;
+use pelican_model::db::{Delay, query};
 use pelican_model::ids::{RunId, WorkerId};
 use pelican_model::protocol::{
     Command, Maintenance, MaintenanceTask, PassReport, Policy, Submitter, SubmitterEnd, Unavailable,
@@ -74,6 +74,8 @@ pub struct NewRun {
     /// The caller's W3C `traceparent`, if any: the run's spans join its
     /// trace.
     pub trace: Option<String>,
+    /// When it may start ([`Delay::NONE`]: at once).
+    pub delay: Delay,
 }
 
 impl NewRun {
@@ -103,6 +105,7 @@ fn submitter<S: StreamClient, D: DbClient, P: Probe>(
             input: new.input.clone(),
             key: new.key.clone(),
             trace: new.trace.clone(),
+            delay: new.delay,
         },
     );
     let s = Submitter::new(
@@ -112,10 +115,11 @@ fn submitter<S: StreamClient, D: DbClient, P: Probe>(
         &new.input,
         new.key.as_deref(),
     );
-    match &new.trace {
+    let s = match &new.trace {
         Some(t) => s.traced(t),
         None => s,
-    }
+    };
+    s.delayed(new.delay)
 }
 
 /// `count` fresh run ids, from one statement.

@@ -2,7 +2,7 @@
 //! run the protocol's roles (see the crate docs).
 
 pub use pelican_model::db::QueryError;
-use pelican_model::db::{AnswerOf, Query};
+use pelican_model::db::{AnswerOf, Delay, Query};
 use pelican_model::ids::{EntryId, Fence, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Input, MaintenanceTask, Policy, StreamOp, StreamReply, Unavailable,
@@ -216,7 +216,7 @@ pub enum Start {
         task: MaintenanceTask,
     },
     /// `Submitter::new(policy, run, kind, input, key)`, `traced(trace)`
-    /// when given.
+    /// when given, `delayed(delay)`.
     Submit {
         /// The run.
         run: RunId,
@@ -230,6 +230,9 @@ pub enum Start {
         /// The caller's `traceparent`, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         trace: Option<String>,
+        /// When it may start ([`Delay::NONE`]: at once).
+        #[serde(default, skip_serializing_if = "Delay::is_none")]
+        delay: Delay,
     },
 }
 

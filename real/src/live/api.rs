@@ -41,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pelican_client::wire;
-use pelican_model::db::query;
+use pelican_model::db::{Delay, query};
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::RunId;
 use pelican_model::protocol::{QueueState, StreamOp, StreamReply, SubmitterEnd};
@@ -65,7 +65,10 @@ mod submit;
 pub use events::event_view;
 pub use queue::queue_view;
 pub use runs::{dead_letter_view, run_view};
-pub use submit::{IDEMPOTENCY_KEY, expire_keys, validate_key, validate_kind};
+pub use submit::{
+    DELAY_MS_MAX, IDEMPOTENCY_KEY, RUN_AT_MS_MAX, delay_of, expire_keys, validate_key,
+    validate_kind,
+};
 
 /// The API's dependencies.
 pub struct ApiState {

@@ -40,7 +40,7 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
     }
 }
 
-/// Every live status (queued, running, retry_wait) with its count in
+/// Every live status (delayed, queued, running, retry_wait) with its count in
 /// `counts` ([`query::CountLive`]'s answer, which leaves out statuses with
 /// none), zero where it has none.
 pub fn live_runs(counts: &[(RunStatus, u64)]) -> impl Iterator<Item = (RunStatus, u64)> + '_ {

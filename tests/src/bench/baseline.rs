@@ -420,6 +420,8 @@ pub async fn statement_cost(
         attempts_max: 3,
         budget_ms: 0,
         trace: String::new(),
+        delay_ms: 0,
+        at_ms: 0,
     })
     .await?;
     raw_execute(&db, "ANALYZE runs")

@@ -262,7 +262,8 @@ pub(super) fn verdict(
                 | Guarantee::S11
                 | Guarantee::S12
                 | Guarantee::S13
-                | Guarantee::S14 => {
+                | Guarantee::S14
+                | Guarantee::S15 => {
                     report.other_broken += 1;
                 }
             },

@@ -125,9 +125,16 @@ impl Pick<String> for Words<'_> {
             "provider" => ["p", "q"][(w % 2) as usize].into(),
             "holder" => format!("h{}", w % 3),
             // An operator's filter: any status, or one.
-            "status" => {
-                ["", "queued", "running", "succeeded", "dead", "cancelled"][(w % 6) as usize].into()
-            }
+            "status" => [
+                "",
+                "queued",
+                "running",
+                "succeeded",
+                "dead",
+                "cancelled",
+                "delayed",
+            ][(w % 7) as usize]
+                .into(),
             // None, or a caller's trace context, stored and answered as is.
             "trace" => [
                 "",
@@ -149,6 +156,10 @@ impl Pick<u64> for Words<'_> {
             "after_published_ms" => [0, 1_000 * (w % 13) + 1_000][(w % 2) as usize],
             // No budget, or one that runs out within the drawn clocks.
             "budget_ms" => [0, 1_000, 5_000][(w % 3) as usize],
+            // Mostly no delay; else one that ends within the drawn clocks,
+            // or a due time among them (or past).
+            "delay_ms" => [0, 0, 0, 1_000 * (w % 5) + 1][(w % 4) as usize],
+            "at_ms" => [0, 0, 0, 1_000 * (w % 13) + 500][(w % 4) as usize],
             // No bound, or one among the drawn clocks.
             "ended_from_ms" | "ended_to_ms" => [0, 1_000 * (w % 13) + 1_000][(w % 2) as usize],
             _ => 2_000,

@@ -136,6 +136,8 @@ async fn race(url: &str, db: &PgDb, binding: Binding) -> Result<(), String> {
             attempts_max: 3,
             budget_ms: 0,
             trace: String::new(),
+            delay_ms: 0,
+            at_ms: 0,
         };
         model.execute(&insert);
         db.execute(&insert).await.map_err(pg)?;

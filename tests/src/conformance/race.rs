@@ -75,7 +75,7 @@ impl RunClass {
         };
         let due = match r.status {
             RunStatus::Running => r.lease_until.is_some_and(|t| t <= db.clock),
-            RunStatus::RetryWait => r.retry_at.is_some_and(|t| t <= db.clock),
+            RunStatus::RetryWait | RunStatus::Delayed => r.retry_at.is_some_and(|t| t <= db.clock),
             _ => false,
         };
         RunClass {
@@ -294,6 +294,8 @@ pub fn reachable() -> BTreeMap<RunClass, Vec<DbStep>> {
         attempts_max: 2,
         budget_ms: 0,
         trace: String::new(),
+        delay_ms: 0,
+        at_ms: 0,
     });
     let mut start = Db::new();
     start.clock = START;

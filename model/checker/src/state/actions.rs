@@ -278,10 +278,16 @@ impl State {
     fn maintenance_matters(&self, cfg: &Config, task: MaintenanceTask) -> bool {
         let db = &self.world.db;
         match task {
-            MaintenanceTask::Retries => db
-                .runs
-                .values()
-                .any(|r| r.status == RunStatus::RetryWait && r.retry_at.is_some_and(|t| t <= NOW)),
+            MaintenanceTask::Retries => {
+                let early = pelican_model::injects!(cfg.policy, PromoteEarly);
+                db.runs.values().any(|r| match r.status {
+                    RunStatus::Delayed if early => true,
+                    RunStatus::RetryWait | RunStatus::Delayed => {
+                        r.retry_at.is_some_and(|t| t <= NOW)
+                    }
+                    _ => false,
+                })
+            }
             MaintenanceTask::Outbox => {
                 !pelican_model::injects!(cfg.policy, NoPublishRecovery)
                     && db

@@ -6,7 +6,7 @@ use super::symmetry::permutations;
 use super::{Action, ApiRun, Fate, Job, Proc, Source, State, WorkerProc, run_id};
 use crate::NOW;
 use crate::config::{Budget, Config, OutcomeKind};
-use pelican_model::db::{QueryError, query};
+use pelican_model::db::{Delay, QueryError, query};
 use pelican_model::ids::{EntryId, Partition, RunId, WorkerId};
 use pelican_model::protocol::{
     Command, DbOp, DbReply, Delivery, Input, JobEntry, Ledger, Maintenance, MaintenanceTask,
@@ -416,7 +416,8 @@ impl State {
     /// `n` (S14, checked by the world as the insert executes).
     fn resubmit(&mut self, cfg: &Config, n: u8) {
         let fresh = RunId(run_id(n).0 + 100);
-        let mut s = Submitter::new(&cfg.policy, fresh, "", "", Self::key(cfg, n).as_deref());
+        let s = Submitter::new(&cfg.policy, fresh, "", "", Self::key(cfg, n).as_deref());
+        let mut s = s.delayed(Self::delay(cfg, n));
         while let Some(c) = s.poll() {
             let input = self.execute(&c, Issuer::default(), Fate::Reply);
             s.handle(NOW, input);
@@ -430,8 +431,22 @@ impl State {
         self.api[usize::from(n)] = ApiRun::Retried;
     }
 
+    /// Run `n`'s delay: with delays, the first run is due once time
+    /// passes (a tick).
+    fn delay(cfg: &Config, n: u8) -> Delay {
+        if cfg.delays && n == 0 {
+            Delay {
+                delay_ms: 1_000,
+                at_ms: 0,
+            }
+        } else {
+            Delay::NONE
+        }
+    }
+
     fn submit(&mut self, cfg: &Config, n: u8, mut fate: Fate) {
-        let mut s = Submitter::new(&cfg.policy, run_id(n), "", "", Self::key(cfg, n).as_deref());
+        let s = Submitter::new(&cfg.policy, run_id(n), "", "", Self::key(cfg, n).as_deref());
+        let mut s = s.delayed(Self::delay(cfg, n));
         while let Some(c) = s.poll() {
             let this = publish_fate(&c, &mut fate);
             let input = self.execute(&c, Issuer::default(), this);

@@ -107,7 +107,7 @@ pub(super) async fn cancel_runs(
     let status = asked.status;
     if RunStatus::parse(&status).is_none_or(RunStatus::is_terminal) {
         return Err(bad(format!(
-            "status must be queued, retry_wait or running, got {status:?}"
+            "status must be delayed, queued, retry_wait or running, got {status:?}"
         )));
     }
     let filter = Filter::new(Some(status), asked.kind, None, None)?;

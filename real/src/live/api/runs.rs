@@ -24,6 +24,7 @@ pub async fn run_view(db: &PgDb, run: RunId) -> Result<wire::Run, ApiError> {
         attempts_max: row.attempts_max,
         lease_until_ms: row.lease_until.map(|t| t.0),
         retry_at_ms: row.retry_at.map(|t| t.0),
+        due_at_ms: row.due_at.map(|t| t.0),
         entry_id: row.entry_id.map(|e| e.to_string()),
         result: row.result.as_deref().map(as_json),
         error: row.error.map(run_error),

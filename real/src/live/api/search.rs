@@ -10,7 +10,7 @@ use super::*;
 #[into_params(parameter_in = Query)]
 pub(super) struct Page {
     /// Only runs of this status.
-    #[param(pattern = r"^(queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
+    #[param(pattern = r"^(delayed|queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
     status: Option<String>,
     /// Only runs of this kind.
     #[param(pattern = r"^([a-z0-9_.-]{1,64})?$")]
@@ -38,7 +38,7 @@ pub(super) struct Page {
 #[into_params(parameter_in = Query)]
 pub(super) struct Matching {
     /// Only runs of this status.
-    #[param(pattern = r"^(queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
+    #[param(pattern = r"^(delayed|queued|running|retry_wait|succeeded|failed|dead|cancelled)?$")]
     status: Option<String>,
     /// Only runs of this kind.
     #[param(pattern = r"^([a-z0-9_.-]{1,64})?$")]

@@ -40,6 +40,31 @@ pub fn validate_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest delay a submission may ask for: ten years.
+pub const DELAY_MS_MAX: u64 = 10 * 366 * 24 * 3_600 * 1_000;
+
+/// The latest `run_at_ms` a submission may name: the end of year 9999.
+pub const RUN_AT_MS_MAX: u64 = 253_402_300_799_999;
+
+/// A submission's delay from its `delay_ms` and `run_at_ms`, checked.
+///
+/// # Errors
+/// Either is past its bound ([`DELAY_MS_MAX`], [`RUN_AT_MS_MAX`]).
+pub fn delay_of(delay_ms: Option<u64>, run_at_ms: Option<u64>) -> Result<Delay, String> {
+    let (delay_ms, at_ms) = (delay_ms.unwrap_or(0), run_at_ms.unwrap_or(0));
+    if delay_ms > DELAY_MS_MAX {
+        return Err(format!(
+            "delay_ms is {delay_ms}; at most {DELAY_MS_MAX} (ten years)"
+        ));
+    }
+    if at_ms > RUN_AT_MS_MAX {
+        return Err(format!(
+            "run_at_ms is {at_ms}; at most {RUN_AT_MS_MAX} (the end of year 9999)"
+        ));
+    }
+    Ok(Delay { delay_ms, at_ms })
+}
+
 /// `POST /runs`.
 #[utoipa::path(post, path = "/runs", tag = "runs", request_body = wire::SubmitBody,
     params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "1–255 visible ASCII; a retry with it answers the first run (one run only)"),
@@ -47,7 +72,7 @@ pub fn validate_key(key: &str) -> Result<(), String> {
     responses(
         (status = 202, description = "stored (and published, or left to the outbox)", body = wire::Submitted),
         (status = 200, description = "the key's run existed; or, for an array, one answer per item", body = wire::SubmitAnswer),
-        (status = 400, description = "bad JSON, kind or key; an empty array", body = wire::ErrorBody),
+        (status = 400, description = "bad JSON, kind, key or delay; an empty array", body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
         (status = 413, description = "body over the limit, or more items than --bulk-max", body = wire::ErrorBody),
         (status = 415, description = "the body is not `Content-Type: application/json`", body = wire::ErrorBody),
@@ -92,6 +117,7 @@ pub(super) async fn create_run(
         )
     })?;
     validate_kind(&new.kind).map_err(bad)?;
+    let delay = delay_of(new.delay_ms, new.run_at_ms).map_err(bad)?;
     let input = serde_json::to_string(&new.input).expect("a JSON value serializes");
     let Ok(run) = state.io.db.inner().query(query::NextRunId {}).await else {
         // Nothing was sent that could store a run.
@@ -107,13 +133,15 @@ pub(super) async fn create_run(
         input,
         key: key.clone(),
         trace: trace.map(|t| t.header()),
+        delay,
     };
     let end = submit(&state.io, run, &submission).await;
     if let SubmitterEnd::Accepted { published } = end {
-        tracing::info!(%run, kind = %submission.kind, published, "run accepted");
+        let delayed = delay.waits();
+        tracing::info!(%run, kind = %submission.kind, published, delayed, "run accepted");
     }
     submit_span(&state, (run, &submission), caller, end, start);
-    let mut answer = answer_of(end, run, key.as_deref());
+    let mut answer = answer_of(end, run, &submission);
     if answer.existing {
         // A lone submission answers the key's run with its status.
         let read = query::ReadRun {
@@ -127,14 +155,19 @@ pub(super) async fn create_run(
 
 /// What a submission's end answers, alone or as an array's item: the
 /// status code and body a lone submission of `run` under `key` has.
-fn answer_of(end: SubmitterEnd, run: RunId, key: Option<&str>) -> wire::BulkItem {
+fn answer_of(end: SubmitterEnd, run: RunId, submitted: &Submission) -> wire::BulkItem {
+    let key = submitted.key.as_deref();
     let refusal = |code: StatusCode, error: String| wire::BulkItem::refused(code.as_u16(), error);
     match end {
         SubmitterEnd::Accepted { published } => wire::BulkItem::run(
             StatusCode::ACCEPTED.as_u16(),
             wire::Submitted {
                 run_id: run,
-                status: Some(RunStatus::Queued),
+                status: Some(if submitted.delay.waits() {
+                    RunStatus::Delayed
+                } else {
+                    RunStatus::Queued
+                }),
                 published: Some(published),
                 existing: false,
             },
@@ -204,7 +237,8 @@ fn response_of(answer: wire::BulkItem) -> Response {
     }
 }
 
-/// `POST /runs` with an array: each item a run (`{"kind", "input", "key"}`),
+/// `POST /runs` with an array: each item a run (`{"kind", "input", "key",
+/// "delay_ms", "run_at_ms"}`),
 /// all submitted together ([`submit_many`]: one statement for their ids,
 /// one for their inserts, a pipeline of XADDs, one statement for the
 /// marks). Each item gets its own answer, with the status code a lone
@@ -258,7 +292,7 @@ pub(super) async fn create_runs(
         .filter(|e| matches!(e, SubmitterEnd::Accepted { .. }))
         .count();
     for ((i, end), (run, submitted)) in at.into_iter().zip(ends).zip(&runs) {
-        answers[i] = Some(answer_of(end, *run, submitted.key.as_deref()));
+        answers[i] = Some(answer_of(end, *run, submitted));
         submit_span(state, (*run, submitted), caller, end, start);
     }
     tracing::info!(runs = answers.len(), accepted, "bulk submission");
@@ -277,11 +311,13 @@ pub(super) fn bulk_item(item: Value) -> Result<Submission, (StatusCode, String)>
     if let Some(k) = &run.key {
         validate_key(k).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     }
+    let delay = delay_of(run.delay_ms, run.run_at_ms).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     Ok(Submission {
         kind: run.kind,
         input: serde_json::to_string(&run.input).expect("a JSON value serializes"),
         key: run.key,
         trace: None,
+        delay,
     })
 }
 

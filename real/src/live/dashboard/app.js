@@ -7,7 +7,7 @@
 const view = document.getElementById("view");
 const conn = document.getElementById("conn");
 const TERMINAL = ["succeeded", "failed", "dead", "cancelled"];
-const STATUSES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"];
+const STATUSES = ["delayed", "queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"];
 
 let token = sessionStorage.getItem("pelican-token") || "";
 // Every route change starts a new page: the old one's timers and streams
@@ -204,7 +204,7 @@ function confirmBulk(count, label, send) {
 
 async function bulkCancel() {
   const status = filter.status || "queued";
-  if (!["queued", "retry_wait", "running"].includes(status)) throw new Error("bulk cancel takes queued, retry_wait or running runs: pick one of those statuses");
+  if (!["delayed", "queued", "retry_wait", "running"].includes(status)) throw new Error("bulk cancel takes delayed, queued, retry_wait or running runs: pick one of those statuses");
   const p = new URLSearchParams({ status });
   if (filter.kind) p.set("kind", filter.kind);
   const count = await api("GET", `/runs/count?${p}`);
@@ -295,7 +295,8 @@ function runPage(gen, id) {
 async function run(gen, id) {
   const r = await api("GET", `/runs/${id}`);
   if (gen !== generation) return;
-  document.getElementById("run-status").innerHTML = pill(r.status);
+  const due = r.due_at_ms ? ` <span class="muted" id="run-due">${r.status === "delayed" ? "starts at" : "was due"} ${when(r.due_at_ms)}</span>` : "";
+  document.getElementById("run-status").innerHTML = pill(r.status) + due;
   const active = r.attempts.length && r.status === "running" ? r.attempts[r.attempts.length - 1].attempt : null;
   document.getElementById("attempts").innerHTML = r.attempts.length
     ? r.attempts.map((a) => `<li class="${a.outcome ? "ended" : ""} ${a.outcome === "succeeded" ? "succeeded" : ""}" data-attempt="${a.attempt}" data-fence="${a.fence}">

@@ -93,6 +93,7 @@ pub fn migrator() -> Migrator {
         migration(17, "due retries in order", sql::SCHEMA_RETRY_ORDER),
         migration(18, "trace context", sql::SCHEMA_TRACE),
         migration(19, "attempt times", sql::SCHEMA_ATTEMPT_TIMES),
+        migration(20, "delayed runs", sql::SCHEMA_DELAYED),
     ])
 }
 

@@ -86,6 +86,7 @@ pub(super) fn run_row(r: &PgRow) -> Result<RunRow, PgError> {
         deadline: time("deadline_ms", r.try_get("deadline_ms")?)?,
         events: unsigned32("events", r.try_get("events")?)?,
         trace: r.try_get("trace_parent")?,
+        due_at: time("due_at", r.try_get("due_at")?)?,
     })
 }
 
