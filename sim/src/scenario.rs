@@ -77,6 +77,7 @@ impl Scenario {
                 call_timeout_ms: 1_000,
                 reclaim_every_ms: 1_000,
                 maintenance_every_ms: 1_000,
+                promote_every_ms: 250,
                 shutdown_grace_ms: 2_000,
                 job_timeout_ms: 20_000,
                 retention_ms: 3_000,

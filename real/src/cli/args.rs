@@ -575,6 +575,13 @@ pub(crate) struct WorkerArgs {
     /// behind then is due again at once (`pelican_maintenance_behind`).
     #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
     pub(crate) maintenance_every_ms: u64,
+    /// Between maintenance rounds, the retry pass alone runs this often:
+    /// the longest a due retry or delayed run waits to be queued. Each
+    /// pass is one indexed statement; at or above --maintenance-every-ms,
+    /// only the rounds run it.
+    #[arg(long, env = "PELICAN_PROMOTE_EVERY_MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) promote_every_ms: u64,
     /// Rows one maintenance pass takes at most: retries promoted, runs
     /// published by the outbox, runs checked by the sweeper, runs deleted.
     /// A batch's publications go to Redis as one pipeline, its marks,

@@ -212,6 +212,7 @@ fn worker_config(c: &Connection, a: &WorkerArgs, handlers: fn(&mut Registry)) ->
         call_timeout_ms: c.call_timeout_ms,
         reclaim_every_ms: a.reclaim_every_ms,
         maintenance_every_ms: a.maintenance_every_ms,
+        promote_every_ms: a.promote_every_ms,
         shutdown_grace_ms: a.shutdown_grace_ms,
         job_timeout_ms: a.job_timeout_ms,
         retention_ms: if a.no_maintenance { 0 } else { a.retention_ms },

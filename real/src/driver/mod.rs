@@ -256,6 +256,12 @@ pub struct Config {
     /// retention); also the longest a task's passes run back to back
     /// while they come back full, before the other tasks get their turn.
     pub maintenance_every_ms: u64,
+    /// Between maintenance rounds, the retry pass alone runs this often:
+    /// the longest a due retry or delayed run waits to be queued (each
+    /// pass is one indexed statement). At or above `maintenance_every_ms`,
+    /// only the rounds run it.
+    #[serde(default = "promote_every_ms")]
+    pub promote_every_ms: u64,
     /// On shutdown, how long in-flight jobs may take to finish; the rest stay
     /// pending and are reclaimed by other workers.
     pub shutdown_grace_ms: u64,
@@ -273,6 +279,10 @@ pub struct Config {
     pub clock_offset_ms: i64,
 }
 
+fn promote_every_ms() -> u64 {
+    100
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -283,6 +293,7 @@ impl Default for Config {
             call_timeout_ms: 5_000,
             reclaim_every_ms: 5_000,
             maintenance_every_ms: 1_000,
+            promote_every_ms: promote_every_ms(),
             shutdown_grace_ms: 30_000,
             job_timeout_ms: 3_600_000,
             retention_ms: 86_400_000,

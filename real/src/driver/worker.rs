@@ -239,7 +239,8 @@ async fn reclaim_loop<S, D, P, X>(
 
 /// Every `maintenance_every_ms`, a round: promote due retries, publish the
 /// outbox, delete runs past their keep, and every [`sweep_every_passes`]
-/// rounds sweep for orphaned runs; then trim the streams.
+/// rounds sweep for orphaned runs; then trim the streams. Between rounds,
+/// the retry pass alone every `promote_every_ms` ([`promote_until`]).
 ///
 /// A task whose pass came back full ([`PassReport::full`]) runs its next
 /// pass at once, for up to `maintenance_every_ms`; one still behind after
@@ -262,10 +263,9 @@ async fn maintenance_loop<S, D, P>(
     let mut behind: BTreeSet<MaintenanceTask> = BTreeSet::new();
     for round in 1_u64.. {
         if behind.is_empty() {
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|s| *s) => return,
-                () = tokio::time::sleep(every) => {}
+            let end = tokio::time::Instant::now() + every;
+            if !promote_until(&io, worker, &mut m, &mut stop, end).await {
+                return;
             }
         }
         let sweep = round % sweep_every == 0 || behind.contains(&MaintenanceTask::Sweep);
@@ -292,6 +292,41 @@ async fn maintenance_loop<S, D, P>(
                 let _ = io.run(&RoleId::Retention(worker), retain, by).await;
             }
         }
+    }
+}
+
+/// Until `end`, the retry pass every `promote_every_ms` (on maintenance
+/// loop `m`), so that a due retry or delayed run is queued within that,
+/// not within a round; passes that come back full go on at once. `false`:
+/// the worker is stopping.
+async fn promote_until<S, D, P>(
+    io: &Io<S, D, P>,
+    worker: WorkerId,
+    m: &mut Maintenance,
+    stop: &mut watch::Receiver<bool>,
+    end: tokio::time::Instant,
+) -> bool
+where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+{
+    let period = Duration::from_millis(io.config.promote_every_ms.max(1));
+    loop {
+        let next = (tokio::time::Instant::now() + period).min(end);
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return false,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        if next >= end {
+            return true;
+        }
+        while super::maintain(io, worker, m, MaintenanceTask::Retries)
+            .await
+            .full
+            && tokio::time::Instant::now() < end
+        {}
     }
 }
 

@@ -63,6 +63,7 @@ use std::collections::BTreeMap;
 
 pub mod baseline;
 pub mod cpu;
+pub mod delays;
 pub mod instructions;
 pub mod steady;
 pub mod submission;
@@ -140,6 +141,11 @@ pub struct BenchPlan {
     /// Runs behind each measure of the statements alone (0: skip them;
     /// they are measured only with the baselines).
     pub statement_runs: u32,
+    /// Delayed runs submitted a second for `latency_seconds`, each delayed
+    /// `delay_ms`, to measure how late they start ([`delays`]; 0: skip).
+    pub delay_rate: u32,
+    /// Their delay.
+    pub delay_ms: u64,
 }
 
 impl Default for BenchPlan {
@@ -167,6 +173,8 @@ impl Default for BenchPlan {
             redis_cluster: true,
             partitions: 1,
             statement_runs: 100_000,
+            delay_rate: 200,
+            delay_ms: 1_000,
         }
     }
 }
@@ -219,6 +227,8 @@ pub struct LiveFigures {
     pub p99_ms: f64,
     /// The second latency run: its rate, p50 and p99 in ms.
     pub latency_high: Option<(u32, f64, f64)>,
+    /// How late delayed runs started ([`delays`]).
+    pub delays: Option<delays::Lateness>,
     /// The worker's instructions per delivery ([`instructions`]).
     pub instructions_per_delivery: Option<f64>,
     /// Runs the kills interrupted.
@@ -472,6 +482,10 @@ impl LiveFigures {
             "latency_rate_high": self.latency_high.map(|(rate, ..)| rate),
             "live_p50_ms_high": self.latency_high.map(|(_, p50, _)| round(p50, 1)),
             "live_p99_ms_high": self.latency_high.map(|(.., p99)| round(p99, 1)),
+            "delay_runs": self.delays.map(|d| d.runs),
+            "delay_start_late_p50_ms": self.delays.map(|d| round(d.p50_ms, 0)),
+            "delay_start_late_p99_ms": self.delays.map(|d| round(d.p99_ms, 0)),
+            "delay_start_late_max_ms": self.delays.map(|d| round(d.max_ms, 0)),
             "live_jobs_per_s_shipped_statements": median(&self.statements_drains).map(|x| round(x, 0)),
             "cost_drains_shipped_statements": self.statements_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
         });
@@ -818,6 +832,10 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     if plan.latency_rate_high > 0 {
         let (_, p50, p99) = latency_at(&rt, &cluster, plan, plan.latency_rate_high);
         figures.latency_high = Some((plan.latency_rate_high, p50, p99));
+    }
+    if plan.delay_rate > 0 {
+        let at = (plan.delay_rate, plan.latency_seconds, plan.delay_ms);
+        figures.delays = Some(delays::lateness(&rt, &cluster, plan, at));
     }
     if plan.instructions_runs > 0 {
         figures.instructions_per_delivery = Some(

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use std::process::ExitCode;
 
 /// The live figures the summary carries, under their own names.
-const SUMMARY_LIVE_KEYS: [&str; 36] = [
+const SUMMARY_LIVE_KEYS: [&str; 38] = [
     "live_jobs_per_s",
     "submit_from_file_per_s",
     "submit_api_per_s",
@@ -36,6 +36,8 @@ const SUMMARY_LIVE_KEYS: [&str; 36] = [
     "latency_rate_high",
     "live_p50_ms_high",
     "live_p99_ms_high",
+    "delay_start_late_p50_ms",
+    "delay_start_late_p99_ms",
     "recovery_p50_ms",
     "recovery_p99_ms",
     "maintenance_pass_ms_1m_finished",
@@ -75,6 +77,10 @@ struct Args {
     /// many and three times as many under valgrind (0: skip them).
     #[arg(long, default_value_t = BenchPlan::default().instructions_runs)]
     instructions_runs: u32,
+    /// Delayed runs a second, as long as the latency run, to measure how
+    /// late they start after their due time (0: skip them).
+    #[arg(long, default_value_t = BenchPlan::default().delay_rate)]
+    delay_rate: u32,
     /// Seconds of the latency run.
     #[arg(long, default_value_t = BenchPlan::default().latency_seconds, value_parser = clap::value_parser!(u32).range(1..))]
     latency_seconds: u32,
@@ -201,6 +207,7 @@ fn main() -> ExitCode {
         redis_cluster: !a.no_redis_cluster,
         partitions: a.partitions,
         statement_runs: a.statement_runs,
+        delay_rate: a.delay_rate,
         ..BenchPlan::default()
     };
     let soak = match parse("soak", a.soak_json.as_deref()) {
@@ -415,6 +422,13 @@ fn main() -> ExitCode {
         summary["live_p99_ms_high"].to_string(),
         summary["latency_rate_high"],
         summary["live_p50_ms_high"]
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (p50 {}; {} runs delayed 1 s, started after their due time)",
+        "delay_start_late_p99_ms",
+        summary["delay_start_late_p99_ms"].to_string(),
+        summary["delay_start_late_p50_ms"],
+        live["delay_runs"]
     );
     eprintln!(
         "  {:<22} {:>14}   ({} runs, slowest {} ms)",

@@ -459,7 +459,7 @@ impl Soak {
         accepted.keys().copied().collect()
     }
 
-    /// The audit of the state left (S1–S14 over every run still kept), and
+    /// The audit of the state left (S1–S15 over every run still kept), and
     /// the judgement of the answers, the samples and the wipe.
     fn verdict(&mut self) {
         let db = self.env.db();
