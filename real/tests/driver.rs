@@ -100,6 +100,7 @@ fn config() -> Config {
         call_timeout_ms: 500,
         reclaim_every_ms: 100,
         maintenance_every_ms: 50,
+        promote_every_ms: 10,
         shutdown_grace_ms: 100,
         job_timeout_ms: 10_000,
         retention_ms: 200,

@@ -73,6 +73,9 @@ pub(crate) fn run(r: &wire::Run) -> String {
     if let Some(lease) = r.lease_until_ms {
         let _ = writeln!(out, "lease until {} (Postgres's clock)", utc(lease));
     }
+    if let Some(due) = r.due_at_ms {
+        let _ = writeln!(out, "due at  {} (Postgres's clock)", utc(due));
+    }
     if !r.attempts.is_empty() {
         out.push('\n');
         let rows: Vec<Vec<String>> = r
