@@ -1324,6 +1324,18 @@ impl Db {
         count_by_status(self.runs.values())
     }
 
+    /// [`Statement::DueLag`]: how long before `now` the earliest due
+    /// retry or delayed run fell due (0: none is due).
+    #[must_use]
+    pub fn due_lag(&self, now: Timestamp) -> u64 {
+        self.runs
+            .values()
+            .filter(|r| matches!(r.status, RunStatus::RetryWait | RunStatus::Delayed))
+            .filter_map(|r| r.retry_at)
+            .min()
+            .map_or(0, |due| now.ms_since(due))
+    }
+
     /// [`Statement::CountLive`]: as [`Db::count_runs`], for the runs not
     /// finished (the `runs_live` index; finished runs are never scanned).
     #[must_use]

@@ -346,8 +346,8 @@ fn truncating_runs_empties_the_live_counts() {
 /// Delayed runs, and keys that outlive their runs, in Postgres as in the
 /// model: a run inserted with `delay_ms` or `run_at_ms` waits `delayed`
 /// until the retry pass queues it when due (a past `run_at_ms` is due at
-/// once), is cancellable while it waits, and its budget counts from its
-/// due time; a keyed insert whose key outlived its run (deleted by
+/// once), is cancellable while it waits, its budget counts from its due
+/// time, and the lag of the most overdue is read as the model reads it; a keyed insert whose key outlived its run (deleted by
 /// retention) answers that run and inserts nothing, even under the same
 /// run id.
 #[test]
@@ -394,6 +394,7 @@ fn delayed_runs_and_kept_keys_answer_as_the_model() {
         insert(4, 0, at / 2, None),
         insert(5, 3_000, 0, None),
         one(DbOp::Cancel { run: RunId(5) }),
+        one(DbOp::DueLag),
         one(DbOp::PromoteRetries { limit: 10 }),
         DbStep::Clock(Timestamp(at + 2_000)),
         one(DbOp::PromoteRetries { limit: 1 }),
@@ -411,7 +412,9 @@ fn delayed_runs_and_kept_keys_answer_as_the_model() {
             result: "ok".into(),
         }),
         DbStep::Clock(Timestamp(at + 9_000)),
+        one(DbOp::DueLag),
         one(DbOp::PromoteRetries { limit: 10 }),
+        one(DbOp::DueLag),
         one(DbOp::DeleteFinished {
             keep_ms: 1_000,
             limit: 10,

@@ -1179,6 +1179,22 @@ statements! {
         model: |db| Rows(u64::from(db.agree_partitions(*partitions))),
     }
 
+    /// How long the most overdue run (a due retry, or a delayed run past
+    /// its due time) has waited to be queued, in ms by Postgres's clock;
+    /// 0 when none is due. The retry pass's lag: the first entry of
+    /// `runs_retry_order`, however many runs wait.
+    DueLag => {
+        name: "due_lag",
+        access: Read,
+        class: [],
+        reply: Value,
+        sql: "SELECT GREATEST(coalesce(pelican_now_ms() - (SELECT retry_at FROM runs \
+                WHERE status IN ('retry_wait', 'delayed') AND retry_at IS NOT NULL \
+                ORDER BY retry_at LIMIT 1), 0), 0) AS value",
+        show: [],
+        model: |db| Rows(db.due_lag(db.clock)),
+    }
+
     /// The deployment's stored partition count (0: none stored yet).
     ReadPartitions => {
         name: "read_partitions",

@@ -38,6 +38,9 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
             metrics::gauge!("pelican_runs", "status" => status.as_str()).set(n as f64);
         }
     }
+    if let Ok(lag) = db.query(query::DueLag {}).await {
+        metrics::gauge!("pelican_due_lag_ms").set(lag as f64);
+    }
 }
 
 /// Every live status (delayed, queued, running, retry_wait) with its count in

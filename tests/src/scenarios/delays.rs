@@ -111,6 +111,18 @@ pub fn delayed_runs_start_when_due(mutant: Option<&str>) {
         );
         assert!(r.due_at.is_some(), "{r:?}");
     }
+    let metrics = || -> String {
+        let mut resp = agent
+            .get(format!("{base}/metrics"))
+            .header("Authorization", "Bearer sekret")
+            .call()
+            .expect("metrics");
+        resp.body_mut().read_to_string().expect("text")
+    };
+    let text = metrics();
+    let waiting = format!("pelican_runs{{status=\"delayed\"}} {}", delayed.len() + 1);
+    assert!(text.contains(&waiting), "{waiting}: {text}");
+    assert!(text.contains("pelican_due_lag_ms 0"), "{text}");
     let (code, body) = post(&format!("/runs/{}/cancel", cancelled.0), &json!({}));
     assert_eq!(code, 200, "{body}");
     w1.kill9();
@@ -142,6 +154,10 @@ pub fn delayed_runs_start_when_due(mutant: Option<&str>) {
     }
     let r = &db.runs[&cancelled];
     assert_eq!((r.status, r.attempts), (RunStatus::Cancelled, 0), "{r:?}");
+    let text = metrics();
+    for line in ["pelican_runs{status=\"delayed\"} 0", "pelican_due_lag_ms 0"] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
     late_ms.sort_unstable();
     eprintln!(
         "delayed runs: {} attempts, claimed {:?} ms after due (min, max)",
