@@ -288,13 +288,20 @@ pub fn the_client_library_against_the_api(mutant: Option<&str>) {
             ])
             .await
             .expect("the bulk request is answered");
+        // Delayed an hour: it waits `delayed`, with its due time, and is
+        // cancelled while it waits.
+        let hour = Duration::from_secs(3_600);
         let queued = c
-            .submit(&Submit::new("noop", json!({"cancel": true})))
+            .submit(&Submit::new("noop", json!({"cancel": true})).delay(hour))
             .await
             .unwrap();
+        assert_eq!(queued.status, Some(RunStatus::Delayed));
+        let waiting = c.run(queued.run_id).await.expect("the run reads");
+        assert_eq!(waiting.status, RunStatus::Delayed);
+        assert!(waiting.due_at_ms.is_some(), "{waiting:?}");
         c.cancel(queued.run_id)
             .await
-            .expect("a queued run is cancelled");
+            .expect("a delayed run is cancelled");
         c.cancel(queued.run_id)
             .await
             .expect("cancelling a cancelled run again is no error");
