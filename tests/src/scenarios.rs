@@ -62,6 +62,17 @@ fn sleep_ms(ms: u64) {
 /// recover a run (the sweeper is the safety net of last resort).
 const NO_SWEEP: &[&str] = &["--sweep-grace-ms", "600000"];
 
+/// Worker flags that take a dead worker's deliveries over within seconds:
+/// a 2 s lease, heartbeats every 500 ms, reclaims of deliveries idle 2.5 s.
+const FAST_TAKEOVER: &[&str] = &[
+    "--lease-ms",
+    "2000",
+    "--heartbeat-ms",
+    "500",
+    "--reclaim-min-idle-ms",
+    "2500",
+];
+
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -726,16 +737,7 @@ pub fn poison_values_fail_alone(mutant: Option<&str>) {
         env.submit("echo", r#"{"text":"poison\u0000"}"#, 5),
         env.submit("sleep", r#"{"\u0000x":1}"#, 5),
     ];
-    let fast = [
-        "--in-flight-max",
-        "256",
-        "--lease-ms",
-        "2000",
-        "--heartbeat-ms",
-        "500",
-        "--reclaim-min-idle-ms",
-        "2500",
-    ];
+    let fast = [&["--in-flight-max", "256"], FAST_TAKEOVER].concat();
     let _w = env.worker(1, None, &fast);
     env.settle();
     let db = env.check(&[]);

@@ -97,7 +97,7 @@ fn mutant_statements_answer_as_the_model() {
     let db = pelican_tests::Database::create();
     let run = RunId;
     let one = DbStep::One;
-    let insert = |r| {
+    let insert_delayed = |r, delay_ms| {
         one(DbOp::InsertRun {
             run: run(r),
             kind: "noop".into(),
@@ -105,10 +105,11 @@ fn mutant_statements_answer_as_the_model() {
             attempts_max: 3,
             budget_ms: 0,
             trace: String::new(),
-            delay_ms: 0,
+            delay_ms,
             at_ms: 0,
         })
     };
+    let insert = |r| insert_delayed(r, 0);
     let claim = |r| DbOp::Claim {
         run: run(r),
         dispatch: Dispatch(1),
@@ -172,18 +173,7 @@ fn mutant_statements_answer_as_the_model() {
     }));
     // PromoteEarly's pass takes run 8, delayed a minute, at once, and
     // leaves run 9, submitted without a delay, queued as it was.
-    steps.extend([8, 9].map(|r| {
-        one(DbOp::InsertRun {
-            run: run(r),
-            kind: "noop".into(),
-            input: "{}".into(),
-            attempts_max: 3,
-            budget_ms: 0,
-            trace: String::new(),
-            delay_ms: if r == 8 { 60_000 } else { 0 },
-            at_ms: 0,
-        })
-    }));
+    steps.extend([insert_delayed(8, 60_000), insert(9)]);
     steps.push(one(DbOp::PromoteRetries { limit: 10 }));
     steps.push(one(DbOp::PromoteEarly { limit: 10 }));
     let pg = migrated(db.url());

@@ -572,6 +572,19 @@ macro_rules! delete_picked {
 
 use DbReply::{Candidates, Rows};
 
+/// The tail of a pass that queues the runs of its `due` CTE and takes them
+/// for publication (`PromoteRetries` and its mutant twin): their rows as
+/// candidates, by run id.
+macro_rules! queue_due {
+    () => {
+        "taken AS ( \
+           UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
+            WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due)) \
+           RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
+         SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id"
+    };
+}
+
 /// When a new run is due, from its `delay_ms` and `at_ms` ([`Delay::due`]):
 /// NULL when both are 0.
 macro_rules! due {
@@ -1050,14 +1063,10 @@ statements! {
         access: Write,
         class: [sweeps],
         reply: Candidates,
-        sql: "WITH due AS MATERIALIZED ( \
+        sql: concat!("WITH due AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE status IN ('retry_wait', 'delayed') AND retry_at <= pelican_now_ms() \
-                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
-              taken AS ( \
-                UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
-                 WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due)) \
-                RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
-              SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
+                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), ",
+              queue_due!()),
         show: [],
         model: |db| Candidates(db.promote(db.clock, *limit, false)),
     }
@@ -1586,15 +1595,11 @@ statements! {
         access: Write,
         class: [sweeps],
         reply: Candidates,
-        sql: "WITH due AS MATERIALIZED ( \
+        sql: concat!("WITH due AS MATERIALIZED ( \
                 SELECT run_id FROM runs WHERE (status = 'retry_wait' AND retry_at <= pelican_now_ms()) \
                     OR status = 'delayed' \
-                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
-              taken AS ( \
-                UPDATE runs r SET status = 'queued', retry_at = NULL, published_at = pelican_now_ms() \
-                 WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM due)) \
-                RETURNING r.run_id, r.dispatch, r.entry_id, r.published_at) \
-              SELECT run_id, dispatch, entry_id, published_at FROM taken ORDER BY run_id",
+                 ORDER BY retry_at, run_id LIMIT $1 FOR UPDATE SKIP LOCKED), ",
+              queue_due!()),
         show: [],
         model: |db| Candidates(db.promote(db.clock, *limit, true)),
     }

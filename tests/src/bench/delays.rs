@@ -4,8 +4,8 @@
 //! the workers run. The bound it measures is the retry pass's period
 //! (`--maintenance-every-ms`, 1 s by default) plus a read.
 
-use super::{Clients, clients, quantile, start_workers};
-use crate::{Cluster, Database, Env};
+use super::{Clients, clients, fresh_env, quantile};
+use crate::Cluster;
 use pelican_model::db::{Delay, query};
 use pelican_model::protocol::SubmitterEnd;
 use pelican_model::status::RunStatus;
@@ -41,11 +41,7 @@ pub fn lateness(
     plan: &super::BenchPlan,
     (rate, seconds, delay_ms): (u32, u32, u64),
 ) -> Lateness {
-    let db = Database::create_on(&cluster.admin_url());
-    let url = db.url().to_owned();
-    let mut env = Env::with_database(url, Some(db), None);
-    env.trace = false;
-    let _workers = start_workers(&mut env, plan);
+    let (env, _workers) = fresh_env(cluster, plan);
     let io = Arc::new(rt.block_on(clients(&env, 8)));
     let n = rate * seconds;
     eprintln!("bench: {n} runs delayed {delay_ms} ms, at {rate} runs/s");

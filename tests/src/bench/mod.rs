@@ -658,6 +658,17 @@ const WORKER_FLAGS: [&str; 8] = [
     "120000",
 ];
 
+/// A database of its own on `cluster`, a fresh Redis, and the plan's
+/// workers on them, untraced: a run measured alone.
+fn fresh_env(cluster: &Cluster, plan: &BenchPlan) -> (Env, Vec<Proc>) {
+    let db = Database::create_on(&cluster.admin_url());
+    let url = db.url().to_owned();
+    let mut env = Env::with_database(url, Some(db), None);
+    env.trace = false;
+    let workers = start_workers(&mut env, plan);
+    (env, workers)
+}
+
 fn start_workers(env: &mut Env, plan: &BenchPlan) -> Vec<Proc> {
     (1..=plan.workers)
         .map(|w| start_worker(env, plan, w))
@@ -903,11 +914,7 @@ fn latency_at(
     plan: &BenchPlan,
     rate: u32,
 ) -> (u64, f64, f64) {
-    let db = Database::create_on(&cluster.admin_url());
-    let url = db.url().to_owned();
-    let mut env = Env::with_database(url, Some(db), None);
-    env.trace = false;
-    let _workers = start_workers(&mut env, plan);
+    let (env, _workers) = fresh_env(cluster, plan);
     let io = Arc::new(rt.block_on(clients(&env, 8)));
     let n = rate * plan.latency_seconds;
     eprintln!(

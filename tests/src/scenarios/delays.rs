@@ -2,7 +2,7 @@
 //! with `delay_ms` and `run_at_ms`, they wait in Postgres while workers are
 //! killed around them, and no attempt starts before its due time.
 
-use super::{agent, sleep_ms, wait_for};
+use super::{FAST_TAKEOVER, agent, sleep_ms, wait_for};
 use crate::Env;
 use pelican_model::ids::RunId;
 use pelican_model::status::RunStatus;
@@ -12,16 +12,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// How long the scenario's delayed runs wait: every worker reads, reclaims
 /// and runs its maintenance passes several times before they are due.
 const DELAY_MS: u64 = 4_000;
-
-/// Workers that take a dead worker's deliveries over within seconds.
-const FAST: &[&str] = &[
-    "--lease-ms",
-    "2000",
-    "--heartbeat-ms",
-    "500",
-    "--reclaim-min-idle-ms",
-    "2500",
-];
 
 /// Twenty runs submitted in one request with `delay_ms`, one with
 /// `run_at_ms`, and one due in an hour that is cancelled while it waits.
@@ -33,8 +23,8 @@ const FAST: &[&str] = &[
 pub fn delayed_runs_start_when_due(mutant: Option<&str>) {
     let mut env = Env::mutated(mutant);
     let (_api, base) = env.api("sekret");
-    let mut w1 = env.worker(1, None, FAST);
-    let mut w2 = env.worker(2, None, FAST);
+    let mut w1 = env.worker(1, None, FAST_TAKEOVER);
+    let mut w2 = env.worker(2, None, FAST_TAKEOVER);
     let agent = agent();
     let post = |path: &str, body: &Value| -> (u16, Value) {
         let mut resp = agent
@@ -126,7 +116,7 @@ pub fn delayed_runs_start_when_due(mutant: Option<&str>) {
     let (code, body) = post(&format!("/runs/{}/cancel", cancelled.0), &json!({}));
     assert_eq!(code, 200, "{body}");
     w1.kill9();
-    let _w3 = env.worker(3, None, FAST);
+    let _w3 = env.worker(3, None, FAST_TAKEOVER);
     let first = delayed[0];
     wait_for("a delayed run starts", || {
         env.db().runs[&first].attempts > 0
