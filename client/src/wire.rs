@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 #[cfg(feature = "openapi")]
 use utoipa::ToSchema;
 
+mod schedules;
+pub use schedules::{Catchup, NewSchedule, Overlap, Schedule, Schedules};
+
 mod operate;
 
 pub use operate::{BulkCancel, BulkDone, BulkRequeue, RunCount, Stats, StatsMinute};
@@ -19,7 +22,7 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-fn empty_object() -> Value {
+pub(crate) fn empty_object() -> Value {
     Value::Object(serde_json::Map::new())
 }
 

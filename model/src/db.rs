@@ -70,15 +70,29 @@ macro_rules! run_columns {
     };
 }
 
+/// The columns of a `schedules` row, in the order [`ScheduleRow`]'s
+/// decoder reads them, stated once for every statement and read that
+/// answers schedules.
+///
+/// [`ScheduleRow`]: crate::schedule::ScheduleRow
+macro_rules! schedule_columns {
+    () => {
+        "name, id, kind, input, cron, tz, overlap, catchup, next_tick, last_tick, last_run, \
+         fired, skipped"
+    };
+}
+
 mod answers;
 mod class;
 mod reads;
+mod schedules;
 pub mod sql;
 mod statements;
 
 pub use answers::{Answer, AnswerOf, Keyed, Query, QueryError, Shape, Shaped, Unfit, shape};
 pub use class::{Class, SlotTake};
 pub use reads::{MinuteLatency, RunFilter};
+pub use schedules::{Fire, NewSchedule};
 pub use statements::{
     Access, Column, DbOp, DbReply, Param, Pick, Picks, Statement, ToParam, columns, query,
 };
@@ -442,6 +456,12 @@ pub struct Db {
     /// number).
     #[serde(default)]
     pub events: BTreeMap<(RunId, u32), RunEvent>,
+    /// `schedules`, by name.
+    #[serde(default)]
+    pub schedules: BTreeMap<String, crate::schedule::ScheduleRow>,
+    /// The `schedule_ids` sequence: the last number handed out.
+    #[serde(default)]
+    pub schedule_ids: u64,
     /// Postgres's clock (`pelican_now_ms()`): every time a statement stores
     /// or compares. Whoever runs the model sets it; a worker's clock never
     /// reaches a statement.

@@ -1,4 +1,4 @@
-//! The guarantees S1–S15 ([`Guarantee`]) as functions over a [`World`] or
+//! The guarantees S1–S16 ([`Guarantee`]) as functions over a [`World`] or
 //! its database.
 //!
 //! Step guarantees (S2, S3, S4, S5, S7, S8) are checked as commands execute
@@ -123,6 +123,10 @@ guarantees! {
     /// Delays: no attempt of a run submitted with a delay starts before
     /// its due time by Postgres's clock.
     S15 = 15, "delays";
+    /// Schedules: each tick of a cron schedule is handled once, however
+    /// many schedulers run: it makes one run (under its own id) or, as
+    /// its policies say, none; never two.
+    S16 = 16, "schedules";
 }
 
 impl Guarantee {
@@ -480,6 +484,7 @@ mod tests {
                 "S13 run events",
                 "S14 submit once",
                 "S15 delays",
+                "S16 schedules",
             ]
         );
         for (i, g) in Guarantee::ALL.into_iter().enumerate() {

@@ -24,6 +24,7 @@ pub mod events;
 pub mod ids;
 pub mod invariants;
 pub mod protocol;
+pub mod schedule;
 pub mod shared;
 pub mod status;
 pub mod stream;

@@ -364,6 +364,9 @@ pub enum Violation {
     KeyForgotten(RunId),
     /// S15: an attempt of a delayed run was claimed before its due time.
     StartedEarly(RunId),
+    /// S16: a schedule (its number) handled a tick that was not after
+    /// every tick it had handled: one tick twice, or an older one again.
+    TickRepeated(u64),
 }
 
 impl Violation {
@@ -386,6 +389,7 @@ impl Violation {
             Violation::EventsRewritten(_) | Violation::EventFromFencedOff(_) => Guarantee::S13,
             Violation::KeyForgotten(_) => Guarantee::S14,
             Violation::StartedEarly(_) => Guarantee::S15,
+            Violation::TickRepeated(_) => Guarantee::S16,
         }
     }
 }
@@ -439,6 +443,25 @@ fn event_target(op: &DbOp) -> Option<RunId> {
 /// the rate is checked over every span they cover.
 pub const TOKENS_KEPT: usize = 32;
 
+/// What S16 compares around a statement that handles a tick: the
+/// schedule's number, its last tick and how many ticks it has handled.
+#[derive(Clone, Copy, Debug)]
+struct Handled {
+    id: u64,
+    last_tick: Timestamp,
+    handled: u64,
+}
+
+impl Handled {
+    fn of(s: &crate::schedule::ScheduleRow) -> Handled {
+        Handled {
+            id: s.id,
+            last_tick: s.last_tick,
+            handled: s.fired + s.skipped,
+        }
+    }
+}
+
 impl World {
     /// An empty world whose servers' clock reads `now`; the consumer group
     /// exists (as after `pelican migrate`).
@@ -490,7 +513,12 @@ impl World {
         let log_before = logged.map(|run| self.db.read_events(run, 0, usize::MAX));
         let step = class.records_step;
         let step_before = step.and_then(|key| self.db.steps.get(&key).cloned());
+        let ticked = class
+            .ticks
+            .and_then(|s| self.db.schedules.get(s))
+            .map(Handled::of);
         let reply = self.db.execute(op);
+        self.check_tick(class, ticked);
         self.check_keys(class, &reply);
         if let (Some(run), DbReply::Claimed(Some(job))) = (target, &reply)
             && job.claimed.budget_left_ms.is_some_and(|left| left <= 0)
@@ -662,6 +690,25 @@ impl World {
     /// counts until it is released or its hold runs out by Postgres's
     /// clock, whether or not its holder is still alive: a dead holder's
     /// slot is free only once its hold has run out.
+    /// S16 after a statement that handles a tick: if it handled one, that
+    /// tick is after every tick the schedule handled before. `before` is
+    /// the schedule as it was.
+    fn check_tick(&mut self, class: Class, before: Option<Handled>) {
+        let (Some(name), Some(before)) = (class.ticks, before) else {
+            return;
+        };
+        let Some(after) = self.db.schedules.get(name).map(Handled::of) else {
+            return;
+        };
+        if after.id == before.id
+            && after.handled > before.handled
+            && before.handled > 0
+            && after.last_tick <= before.last_tick
+        {
+            self.violations.insert(Violation::TickRepeated(before.id));
+        }
+    }
+
     fn check_limits(&mut self, class: Class, reply: &DbReply) {
         let now = self.db.clock;
         let granted = *reply == DbReply::Rows(1);

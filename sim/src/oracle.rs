@@ -186,6 +186,10 @@ impl Oracle {
                 self.count("runs_deleted");
             }
             (DbOp::RunIssued { .. }, DbReply::Rows(1)) => self.count("deleted_run_delivered"),
+            (DbOp::FireTick { tick, .. }, DbReply::Rows(1)) if tick.0 > 0 => {
+                self.count("ticks_handled");
+            }
+            (DbOp::FireTick { .. }, DbReply::Rows(0)) => self.count("tick_races"),
             (DbOp::RecordStep { .. }, DbReply::Rows(1)) => self.count("steps_recorded"),
             (
                 DbOp::Fail {
@@ -480,7 +484,8 @@ impl Oracle {
         }
     }
 
-    /// Whether the seed is done: every accepted run terminal, PEL empty.
+    /// Whether the seed is done: every accepted run and every schedule's
+    /// run terminal, PEL empty.
     #[must_use]
     pub fn settled(&self) -> bool {
         let w = &self.world;
@@ -491,7 +496,13 @@ impl Oracle {
                 .is_some_and(|next| jobs.entries.range(next..).next().is_some()),
             None => !jobs.entries.is_empty(),
         });
-        !undelivered && w.redis.pel_len() == 0 && w.accepted.iter().all(|r| w.finished(*r))
+        let ticks_ended = w.db.runs.values().all(|r| {
+            pelican_model::schedule::tick_of(r.run_id).is_none() || r.status.is_terminal()
+        });
+        !undelivered
+            && w.redis.pel_len() == 0
+            && w.accepted.iter().all(|r| w.finished(*r))
+            && ticks_ended
     }
 
     /// A reader of `run`'s events now holds `seen`: numbered from 1

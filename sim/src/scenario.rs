@@ -67,6 +67,8 @@ impl Scenario {
                     value_bytes_max: 1 << 20,
                     keep_finished_ms: 2_000,
                     unknown_retries_max: 1,
+                    // A tick 2 s late was missed: outages make catch-ups.
+                    catchup_after_ms: 2_000,
                     partitions: 2,
                     kinds: kinds(),
                     mutant: None,

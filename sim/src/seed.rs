@@ -17,6 +17,7 @@ use pelican_model::invariants::Broken;
 use pelican_model::protocol::{
     Command, DbOp, DbReply, DeliveryEnd, Execution, Input, Mutant, SubmitterEnd,
 };
+use pelican_model::world::Issuer;
 use pelican_real::jobs::{ProviderLimit, Registry, effects_of};
 use pelican_real::{Batching, Entropy, Io, NewRun, Probe, RoleId, Worker, cancel, submit_many};
 use std::collections::{BTreeMap, BTreeSet};
@@ -566,7 +567,9 @@ async fn simulate(
         None => plan(&mut rng, &scenario),
         Some(submit) => plan_with(&mut rng, &scenario, &**submit),
     };
+    let scheduled = jobs.submit.is_none();
     let oracle = new_oracle(seed, &scenario, mutant, record, &faults);
+    schedule_ticks(&oracle, scheduled, true);
     let server = |name, listen, fsync| server(&h, &oracle, name, listen, fsync);
     let redis = server("redis", REDIS, true);
     let pg = server("postgres", POSTGRES, false);
@@ -617,6 +620,7 @@ async fn simulate(
         madsim::time::sleep(Duration::from_millis(scenario.fault_phase_ms)).await;
     }
     heal(&oracle, &nodes, &damage);
+    schedule_ticks(&oracle, scheduled, false);
 
     let settled = settles(&oracle, &scenario).await;
     let outcome = conclude(&mut lock(&oracle), seed, settled, &scenario, faults);
@@ -638,6 +642,33 @@ async fn simulate(
     }
     madsim::time::sleep(Duration::from_millis(1)).await;
     outcome
+}
+
+/// The built-in seeds' schedule.
+const TICKS: &str = "every-second";
+
+/// Puts [`TICKS`] (`on`), an echo every second, overlap `cancel`,
+/// catch-up `one`, or deletes it: the built-in seeds (`scheduled`) have
+/// it through the fault phase, and the workers' schedulers race for its
+/// ticks through every fault (S16).
+fn schedule_ticks(oracle: &Shared, scheduled: bool, on: bool) {
+    if !scheduled {
+        return;
+    }
+    let op = if on {
+        DbOp::PutSchedule {
+            name: TICKS.into(),
+            kind: "echo".into(),
+            input: r#"{"text":"tick"}"#.into(),
+            cron: "* * * * * *".into(),
+            tz: "UTC".into(),
+            overlap: pelican_model::schedule::Overlap::Cancel,
+            catchup: pelican_model::schedule::Catchup::One,
+        }
+    } else {
+        DbOp::DeleteSchedule { name: TICKS.into() }
+    };
+    lock(oracle).db("api", &op, Issuer::default());
 }
 
 /// The seed's oracle, its first note naming the seed, scenario, mutant and

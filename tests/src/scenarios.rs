@@ -11,6 +11,7 @@ mod hygiene;
 mod incident;
 mod operate;
 mod runs_api;
+mod schedules;
 mod steady;
 mod telemetry;
 
@@ -38,6 +39,7 @@ pub use steady::{
 
 pub use delays::delayed_runs_start_when_due;
 pub use incident::the_incident_routes_find_count_and_act_in_bulk;
+pub use schedules::schedule_ticks_run_once;
 pub use telemetry::runs_export_their_spans_to_an_otlp_receiver;
 
 pub use events::{

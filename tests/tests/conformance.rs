@@ -427,6 +427,77 @@ fn delayed_runs_and_kept_keys_answer_as_the_model() {
     }
 }
 
+/// Schedules answer as the model's: a put numbers a new schedule (and
+/// draws from the sequence when it replaces one), the scheduler's read
+/// finds the due ones, a tick is handled once (a stale statement changes
+/// nothing), catch-up `skip` counts a tick skipped, overlap `cancel`
+/// cancels the live previous run with its event, overlap `skip` makes no
+/// run beside a live one, and a delete leaves the runs.
+#[test]
+fn schedules_answer_as_the_model() {
+    use pelican_model::protocol::DbOp;
+    use pelican_model::schedule::{Catchup, Overlap, tick_run};
+    use pelican_model::time::Timestamp;
+    use pelican_tests::conformance::{DbStep, START, db_case, migrated};
+    let db = Database::create();
+    let pg = migrated(db.url());
+    let one = DbStep::One;
+    let put = |name: &str, overlap, catchup| {
+        one(DbOp::PutSchedule {
+            name: name.into(),
+            kind: "noop".into(),
+            input: "{}".into(),
+            cron: "* * * * * *".into(),
+            tz: "UTC".into(),
+            overlap,
+            catchup,
+        })
+    };
+    let at = |s: u64| Timestamp(START.as_ms() + 1_000 * s);
+    let fire =
+        |name: &str, expect: Timestamp, tick: Timestamp, next: Timestamp, id: Option<u64>| {
+            one(DbOp::FireTick {
+                schedule: name.into(),
+                expect,
+                tick,
+                next,
+                run: id.map_or(pelican_model::ids::RunId(0), |id| tick_run(id, tick)),
+                attempts_max: 3,
+                budget_ms: 2_000,
+            })
+        };
+    let zero = Timestamp::ZERO;
+    let steps = vec![
+        DbStep::Clock(START),
+        put("a", Overlap::Cancel, Catchup::One),
+        put("b", Overlap::Skip, Catchup::Skip),
+        put("a", Overlap::Cancel, Catchup::One),
+        one(DbOp::DueSchedules { limit: 1 }),
+        one(DbOp::DueSchedules { limit: 10 }),
+        fire("a", zero, zero, at(1), None),
+        fire("b", zero, zero, at(1), None),
+        one(DbOp::DueSchedules { limit: 10 }),
+        DbStep::Clock(at(1)),
+        one(DbOp::DueSchedules { limit: 10 }),
+        fire("a", at(1), at(1), at(2), Some(1)),
+        fire("a", at(1), at(1), at(2), Some(1)),
+        fire("b", at(1), at(1), at(2), None),
+        DbStep::Clock(at(2)),
+        fire("a", at(2), at(2), at(3), Some(1)),
+        fire("b", at(2), at(2), at(3), Some(2)),
+        DbStep::Clock(at(3)),
+        fire("b", at(3), at(3), at(4), Some(2)),
+        one(DbOp::ListSchedules),
+        one(DbOp::DeleteSchedule { name: "a".into() }),
+        one(DbOp::DeleteSchedule { name: "a".into() }),
+        one(DbOp::PromoteRetries { limit: 10 }),
+        one(DbOp::ListSchedules),
+    ];
+    if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
+        panic!("model::Db and Postgres differ: {e}");
+    }
+}
+
 /// A run of kind `noop` inserted, as the API inserts one.
 fn insert_run(run: u64) -> pelican_tests::conformance::DbStep {
     use pelican_model::ids::RunId;

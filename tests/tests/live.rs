@@ -30,6 +30,7 @@ live! {
     unknown_errors_are_retried_up_to_the_cap,
     budgets_and_timeouts_bound_runs,
     delayed_runs_start_when_due,
+    schedule_ticks_run_once,
     provider_limits_hold_across_two_workers,
     a_dead_workers_permit_frees_after_its_hold,
     submit_from_file_stores_every_line,

@@ -81,6 +81,7 @@ mutants! {
     forget_keys: "ForgetKeys" => retention_keeps_a_keys_window,
     forget_holders: "ForgetHolders" => idle_consumers_are_forgotten_unless_they_hold,
     promote_early: "PromoteEarly" => delayed_runs_start_when_due,
+    tick_unfenced: "TickUnfenced" => schedule_ticks_run_once,
 }
 
 /// The mutants' statements answer as their model twins: first on every
@@ -176,6 +177,37 @@ fn mutant_statements_answer_as_the_model() {
     steps.extend([insert_delayed(8, 60_000), insert(9)]);
     steps.push(one(DbOp::PromoteRetries { limit: 10 }));
     steps.push(one(DbOp::PromoteEarly { limit: 10 }));
+    // TickUnfenced's statement handles a tick the schedule has handled:
+    // it counts it again (its run exists), where FireTick does nothing.
+    steps.push(one(DbOp::PutSchedule {
+        name: "s".into(),
+        kind: "noop".into(),
+        input: "{}".into(),
+        cron: "* * * * * *".into(),
+        tz: "UTC".into(),
+        overlap: pelican_model::schedule::Overlap::Queue,
+        catchup: pelican_model::schedule::Catchup::One,
+    }));
+    let tick = START;
+    let run = pelican_model::schedule::tick_run(1, tick);
+    let fire = |expect| DbOp::FireTick {
+        schedule: "s".into(),
+        expect,
+        tick,
+        next: tick.add_ms(1_000),
+        run,
+        attempts_max: 3,
+        budget_ms: 0,
+    };
+    steps.extend([fire(Timestamp(0)), fire(Timestamp(0))].map(one));
+    steps.push(one(DbOp::FireTickUnfenced {
+        schedule: "s".into(),
+        tick,
+        next: tick.add_ms(1_000),
+        run,
+        attempts_max: 3,
+        budget_ms: 0,
+    }));
     let pg = migrated(db.url());
     if let Err(e) = pelican_tests::rt().block_on(db_case(&pg, &steps)) {
         panic!("model::Db and Postgres differ on every status: {e}");

@@ -96,6 +96,11 @@ pub struct Config {
     /// retry pass must not queue it before (S15).
     #[serde(default)]
     pub delays: bool,
+    /// A cron schedule with two ticks due, and every worker runs the
+    /// scheduler, one command a step: two schedulers race for each tick
+    /// (S16).
+    #[serde(default)]
+    pub schedules: bool,
 }
 
 fn yes() -> bool {
@@ -119,6 +124,7 @@ impl Config {
             value_bytes_max: 1 << 20,
             keep_finished_ms: 0,
             unknown_retries_max: 1,
+            catchup_after_ms: 500,
             partitions: 1,
             kinds: std::collections::BTreeMap::new(),
             mutant: None,
@@ -152,6 +158,7 @@ impl Config {
             limits: false,
             consumers: false,
             delays: false,
+            schedules: false,
         }
     }
 
@@ -188,6 +195,7 @@ impl Config {
             limits: false,
             consumers: false,
             delays: false,
+            schedules: false,
         }
     }
 
@@ -403,8 +411,28 @@ impl Config {
         c
     }
 
+    /// No submitted run; a schedule every second whose first tick is
+    /// missed (caught up by one run) and whose second is due, overlap
+    /// `cancel`; two workers, each running the scheduler, with a crash or
+    /// a lost reply: each tick is handled once (S16), and every tick's run
+    /// ends.
+    #[must_use]
+    pub fn schedules() -> Config {
+        let mut c = Self::small();
+        c.name = "schedules".into();
+        c.runs = 0;
+        c.schedules = true;
+        c.faults = Budget {
+            crashes: 1,
+            lost: 1,
+            total: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
     /// The names [`Config::named`] knows.
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "small",
         "standard",
         "standard_steps",
@@ -418,6 +446,7 @@ impl Config {
         "partitions",
         "trims",
         "delays",
+        "schedules",
     ];
 
     /// A configuration by name.
@@ -436,6 +465,7 @@ impl Config {
             "partitions" => Ok(Self::partitions()),
             "trims" => Ok(Self::trims()),
             "delays" => Ok(Self::delays()),
+            "schedules" => Ok(Self::schedules()),
             other => Err(format!(
                 "unknown configuration {other:?}; known: {}",
                 Self::NAMES.join(", ")
@@ -496,7 +526,7 @@ impl Config {
     /// ReclaimOnePartition two partitions, IgnoreTrimmed a reclaim
     /// threshold of 0 (a trimmed entry is reported once idle),
     /// ForgetHolders the consumers' housekeeping, PromoteEarly a delayed
-    /// run.
+    /// run, TickUnfenced a schedule.
     #[must_use]
     pub fn with_mutant(mut self, mutant: Option<Mutant>) -> Config {
         self.policy.mutant = mutant;
@@ -545,6 +575,10 @@ impl Config {
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::PromoteEarly) {
             self.delays = true;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant == Some(Mutant::TickUnfenced) {
+            self.schedules = true;
         }
         #[cfg(feature = "mutants")]
         if mutant == Some(Mutant::ReclaimOnePartition) && self.policy.partitions < 2 {

@@ -154,7 +154,7 @@ impl PelicanModel {
     /// The guarantees `s` breaks, as [`state::guarantee_bit`]s: in this state
     /// or, if it is final, at rest (see "Properties" above).
     #[must_use]
-    pub fn broken(&self, s: &State) -> u16 {
+    pub fn broken(&self, s: &State) -> u32 {
         let d = s.derived(&self.cfg);
         d.broken | d.broken_at_rest
     }
@@ -202,6 +202,7 @@ const HOLDS: [fn(&PelicanModel, &State) -> bool; Guarantee::ALL.len()] = [
     holds::<12>,
     holds::<13>,
     holds::<14>,
+    holds::<15>,
 ];
 
 /// Whether some run has consecutive attempts that satisfy
@@ -273,8 +274,28 @@ const ALWAYS_EXPLORED: fn(&Config) -> bool = |_| true;
 
 /// The `sometimes` properties, each with the configurations that explore it
 /// (at most 32: [`PelicanModel::explored`] has a bit for each).
-const SOMETIMES: [Sometimes; 21] =
+const SOMETIMES: [Sometimes; 23] =
     [
+        Sometimes {
+            name: "schedule's tick run ended",
+            explored: |cfg| cfg.schedules,
+            reached: |_, s| {
+                s.world.db.runs.values().any(|r| {
+                    pelican_model::schedule::tick_of(r.run_id).is_some() && r.status.is_terminal()
+                })
+            },
+        },
+        Sometimes {
+            name: "schedule's tick cancelled the previous tick's live run",
+            explored: |cfg| cfg.schedules,
+            reached: |_, s| {
+                s.world.db.schedules.values().any(|sc| sc.fired == 2)
+                    && s.world.db.runs.values().any(|r| {
+                        pelican_model::schedule::tick_of(r.run_id).is_some()
+                            && r.status == RunStatus::Cancelled
+                    })
+            },
+        },
         Sometimes {
             name: "delayed run started when due",
             explored: |cfg| cfg.delays,

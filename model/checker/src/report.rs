@@ -307,7 +307,7 @@ fn counterexample(
     model: &PelicanModel,
     property: &str,
     path: Path<State, Action>,
-) -> (Counterexample, u16) {
+) -> (Counterexample, u32) {
     let prop = model
         .properties()
         .into_iter()

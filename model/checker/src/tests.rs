@@ -349,6 +349,21 @@ fn delays_hold_and_delayed_runs_start_when_due() {
     );
 }
 
+/// Two workers' schedulers race for a schedule's ticks through a crash or
+/// a lost reply: each tick is handled once (S16), the missed one caught up
+/// by one run, and the next tick cancels the live run of the one before.
+#[test]
+#[ignore = "release mode only: run by `cargo xtask test`"]
+fn schedules_hold_and_each_tick_makes_one_run() {
+    holds_and_reaches_each(
+        &Config::schedules(),
+        &[
+            "schedule's tick run ended",
+            "schedule's tick cancelled the previous tick's live run",
+        ],
+    );
+}
+
 #[test]
 #[ignore = "release mode only: run by `cargo xtask test`"]
 fn limits_hold_and_calls_wait_for_slots() {
@@ -483,5 +498,6 @@ mod mutants {
         mutant_forget_keys: ForgetKeys on retention;
         mutant_forget_holders: ForgetHolders on small;
         mutant_promote_early: PromoteEarly on small;
+        mutant_tick_unfenced: TickUnfenced on small;
     }
 }

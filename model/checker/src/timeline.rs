@@ -93,6 +93,11 @@ pub fn describe(s: &State, action: Action) -> String {
         Action::Record(w) => format!("w{w}: job reports progress and records its step"),
         Action::Finish(w, o) => format!("w{w}: job ends: {o:?}"),
         Action::Maintain(t, f) => format!("maintenance: {t:?} pass{}", fate(f)),
+        Action::Schedule(w, f) => {
+            let next = s.workers[usize::from(w)].scheduler.clone().poll();
+            let c = next.map_or_else(|| "reads the due schedules".into(), |c| command(&c));
+            format!("w{w} scheduler: {c}{}", fate(f))
+        }
         Action::Crash(w) => format!("⚡ w{w} killed (restarts empty)"),
         Action::Pause(w) => format!("⚡ w{w} paused"),
         Action::Resume(w) => format!("w{w} resumes"),

@@ -116,6 +116,8 @@ shapes! {
     PerMinute => Vec<(Timestamp, RunStatus, u64)> { DbReply::PerMinute(p) => p }
     /// Succeeded runs and their latency by minute ([`DbReply::Latency`]).
     Latency => Vec<crate::db::MinuteLatency> { DbReply::Latency(l) => l }
+    /// Schedules, each with Postgres's clock ([`DbReply::Schedules`]).
+    Schedules => Vec<(Timestamp, crate::schedule::ScheduleRow)> { DbReply::Schedules(s) => s }
     /// One row's `value` ([`DbReply::Rows`]).
     Value => u64 { DbReply::Rows(n) => n }
 }

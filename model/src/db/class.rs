@@ -38,6 +38,9 @@ pub struct Class<'a> {
     pub binds_key: Option<&'a str>,
     /// `expires_keys`: forgets idempotency keys past their time.
     pub expires_keys: bool,
+    /// `ticks(schedule)`: handles a tick of a schedule, which must come
+    /// after every tick it handled before (S16).
+    pub ticks: Option<&'a str>,
 }
 
 /// A slot taken ([`Class::takes_slot`]).
@@ -89,6 +92,9 @@ macro_rules! class_of {
     };
     ($c:ident, binds_key($key:ident)) => {
         $c.binds_key = Some($key.as_str());
+    };
+    ($c:ident, ticks($schedule:ident)) => {
+        $c.ticks = Some($schedule.as_str());
     };
     ($c:ident, expires_keys) => {
         $c.expires_keys = true;

@@ -472,6 +472,33 @@ ALTER TABLE runs ADD CONSTRAINT runs_status_check CHECK (status IN
 ALTER TABLE runs VALIDATE CONSTRAINT runs_status_check;
 "#;
 
+/// Migration 21: cron schedules ([`crate::schedule`]). A schedule's
+/// number, from `schedule_ids`, goes into its ticks' run ids, so the
+/// sequence stops where [`crate::schedule::tick_run`] can encode it.
+/// `next_tick` 0 means not planned yet; the scheduler's read walks
+/// `schedules_next_tick`. A unit test holds the policies' checks to
+/// [`Overlap::ALL`](crate::schedule::Overlap::ALL) and
+/// [`Catchup::ALL`](crate::schedule::Catchup::ALL).
+pub const SCHEMA_SCHEDULES: &str = r#"
+CREATE SEQUENCE IF NOT EXISTS schedule_ids MAXVALUE 131071;
+CREATE TABLE IF NOT EXISTS schedules (
+    name      text PRIMARY KEY,
+    id        bigint NOT NULL UNIQUE,
+    kind      text NOT NULL,
+    input     text NOT NULL,
+    cron      text NOT NULL,
+    tz        text NOT NULL,
+    overlap   text NOT NULL CHECK (overlap IN ('skip','queue','cancel')),
+    catchup   text NOT NULL CHECK (catchup IN ('skip','one')),
+    next_tick bigint NOT NULL DEFAULT 0,
+    last_tick bigint NOT NULL DEFAULT 0,
+    last_run  bigint,
+    fired     bigint NOT NULL DEFAULT 0,
+    skipped   bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS schedules_next_tick ON schedules (next_tick);
+"#;
+
 /// The reads of a snapshot of every table (`PgDb::snapshot`, for tests and
 /// operators' checks: the invariants run over it), one per table, in one
 /// transaction opened with [`snapshot::ISOLATION`]. Each reads the columns
@@ -506,6 +533,15 @@ pub mod snapshot {
         "SELECT provider, GREATEST(tat_ns, tat_ms * 1000000) AS tat_ns FROM provider_rates";
     /// `effects`, the demo tool service's ledger.
     pub const EFFECTS: &str = "SELECT key, requests FROM effects";
+    /// `schedules`, each with Postgres's clock, as the statements read them.
+    pub const SCHEDULES: &str = concat!(
+        "SELECT pelican_now_ms() AS now, ",
+        schedule_columns!(),
+        " FROM schedules"
+    );
+    /// The `schedule_ids` sequence's last number (0: none handed out).
+    pub const SCHEDULE_IDS: &str =
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS value FROM schedule_ids";
 }
 
 /// The server process of a session (`PgSession::pid`), for tests that

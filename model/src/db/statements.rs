@@ -33,8 +33,10 @@
 
 use super::answers::{Query, Shape, shape};
 use super::class::{Class, class_of};
+use super::schedules::{Fire, NewSchedule};
 use super::{Candidate, Db, Delay, NewRunRow, RunFilter, RunRow};
 use crate::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
+use crate::schedule::{Catchup, Overlap};
 use crate::status::{ErrorClass, RunStatus};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -101,6 +103,8 @@ to_param! {
     usize => |v| int8(u64::try_from(*v).unwrap_or(u64::MAX));
     EntryId => |v| Param::Text(v.to_string());
     ErrorClass => |v| Param::Text(v.as_str().to_owned());
+    Overlap => |v| Param::Text(v.as_str().to_owned());
+    Catchup => |v| Param::Text(v.as_str().to_owned());
 }
 
 impl ToParam for String {
@@ -166,6 +170,8 @@ pub enum DbReply {
     PerMinute(Vec<(Timestamp, RunStatus, u64)>),
     /// Succeeded runs and their latency by minute, in order.
     Latency(Vec<super::MinuteLatency>),
+    /// Schedules, each with Postgres's clock when read.
+    Schedules(Vec<(Timestamp, crate::schedule::ScheduleRow)>),
     /// Postgres refused the command's values and applied nothing: text
     /// holding a NUL byte, which `text` cannot store ([`DbOp::refused`]).
     /// The binding logs Postgres's own message.
@@ -182,6 +188,8 @@ pub trait Picks:
     + Pick<Timestamp>
     + Pick<String>
     + Pick<ErrorClass>
+    + Pick<Overlap>
+    + Pick<Catchup>
     + Pick<u64>
     + Pick<u32>
     + Pick<usize>
@@ -196,6 +204,8 @@ impl<G> Picks for G where
         + Pick<Timestamp>
         + Pick<String>
         + Pick<ErrorClass>
+        + Pick<Overlap>
+        + Pick<Catchup>
         + Pick<u64>
         + Pick<u32>
         + Pick<usize>
@@ -571,6 +581,40 @@ macro_rules! delete_picked {
 }
 
 use DbReply::{Candidates, Rows};
+
+/// `FireTick` and its mutant twin, from the condition on `next_tick`
+/// (`$1` is the schedule) and the placeholders of the tick, the next tick,
+/// the run, its attempts and its budget. The row is locked first, so a
+/// second scheduler's statement waits, then finds `next_tick` moved.
+macro_rules! fire_tick {
+    ($expect:literal, $tick:literal, $next:literal, $run:literal, $attempts:literal, $budget:literal) => {
+        concat!(
+            "WITH s AS MATERIALIZED (SELECT * FROM schedules WHERE name = $1 ", $expect, " FOR UPDATE), \
+             prev AS (SELECT r.run_id FROM runs r JOIN s ON r.run_id = s.last_run \
+                       WHERE r.status IN ('delayed', 'queued', 'running', 'retry_wait')), \
+             go AS (SELECT s.*, (", $tick, " > 0 AND ", $run, " > 0 \
+                       AND NOT (s.overlap = 'skip' AND EXISTS (SELECT 1 FROM prev))) AS fires FROM s), \
+             stop AS ( \
+               UPDATE runs SET status = 'cancelled', lease_until = NULL, retry_at = NULL, \
+                      published_at = coalesce(published_at, pelican_now_ms()), \
+                      finished_at = pelican_now_ms(), events = events + 1 \
+                WHERE run_id = (SELECT run_id FROM prev) \
+                  AND (SELECT fires AND overlap = 'cancel' FROM go) \
+               RETURNING run_id, events, attempts, active_fence), \
+             stopped AS (", event_row!(), "SELECT run_id, events, 'cancelled', attempts, active_fence, NULL, '' FROM stop), \
+             d AS (SELECT ", due!("0", $tick), " AS due), \
+             made AS (INSERT INTO runs (", insert_columns!(), ") \
+               SELECT ", $run, ", go.kind, go.input, ", insert_values!("d.due", $attempts, $budget, "''"), " \
+                 FROM go, d WHERE go.fires ON CONFLICT (run_id) DO NOTHING) \
+             UPDATE schedules t SET next_tick = ", $next, ", \
+                    last_tick = CASE WHEN ", $tick, " > 0 THEN ", $tick, " ELSE t.last_tick END, \
+                    last_run = CASE WHEN go.fires THEN ", $run, " ELSE t.last_run END, \
+                    fired = t.fired + go.fires::int, \
+                    skipped = t.skipped + (", $tick, " > 0 AND NOT go.fires)::int \
+               FROM go WHERE t.name = go.name"
+        )
+    };
+}
 
 /// The tail of a pass that queues the runs of its `due` CTE and takes them
 /// for publication (`PromoteRetries` and its mutant twin): their rows as
@@ -1204,6 +1248,87 @@ statements! {
         model: |db| Rows(db.due_lag(db.clock)),
     }
 
+    /// Makes schedule `name`, or replaces what an existing one runs and
+    /// when (it keeps its number and history). Either way the next
+    /// scheduler pass plans it afresh (`next_tick` 0). `nextval` is drawn
+    /// even when the name exists, as the model draws it.
+    PutSchedule { name: String, kind: String, input: String, cron: String, tz: String, overlap: Overlap, catchup: Catchup } => {
+        name: "put_schedule",
+        access: Write,
+        class: [],
+        reply: Rows,
+        sql: "INSERT INTO schedules (name, id, kind, input, cron, tz, overlap, catchup) \
+              VALUES ($1, nextval('schedule_ids'), $2, $3, $4, $5, $6, $7) \
+              ON CONFLICT (name) DO UPDATE SET kind = EXCLUDED.kind, input = EXCLUDED.input, \
+                cron = EXCLUDED.cron, tz = EXCLUDED.tz, overlap = EXCLUDED.overlap, \
+                catchup = EXCLUDED.catchup, next_tick = 0",
+        show: [name],
+        model: |db| {
+            let new = NewSchedule { name, kind, input, cron, tz, overlap: *overlap, catchup: *catchup };
+            Rows(db.put_schedule(&new))
+        },
+    }
+
+    /// Deletes schedule `name`; its runs stay.
+    DeleteSchedule { name: String } => {
+        name: "delete_schedule",
+        access: Write,
+        class: [],
+        reply: Rows,
+        sql: "DELETE FROM schedules WHERE name = $1",
+        show: [name],
+        model: |db| Rows(db.delete_schedule(name)),
+    }
+
+    /// Every schedule, by name, each with Postgres's clock.
+    ListSchedules => {
+        name: "list_schedules",
+        access: Read,
+        class: [],
+        reply: Schedules,
+        sql: concat!("SELECT pelican_now_ms() AS now, ", schedule_columns!(), " FROM schedules \
+              ORDER BY name COLLATE \"C\""),
+        show: [],
+        model: |db| DbReply::Schedules(db.list_schedules(db.clock)),
+    }
+
+    /// The scheduler's read: up to `limit` schedules whose next tick is
+    /// due by Postgres's clock (or not planned yet: 0), earliest first,
+    /// each with that clock (index `schedules_next_tick`).
+    DueSchedules { limit: usize } => {
+        name: "due_schedules",
+        access: Read,
+        class: [],
+        reply: Schedules,
+        sql: concat!("SELECT pelican_now_ms() AS now, ", schedule_columns!(), " FROM schedules \
+              WHERE next_tick <= pelican_now_ms() ORDER BY next_tick, name COLLATE \"C\" LIMIT $1"),
+        show: [],
+        model: |db| DbReply::Schedules(db.due_schedules(db.clock, *limit)),
+    }
+
+    /// Handles one tick of `schedule` as the scheduler planned it
+    /// ([`crate::schedule::plan`]), only while its `next_tick` is still
+    /// `expect` (S16: a compare-and-set, so of two schedulers that read
+    /// one tick, one handles it). Moves `next_tick` to `next`; unless only
+    /// planning (`tick` 0), records the tick and makes its run `run` (due
+    /// now, queued by the retry pass), or counts it skipped: `run` 0 (the
+    /// catch-up policy makes none), or overlap `skip` with the previous
+    /// run live. Overlap `cancel` cancels a live previous run in the same
+    /// statement.
+    FireTick { schedule: String, expect: Timestamp, tick: Timestamp, next: Timestamp, run: RunId, attempts_max: u32, budget_ms: u64 } => {
+        name: "fire_tick",
+        access: Write,
+        class: [sweeps, ticks(schedule)],
+        reply: Rows,
+        sql: fire_tick!("AND next_tick = $2", "$3", "$4", "$5", "$6", "$7"),
+        show: [schedule, tick, run],
+        model: |db| {
+            let fire = Fire { schedule, expect: Some(*expect), tick: *tick, next: *next, run: *run,
+                              attempts_max: *attempts_max, budget_ms: *budget_ms };
+            Rows(db.fire_tick(&fire))
+        },
+    }
+
     /// The deployment's stored partition count (0: none stored yet).
     ReadPartitions => {
         name: "read_partitions",
@@ -1588,6 +1713,23 @@ statements! {
     }
 
     #[cfg(feature = "mutants")]
+    /// Mutant twin of `FireTick` (`TickUnfenced`): handles the tick
+    /// whatever `next_tick` holds now.
+    FireTickUnfenced { schedule: String, tick: Timestamp, next: Timestamp, run: RunId, attempts_max: u32, budget_ms: u64 } => {
+        name: "fire_tick_unfenced",
+        access: Write,
+        class: [sweeps, ticks(schedule)],
+        reply: Rows,
+        sql: fire_tick!("", "$2", "$3", "$4", "$5", "$6"),
+        show: [schedule, tick, run],
+        model: |db| {
+            let fire = Fire { schedule, expect: None, tick: *tick, next: *next, run: *run,
+                              attempts_max: *attempts_max, budget_ms: *budget_ms };
+            Rows(db.fire_tick(&fire))
+        },
+    }
+
+    #[cfg(feature = "mutants")]
     /// Mutant twin of `PromoteRetries` (`PromoteEarly`): promotes every
     /// delayed run, due or not, beside the due retries.
     PromoteEarly { limit: usize } => {
@@ -1682,14 +1824,16 @@ mod tests {
     }
     fixed!(RunId => RunId(1), Fence => Fence(1), Dispatch => Dispatch(1),
            EntryId => EntryId::new(1, 0), String => String::new(),
-           ErrorClass => ErrorClass::Terminal, u64 => 1, u32 => 1, usize => 1);
+           ErrorClass => ErrorClass::Terminal, u64 => 1, u32 => 1, usize => 1,
+           Overlap => Overlap::Skip, Catchup => Catchup::Skip);
 
     impl Pick<Timestamp> for Fixed {
         fn pick(&mut self, s: Statement, field: &'static str) -> Timestamp {
+            // A tick's times are cron times the scheduler planned from
+            // Postgres's clock, as `DueSchedules` answered it.
+            let times = self.times || s == Statement::FireTick;
             #[cfg(feature = "mutants")]
-            let times = self.times || s == Statement::ClaimAt;
-            #[cfg(not(feature = "mutants"))]
-            let times = self.times;
+            let times = times || s == Statement::ClaimAt || s == Statement::FireTickUnfenced;
             assert!(
                 times,
                 "{} takes `{field}`, a time from its sender",
@@ -1701,7 +1845,8 @@ mod tests {
 
     /// One clock: no statement takes a time from its sender; Postgres's
     /// clock (`pelican_now_ms()`) is the only one a statement reads. Only
-    /// the WorkerClock mutant's claim breaks this.
+    /// the WorkerClock mutant's claim breaks this. (`FireTick`'s times
+    /// are ticks, planned from Postgres's clock.)
     #[test]
     fn no_statement_takes_its_senders_clock() {
         for &s in Statement::ALL {

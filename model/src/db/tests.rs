@@ -527,6 +527,27 @@ fn the_status_check_lists_every_state() {
     assert_eq!(listed, all);
 }
 
+/// The schedules' policy checks allow exactly [`Overlap::ALL`] and
+/// [`Catchup::ALL`].
+#[test]
+fn the_schedule_checks_list_every_policy() {
+    use crate::schedule::{Catchup, Overlap};
+    let listed = |column: &str| -> Vec<String> {
+        let (_, rest) = sql::SCHEMA_SCHEDULES
+            .split_once(&format!("CHECK ({column} IN ("))
+            .expect("a check");
+        let (list, _) = rest.split_once(')').expect("closed");
+        list.split(',')
+            .map(|s| s.trim_matches('\'').to_owned())
+            .collect()
+    };
+    let names = |all: &[&str]| all.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let overlap: Vec<&str> = Overlap::ALL.iter().map(|o| o.as_str()).collect();
+    let catchup: Vec<&str> = Catchup::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(listed("overlap"), names(&overlap));
+    assert_eq!(listed("catchup"), names(&catchup));
+}
+
 /// A delayed run waits `delayed` until due, then the retry pass queues it;
 /// its due time stays, its budget counts from then, and a cancel ends it
 /// while it waits.

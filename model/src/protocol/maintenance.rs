@@ -15,6 +15,9 @@
 //! * **Retention**: runs finished longer than [`Policy::keep_finished_ms`]
 //!   ago are deleted with everything kept about them but their idempotency
 //!   keys, which keep their own window.
+//! * **Schedules**: the due ticks of cron schedules are handled, each by
+//!   one compare-and-set statement that also makes its run (S16,
+//!   [`crate::schedule`]).
 //! * **Consumers**: each partition's consumers idle longer than
 //!   [`Policy::reclaim_min_idle_ms`] that hold nothing are deleted from the
 //!   group (a stopped worker's, whose deliveries the reclaimer took), in one
@@ -68,11 +71,14 @@ pub enum MaintenanceTask {
     Retention,
     /// Delete consumers that are idle and hold nothing.
     Consumers,
+    /// Handle the due ticks of cron schedules ([`crate::schedule`]).
+    Schedules,
 }
 
 impl MaintenanceTask {
     /// Every task, in the order a worker's maintenance round runs them.
-    pub const ALL: [MaintenanceTask; 5] = [
+    pub const ALL: [MaintenanceTask; 6] = [
+        MaintenanceTask::Schedules,
         MaintenanceTask::Retries,
         MaintenanceTask::Outbox,
         MaintenanceTask::Sweep,
@@ -89,6 +95,7 @@ impl MaintenanceTask {
             MaintenanceTask::Sweep => "sweep",
             MaintenanceTask::Retention => "retention",
             MaintenanceTask::Consumers => "consumers",
+            MaintenanceTask::Schedules => "schedules",
         }
     }
 }
@@ -134,6 +141,10 @@ enum Phase {
     /// This many re-dispatches are out.
     Requeuing(usize),
     Deleting,
+    /// The due schedules are being read.
+    Scheduling,
+    /// This many `FireTick`s are out.
+    Firing(usize),
     /// This many partitions' `ForgetConsumers` are out.
     Forgetting(usize),
 }
@@ -226,6 +237,7 @@ impl Maintenance {
                 (Phase::Deleting, op)
             }
             MaintenanceTask::Consumers => return self.forget_consumers(now),
+            MaintenanceTask::Schedules => (Phase::Scheduling, DbOp::DueSchedules { limit }),
         };
         self.phase = phase;
         self.outbox.push_back(Command::Db(op));
@@ -347,6 +359,19 @@ impl Maintenance {
                 self.publish(now, cs);
             }
             (Phase::Publishing { group, added }, input) => self.published(group, added, &input),
+            (Phase::Scheduling, Input::Db(DbReply::Schedules(due))) => {
+                // Each due schedule's tick, planned by Postgres's clock as
+                // the read answered it; all sent at once.
+                self.report = PassReport {
+                    rows: due.len() as u64,
+                    full: due.len() >= limit,
+                };
+                let fires: Vec<Command> = due
+                    .iter()
+                    .map(|(db_now, s)| Command::Db(crate::schedule::plan(s, *db_now, &self.policy)))
+                    .collect();
+                self.send_all(Phase::Firing(fires.len()), fires);
+            }
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {
                 // A full batch: the next pass goes on after it; else from
                 // the start.
@@ -377,6 +402,7 @@ impl Maintenance {
             }
             (Phase::Marking(left), _) if left > 1 => self.phase = Phase::Marking(left - 1),
             (Phase::Requeuing(left), _) if left > 1 => self.phase = Phase::Requeuing(left - 1),
+            (Phase::Firing(left), _) if left > 1 => self.phase = Phase::Firing(left - 1),
             // The last answer of a pass, or a failed listing: the pass ends.
             (_, _) => {}
         }

@@ -106,6 +106,12 @@ pub struct Policy {
     /// [`ErrorClass::Unknown`]: crate::status::ErrorClass::Unknown
     #[serde(default = "unknown_retries_max")]
     pub unknown_retries_max: u32,
+    /// How late a schedule's tick may be handled and still count as on
+    /// time: a tick the scheduler reaches later than this was missed
+    /// while no scheduler ran, and its schedule's catch-up policy decides
+    /// ([`crate::schedule::Catchup`]).
+    #[serde(default = "catchup_after_ms")]
+    pub catchup_after_ms: u64,
     /// How many job stream partitions runs are spread over (at least 1):
     /// a run is published to [`Policy::partition_of`] it, and workers read,
     /// reclaim and trim every partition.
@@ -216,6 +222,10 @@ fn unknown_retries_max() -> u32 {
     1
 }
 
+fn catchup_after_ms() -> u64 {
+    60_000
+}
+
 fn keep_finished_ms() -> u64 {
     7 * 24 * 3_600_000
 }
@@ -235,6 +245,7 @@ impl Default for Policy {
             value_bytes_max: value_bytes_max(),
             keep_finished_ms: keep_finished_ms(),
             unknown_retries_max: unknown_retries_max(),
+            catchup_after_ms: catchup_after_ms(),
             partitions: partitions(),
             kinds: BTreeMap::new(),
             mutant: None,

@@ -122,6 +122,10 @@ mutants! {
     /// The retry pass promotes delayed runs whether they are due or not:
     /// a run submitted with a delay starts before its time.
     PromoteEarly,
+    /// The scheduler's `FireTick` handles its tick whatever the
+    /// schedule's `next_tick` holds now: two schedulers that read the
+    /// same tick both handle it.
+    TickUnfenced,
 }
 
 /// No mutant: this build was made without the `mutants` feature.

@@ -591,7 +591,7 @@ fn every_mutant_name_parses() {
         assert_eq!(m.name().parse::<Mutant>(), Ok(m));
         assert_eq!(m.name().to_lowercase().parse::<Mutant>(), Ok(m));
     }
-    assert_eq!(Mutant::ALL.len(), 23);
+    assert_eq!(Mutant::ALL.len(), 24);
     assert!("Bare".parse::<Mutant>().is_err());
 }
 

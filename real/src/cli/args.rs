@@ -332,6 +332,10 @@ pub(crate) enum Cmd {
     /// The dead-letter queue.
     #[command(subcommand)]
     Dlq(DlqCmd),
+    /// Cron schedules: each tick makes one run of the schedule's kind,
+    /// however many workers run the scheduler.
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
     /// Protocol traces (`--trace-file` of `worker` and `api`).
     #[command(subcommand)]
     Trace(TraceCmd),
@@ -359,6 +363,50 @@ pub(crate) enum TraceCmd {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ScheduleCmd {
+    /// Make a schedule, or replace what the schedule NAME runs and when
+    /// (it keeps its history): planned afresh by the next scheduler pass.
+    Put {
+        /// Its name (a-z, 0-9, '_', '.', '-').
+        name: String,
+        /// The kind of its runs.
+        kind: String,
+        /// A cron expression: five fields (minute hour day month weekday),
+        /// or six with seconds first; e.g. `0 9 * * 1-5`.
+        cron: String,
+        /// The input of its runs (JSON).
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// The IANA time zone the expression is read in.
+        #[arg(long, default_value = "UTC")]
+        tz: String,
+        /// While the previous run is live, a tick makes no run (`skip`),
+        /// queues one beside it (`queue`), or cancels it (`cancel`).
+        #[arg(long, default_value = "skip", value_parser = parse_overlap)]
+        overlap: pelican_model::schedule::Overlap,
+        /// Ticks missed while no scheduler ran make no run (`skip`), or
+        /// one run for all (`one`).
+        #[arg(long, default_value = "one", value_parser = parse_catchup)]
+        catchup: pelican_model::schedule::Catchup,
+    },
+    /// List the schedules with their next ticks.
+    List,
+    /// Delete a schedule; its runs stay.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+fn parse_overlap(s: &str) -> Result<pelican_model::schedule::Overlap, String> {
+    pelican_model::schedule::Overlap::parse(s)
+}
+
+fn parse_catchup(s: &str) -> Result<pelican_model::schedule::Catchup, String> {
+    pelican_model::schedule::Catchup::parse(s)
 }
 
 #[derive(Subcommand)]
@@ -544,6 +592,11 @@ pub(crate) struct WorkerArgs {
     /// (`JobError::unknown`); the next one fails the run.
     #[arg(long, env = "PELICAN_UNKNOWN_RETRIES_MAX", default_value_t = 1)]
     pub(crate) unknown_retries_max: u32,
+    /// A schedule's tick its scheduler reaches more than this late was
+    /// missed (no scheduler ran): its schedule's catch-up policy (`skip`
+    /// or `one`) decides whether it makes a run.
+    #[arg(long, env = "PELICAN_CATCHUP_AFTER_MS", default_value_t = 60_000)]
+    pub(crate) catchup_after_ms: u64,
     /// A provider's limits, shared by every worker (over what the handlers
     /// registered): `NAME:field=N,...` with fields concurrent (calls at
     /// once), per_second, burst (default 1), hold_ms (a dead worker's slot
@@ -575,10 +628,11 @@ pub(crate) struct WorkerArgs {
     /// behind then is due again at once (`pelican_maintenance_behind`).
     #[arg(long, env = "PELICAN_MAINTENANCE_EVERY_MS", default_value_t = 1_000)]
     pub(crate) maintenance_every_ms: u64,
-    /// Between maintenance rounds, the retry pass alone runs this often:
-    /// the longest a due retry or delayed run waits to be queued. Each
-    /// pass is one indexed statement; at or above --maintenance-every-ms,
-    /// only the rounds run it.
+    /// Between maintenance rounds, the scheduler's pass and the retry pass
+    /// run this often: the longest a schedule's due tick waits for its
+    /// run, and a due retry or delayed run to be queued. Each pass is one
+    /// indexed read or statement; at or above --maintenance-every-ms, only
+    /// the rounds run them.
     #[arg(long, env = "PELICAN_PROMOTE_EVERY_MS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) promote_every_ms: u64,

@@ -200,6 +200,7 @@ fn worker_config(c: &Connection, a: &WorkerArgs, handlers: fn(&mut Registry)) ->
         value_bytes_max: usize::try_from(a.value_bytes_max).unwrap_or(usize::MAX),
         keep_finished_ms: a.keep_finished_ms,
         unknown_retries_max: a.unknown_retries_max,
+        catchup_after_ms: a.catchup_after_ms,
         partitions: c.partitions,
         kinds: c.kinds(handlers),
         mutant: c.mutant()?,
@@ -472,6 +473,7 @@ pub(crate) async fn main_inner(cli: Cli, handlers: fn(&mut Registry)) -> Result<
             println!("{}", api::openapi().to_pretty_json()?);
             Ok(())
         }
+        Cmd::Schedule(cmd) => super::schedules::run(c, cmd, json).await,
         Cmd::Dlq(DlqCmd::List { limit }) => dlq_list(c, limit, json).await,
         Cmd::Dlq(DlqCmd::Requeue {
             run,

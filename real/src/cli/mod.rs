@@ -25,6 +25,7 @@ mod deployment;
 mod dev;
 mod output;
 mod reference;
+mod schedules;
 
 pub use reference::{command, configuration_tables};
 

@@ -184,6 +184,68 @@ pub(crate) fn submitted(s: &wire::Submitted) -> String {
 }
 
 /// A cancel's or a requeue's answer.
+/// Schedules as a table, each with its next tick.
+pub(crate) fn schedules(s: &wire::Schedules) -> String {
+    if s.schedules.is_empty() {
+        return "no schedules\n".into();
+    }
+    let rows: Vec<Vec<String>> = s
+        .schedules
+        .iter()
+        .map(|s| {
+            let next = s
+                .next_ticks_ms
+                .first()
+                .map_or_else(|| "never".into(), |t| rfc3339(*t));
+            vec![
+                s.spec.name.clone(),
+                s.spec.kind.clone(),
+                format!("{} ({})", s.spec.cron, s.spec.tz),
+                next,
+                s.spec.overlap.to_string(),
+                s.spec.catchup.to_string(),
+                s.fired.to_string(),
+                s.skipped.to_string(),
+            ]
+        })
+        .collect();
+    let header = [
+        "name",
+        "kind",
+        "cron",
+        "next tick",
+        "overlap",
+        "catch-up",
+        "fired",
+        "skipped",
+    ];
+    table(&header, &rows)
+}
+
+/// One schedule, after `pelican schedule put` or `delete`.
+pub(crate) fn schedule(s: &wire::Schedule) -> String {
+    let next: Vec<String> = s.next_ticks_ms.iter().map(|t| rfc3339(*t)).collect();
+    format!(
+        "schedule {} ({}): {} {} in {}, next ticks {}\n",
+        s.spec.name,
+        s.id,
+        s.spec.kind,
+        s.spec.cron,
+        s.spec.tz,
+        if next.is_empty() {
+            "none".into()
+        } else {
+            next.join(", ")
+        }
+    )
+}
+
+/// `ms` since the Unix epoch as RFC 3339, to the second.
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
 pub(crate) fn changed(c: &wire::Changed) -> String {
     match c.extra_attempts {
         Some(n) => format!(

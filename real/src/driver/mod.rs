@@ -377,6 +377,7 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
                     && fail::eval("lose_heartbeat", |_| ()).is_some();
                 #[cfg(not(feature = "failpoints"))]
                 let lost = false;
+
                 let input = if lost {
                     Input::Unavailable
                 } else {
@@ -426,6 +427,13 @@ impl<S: StreamClient, D: DbClient, P: Probe> Io<S, D, P> {
             }
         }
         for (statement, group) in db {
+            // A scheduler slow between its read and its ticks' statements
+            // (armed as `before_fire_tick=sleep(N)`): its plans are stale
+            // when they land, and the compare-and-set must refuse them.
+            #[cfg(feature = "failpoints")]
+            if group.iter().any(|(_, op, _)| op.class().ticks.is_some()) {
+                fail::fail_point!("before_fire_tick");
+            }
             let (at, ops): (Vec<usize>, Vec<(DbOp, Issuer)>) =
                 group.into_iter().map(|(i, op, by)| (i, (op, by))).unzip();
             if let Ok(Ok(replies)) = tokio::time::timeout(timeout, self.db.call_batch_as(ops)).await

@@ -240,7 +240,8 @@ async fn reclaim_loop<S, D, P, X>(
 /// Every `maintenance_every_ms`, a round: promote due retries, publish the
 /// outbox, delete runs past their keep, and every [`sweep_every_passes`]
 /// rounds sweep for orphaned runs; then trim the streams. Between rounds,
-/// the retry pass alone every `promote_every_ms` ([`promote_until`]).
+/// the scheduler's and the retry pass every `promote_every_ms`
+/// ([`promote_until`]).
 ///
 /// A task whose pass came back full ([`PassReport::full`]) runs its next
 /// pass at once, for up to `maintenance_every_ms`; one still behind after
@@ -295,10 +296,11 @@ async fn maintenance_loop<S, D, P>(
     }
 }
 
-/// Until `end`, the retry pass every `promote_every_ms` (on maintenance
-/// loop `m`), so that a due retry or delayed run is queued within that,
-/// not within a round; passes that come back full go on at once. `false`:
-/// the worker is stopping.
+/// Until `end`, the scheduler's pass and then the retry pass every
+/// `promote_every_ms` (on maintenance loop `m`), so that a schedule's due
+/// tick makes its run, and a due retry, delayed run or tick's run is
+/// queued, within that, not within a round; passes that come back full go
+/// on at once. `false`: the worker is stopping.
 async fn promote_until<S, D, P>(
     io: &Io<S, D, P>,
     worker: WorkerId,
@@ -322,11 +324,11 @@ where
         if next >= end {
             return true;
         }
-        while super::maintain(io, worker, m, MaintenanceTask::Retries)
-            .await
-            .full
-            && tokio::time::Instant::now() < end
-        {}
+        for task in [MaintenanceTask::Schedules, MaintenanceTask::Retries] {
+            while super::maintain(io, worker, m, task).await.full
+                && tokio::time::Instant::now() < end
+            {}
+        }
     }
 }
 

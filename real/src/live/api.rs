@@ -12,6 +12,9 @@
 //! | `GET /runs/{id}` | the run: status, attempts with fences and outcomes, result or error |
 //! | `GET /runs/{id}/events` | the run's events over SSE (S13): resumes after `Last-Event-ID` (or `?after=N`), ends after a terminal event; 204 when the run has ended and every event was seen |
 //! | `POST /runs/{id}/cancel` | cancels it (S7); 409 if it already ended |
+//! | `POST /schedules` | makes a cron schedule, or replaces the one of its name: `{"name", "kind", "input", "cron", "tz", "overlap", "catchup"}`; each tick makes one run (S16) |
+//! | `GET /schedules` | every schedule, with its next ticks, lag and counts |
+//! | `DELETE /schedules/{name}` | deletes it; its runs stay |
 //! | `GET /queue` | the queue's health: stream length, lag, pending deliveries, the oldest one's idle time, pending per consumer, live runs by status |
 //! | `GET /stats?minutes=` | runs finished and succeeded runs' latency (p50, p99) per minute, over the last hour or less |
 //! | `GET /healthz` | 200 when Postgres and Redis answer, else 503 |
@@ -59,12 +62,14 @@ mod bulk;
 mod events;
 mod queue;
 mod runs;
+mod schedules;
 mod search;
 mod submit;
 
 pub use events::event_view;
 pub use queue::queue_view;
 pub use runs::{dead_letter_view, run_view};
+pub use schedules::{put_schedule, schedule_view, schedules_view};
 pub use submit::{
     DELAY_MS_MAX, IDEMPOTENCY_KEY, RUN_AT_MS_MAX, delay_of, expire_keys, validate_key,
     validate_kind,
@@ -162,6 +167,11 @@ fn documented() -> (Router<Arc<ApiState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(runs::get_run))
         .routes(routes!(events::run_events))
         .routes(routes!(runs::cancel_run))
+        .routes(routes!(
+            schedules::create_schedule,
+            schedules::list_schedules
+        ))
+        .routes(routes!(schedules::delete_schedule))
         .routes(routes!(queue::queue))
         .routes(routes!(queue::stats))
         .routes(routes!(queue::healthz))
@@ -282,7 +292,7 @@ mod tests {
                 item.as_object()
                     .unwrap()
                     .keys()
-                    .filter(|k| ["get", "post"].contains(&k.as_str()))
+                    .filter(|k| ["get", "post", "delete"].contains(&k.as_str()))
                     .map(move |m| format!("{} {path}", m.to_uppercase()))
             })
             .collect();
@@ -290,6 +300,7 @@ mod tests {
         assert_eq!(
             listed,
             [
+                "DELETE /schedules/{name}",
                 "GET /",
                 "GET /dead-letters",
                 "GET /healthz",
@@ -300,6 +311,7 @@ mod tests {
                 "GET /runs/count",
                 "GET /runs/{id}",
                 "GET /runs/{id}/events",
+                "GET /schedules",
                 "GET /stats",
                 "GET /ui/app.js",
                 "GET /ui/style.css",
@@ -308,6 +320,7 @@ mod tests {
                 "POST /runs",
                 "POST /runs/cancel",
                 "POST /runs/{id}/cancel",
+                "POST /schedules",
             ]
         );
         let text = doc.to_string();

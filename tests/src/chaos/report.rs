@@ -263,7 +263,8 @@ pub(super) fn verdict(
                 | Guarantee::S12
                 | Guarantee::S13
                 | Guarantee::S14
-                | Guarantee::S15 => {
+                | Guarantee::S15
+                | Guarantee::S16 => {
                     report.other_broken += 1;
                 }
             },

@@ -7,6 +7,7 @@
 use super::{Outcome, runner};
 use pelican_model::db::{Db, DbOp, DbReply, Pick, Statement};
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+use pelican_model::schedule::{Catchup, Overlap};
 use pelican_model::status::ErrorClass;
 use pelican_model::time::Timestamp;
 use pelican_real::live::PgDb;
@@ -93,8 +94,27 @@ impl Pick<EntryId> for Words<'_> {
     }
 }
 impl Pick<Timestamp> for Words<'_> {
-    fn pick(&mut self, _: Statement, _: &'static str) -> Timestamp {
-        Timestamp(1_000 * (self.word() % 13) + 1_000)
+    fn pick(&mut self, _: Statement, field: &'static str) -> Timestamp {
+        let w = self.word();
+        let drawn = Timestamp(1_000 * (w % 13) + 1_000);
+        match field {
+            // A tick's expected `next_tick`: half the time a schedule not
+            // planned yet (0, as a put leaves it).
+            "expect" if w.is_multiple_of(2) => Timestamp::ZERO,
+            // Only planned, half the time.
+            "tick" if w % 4 == 1 => Timestamp::ZERO,
+            _ => drawn,
+        }
+    }
+}
+impl Pick<Overlap> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Overlap {
+        Overlap::ALL[(self.word() % Overlap::ALL.len() as u64) as usize]
+    }
+}
+impl Pick<Catchup> for Words<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Catchup {
+        Catchup::ALL[(self.word() % Catchup::ALL.len() as u64) as usize]
     }
 }
 impl Pick<ErrorClass> for Words<'_> {
@@ -124,6 +144,10 @@ impl Pick<String> for Words<'_> {
             "key" => format!("run-1/{}", w % 3),
             "provider" => ["p", "q"][(w % 2) as usize].into(),
             "holder" => format!("h{}", w % 3),
+            // Two schedules, and what they run and when, stored as text.
+            "name" | "schedule" => ["daily", "hourly"][(w % 2) as usize].into(),
+            "cron" => ["* * * * * *", "0 9 * * 1-5"][(w % 2) as usize].into(),
+            "tz" => ["UTC", "Europe/Berlin"][(w % 2) as usize].into(),
             // An operator's filter: any status, or one.
             "status" => [
                 "",
@@ -254,8 +278,8 @@ pub(super) async fn reset(db: &PgDb) -> Result<(), String> {
         "DELETE FROM attempts; DELETE FROM dead_letters; DELETE FROM runs; \
          DELETE FROM effects; DELETE FROM submit_keys; DELETE FROM workers; \
          DELETE FROM steps; DELETE FROM provider_slots; DELETE FROM provider_rates; \
-         DELETE FROM run_events; DELETE FROM deployment; \
-         SELECT setval('run_ids', 1, false), \
+         DELETE FROM run_events; DELETE FROM deployment; DELETE FROM schedules; \
+         SELECT setval('run_ids', 1, false), setval('schedule_ids', 1, false), \
          setval(pg_get_serial_sequence('workers', 'worker_id'), 1, false)",
     )
     .await

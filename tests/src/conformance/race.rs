@@ -24,6 +24,7 @@
 use super::db::{DbStep, START, db_case, migrated, reset, same_state};
 use pelican_model::db::{Access, Db, DbOp, DbReply, Pick, Statement};
 use pelican_model::ids::{Dispatch, EntryId, Fence, RunId};
+use pelican_model::schedule::{Catchup, Overlap};
 use pelican_model::status::{ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
 use pelican_real::live::{PgDb, PgSession};
@@ -211,6 +212,16 @@ impl Pick<EntryId> for Aim<'_> {
 impl Pick<Timestamp> for Aim<'_> {
     fn pick(&mut self, _: Statement, _: &'static str) -> Timestamp {
         self.0.clock
+    }
+}
+impl Pick<Overlap> for Aim<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Overlap {
+        Overlap::Queue
+    }
+}
+impl Pick<Catchup> for Aim<'_> {
+    fn pick(&mut self, _: Statement, _: &'static str) -> Catchup {
+        Catchup::One
     }
 }
 impl Pick<ErrorClass> for Aim<'_> {

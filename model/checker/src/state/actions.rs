@@ -38,6 +38,9 @@ pub enum Action {
     Finish(u8, OutcomeKind),
     /// Maintenance runs one pass in one step; the fate is its first XADD's.
     Maintain(MaintenanceTask, Fate),
+    /// Worker `w`'s scheduler sends its next command (its pass's first,
+    /// the read of the due schedules, if it is idle), with this fate.
+    Schedule(u8, Fate),
     /// Fault: worker `w` is killed and restarts empty.
     Crash(u8),
     /// Fault: worker `w` stops (past its lease).
@@ -104,7 +107,11 @@ impl State {
         let waiting = !out.iter().any(|a| {
             matches!(
                 a,
-                Action::Fetch(..) | Action::Reclaim(..) | Action::Step(..) | Action::Maintain(..)
+                Action::Fetch(..)
+                    | Action::Reclaim(..)
+                    | Action::Step(..)
+                    | Action::Maintain(..)
+                    | Action::Schedule(..)
             )
         });
         if waiting && self.ageable() {
@@ -154,7 +161,10 @@ impl State {
         let reclaimable_anywhere = reclaimable.contains(&true);
         for (i, w) in self.workers.iter().enumerate() {
             let n = i as u8;
-            let holds = w.delivery.is_some() || !w.outstanding.is_empty() || !w.reclaimer.is_idle();
+            let holds = w.delivery.is_some()
+                || !w.outstanding.is_empty()
+                || !w.reclaimer.is_idle()
+                || !w.scheduler.is_idle();
             if b.crashes > 0 && holds {
                 out.push(Action::Crash(n));
             }
@@ -171,6 +181,17 @@ impl State {
             }
             for (src, _) in &w.outstanding {
                 out.extend(reply.iter().map(|f| Action::Step(n, *src, *f)));
+            }
+            if !w.scheduler.is_idle() {
+                out.push(Action::Schedule(n, Fate::Reply));
+                if b.lost > 0 {
+                    out.extend(
+                        [Fate::LostReply, Fate::LostRequest].map(|f| Action::Schedule(n, f)),
+                    );
+                }
+            } else if cfg.schedules && self.world.db.schedules.values().any(|s| s.next_tick <= NOW)
+            {
+                out.push(Action::Schedule(n, Fate::Reply));
             }
             let free = w.delivery.is_none() && w.backlog.is_none() && w.outstanding.is_empty();
             if free && w.reclaimer.is_idle() {
@@ -321,6 +342,8 @@ impl State {
                         .values()
                         .any(|r| r.finished_at.is_some_and(|t| t <= NOW.sub_ms(keep)))
             }
+            // Each worker's scheduler steps on its own (`Action::Schedule`).
+            MaintenanceTask::Schedules => false,
         }
     }
 

@@ -90,6 +90,7 @@ impl State {
                 self.seen.consumer_forgotten |=
                     task == MaintenanceTask::Consumers && m.report().rows > 0;
             }
+            Action::Schedule(w, fate) => self.schedule(w, fate),
             Action::Crash(w) => {
                 self.budget.crashes -= 1;
                 self.budget.total -= 1;
@@ -429,6 +430,20 @@ impl State {
             self.seen.key_outlived_run = true;
         }
         self.api[usize::from(n)] = ApiRun::Retried;
+    }
+
+    /// Worker `w`'s scheduler: starts a pass if idle, then sends its
+    /// next command with `fate` and feeds it the answer.
+    fn schedule(&mut self, w: u8, fate: Fate) {
+        let mut m = self.workers[usize::from(w)].scheduler.clone();
+        if m.is_idle() {
+            m.start(MaintenanceTask::Schedules, NOW);
+        }
+        if let Some(c) = m.poll() {
+            let input = self.execute(&c, Issuer::default(), fate);
+            m.handle(NOW, input);
+        }
+        self.workers[usize::from(w)].scheduler = m;
     }
 
     /// Run `n`'s delay: with delays, the first run is due once time

@@ -16,6 +16,7 @@ pub use types::{ApiRun, Fate, Job, Proc, Seen, Source, WorkerProc};
 
 use crate::NOW;
 use crate::config::{Budget, Config};
+use pelican_model::Db;
 use pelican_model::ids::RunId;
 use pelican_model::invariants::Guarantee;
 use pelican_model::protocol::{JobEntry, StreamOp};
@@ -104,28 +105,48 @@ pub struct Derived {
     /// No action is enabled.
     pub is_final: bool,
     /// Guarantees broken in this state (bit `n` for S`n`).
-    pub broken: u16,
+    pub broken: u32,
     /// Guarantees broken at rest (only set in final states).
-    pub broken_at_rest: u16,
+    pub broken_at_rest: u32,
 }
 
 /// Bit `n` for guarantee S`n`.
 #[must_use]
-pub fn guarantee_bit(g: Guarantee) -> u16 {
+pub fn guarantee_bit(g: Guarantee) -> u32 {
     1 << g.number()
 }
 
-// Every guarantee has its bit in a `u16`.
+// Every guarantee has its bit in a `u32`.
 const _: () = {
     let mut i = 0;
     while i < Guarantee::ALL.len() {
         assert!(
-            Guarantee::ALL[i].number() < 16,
-            "one bit per guarantee in a u16"
+            Guarantee::ALL[i].number() < 32,
+            "one bit per guarantee in a u32"
         );
         i += 1;
     }
 };
+
+/// The schedules configuration's schedule: every second, overlap
+/// `cancel`, catch-up `one`; its first tick 1 s before [`NOW`] (missed,
+/// with the configuration's 500 ms of catch-up), its second at [`NOW`].
+fn schedule(db: &mut Db) {
+    use pelican_model::db::NewSchedule;
+    use pelican_model::schedule::{Catchup, Overlap};
+    db.put_schedule(&NewSchedule {
+        name: "every-second",
+        kind: "",
+        input: "",
+        cron: "* * * * * *",
+        tz: "UTC",
+        overlap: Overlap::Cancel,
+        catchup: Catchup::One,
+    });
+    for s in db.schedules.values_mut() {
+        s.next_tick = NOW.sub_ms(1_000);
+    }
+}
 
 fn run_id(n: u8) -> RunId {
     RunId(u64::from(n) + 1)
@@ -153,6 +174,9 @@ impl State {
                 },
                 Issuer::default(),
             );
+        }
+        if cfg.schedules {
+            schedule(&mut world.db);
         }
         let mut s = State {
             world,

@@ -332,8 +332,11 @@ fn hash_db_unlabeled(db: &Db, h: &mut FpHasher) {
         rates,
         events: run_events,
         partitions,
+        schedules,
+        schedule_ids,
     } = db;
     (registered, steps, slots, rates, run_events, partitions).hash(h);
+    (schedules, schedule_ids).hash(h);
     clock.hash(h);
     (
         runs,

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use pelican_model::ids::{EntryId, Fence, RunId, WorkerId};
-use pelican_model::protocol::{Command, Delivery, JobEntry, Reclaimer};
+use pelican_model::protocol::{Command, Delivery, JobEntry, Maintenance, Reclaimer};
 use pelican_model::shared::Shared;
 use serde::Serialize;
 
@@ -62,6 +62,11 @@ pub struct WorkerProc {
     pub outstanding: Vec<(Source, Command)>,
     /// The job, while it runs.
     pub job: Option<Job>,
+    /// The scheduler's pass ([`MaintenanceTask::Schedules`]), one command
+    /// a step, so that two workers' passes interleave.
+    ///
+    /// [`MaintenanceTask::Schedules`]: pelican_model::protocol::MaintenanceTask::Schedules
+    pub scheduler: Maintenance,
 }
 
 impl WorkerProc {
@@ -75,6 +80,7 @@ impl WorkerProc {
             backlog: None,
             outstanding: Vec::new(),
             job: None,
+            scheduler: Maintenance::new(&cfg.policy),
         }
     }
 }

@@ -94,6 +94,7 @@ pub fn migrator() -> Migrator {
         migration(18, "trace context", sql::SCHEMA_TRACE),
         migration(19, "attempt times", sql::SCHEMA_ATTEMPT_TIMES),
         migration(20, "delayed runs", sql::SCHEMA_DELAYED),
+        migration(21, "cron schedules", sql::SCHEMA_SCHEDULES),
     ])
 }
 

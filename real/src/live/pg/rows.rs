@@ -8,6 +8,7 @@ use pelican_model::db::{
 };
 use pelican_model::events::{EventKind, RunEvent};
 use pelican_model::ids::{AttemptNo, Dispatch, EntryId, Fence, RunId, WorkerId};
+use pelican_model::schedule::{Catchup, Overlap, ScheduleRow};
 use pelican_model::status::{AttemptOutcome, ErrorClass, RunStatus};
 use pelican_model::time::Timestamp;
 use sqlx::Row;
@@ -196,6 +197,36 @@ fn minute_latency(r: &PgRow) -> Result<MinuteLatency, PgError> {
     })
 }
 
+/// A `schedules` row with Postgres's clock (`now`), as the statements
+/// that answer schedules read it.
+pub(super) fn schedule_row(r: &PgRow) -> Result<(Timestamp, ScheduleRow), PgError> {
+    let time = |c: &'static str| -> Result<Timestamp, PgError> {
+        Ok(Timestamp(unsigned(c, r.try_get(c)?)?))
+    };
+    let count = |c: &'static str| -> Result<u64, PgError> { unsigned(c, r.try_get(c)?) };
+    let overlap: String = r.try_get("overlap")?;
+    let catchup: String = r.try_get("catchup")?;
+    let last_run: Option<i64> = r.try_get("last_run")?;
+    let row = ScheduleRow {
+        name: r.try_get("name")?,
+        id: count("id")?,
+        kind: r.try_get("kind")?,
+        input: r.try_get("input")?,
+        cron: r.try_get("cron")?,
+        tz: r.try_get("tz")?,
+        overlap: Overlap::parse(&overlap).map_err(|_| corrupt("overlap", overlap))?,
+        catchup: Catchup::parse(&catchup).map_err(|_| corrupt("catchup", catchup))?,
+        next_tick: time("next_tick")?,
+        last_tick: time("last_tick")?,
+        last_run: last_run
+            .map(|v| unsigned("last_run", v).map(RunId))
+            .transpose()?,
+        fired: count("fired")?,
+        skipped: count("skipped")?,
+    };
+    Ok((time("now")?, row))
+}
+
 fn all<T>(rows: &[PgRow], f: fn(&PgRow) -> Result<T, PgError>) -> Result<Vec<T>, PgError> {
     rows.iter().map(f).collect()
 }
@@ -255,6 +286,7 @@ pub(super) fn reply(shape: Shape, rows: &[PgRow], affected: u64) -> Result<DbRep
                 .collect::<Result<_, PgError>>()?,
         ),
         Shape::Latency => DbReply::Latency(all(rows, minute_latency)?),
+        Shape::Schedules => DbReply::Schedules(all(rows, schedule_row)?),
         Shape::Counts => DbReply::Counts(
             rows.iter()
                 .map(|r| {

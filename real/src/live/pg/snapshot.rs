@@ -14,7 +14,10 @@ pub(super) async fn read_records(
     let runs = sqlx::query(snapshot::RUNS).fetch_all(&mut *tx).await?;
     for r in &runs {
         let row = rows::run_row(r)?;
-        db.run_ids = db.run_ids.max(row.run_id.0);
+        // A tick's run id is its schedule's and tick's, not the sequence's.
+        if pelican_model::schedule::tick_of(row.run_id).is_none() {
+            db.run_ids = db.run_ids.max(row.run_id.0);
+        }
         db.runs.insert(row.run_id, row);
     }
     for r in &sqlx::query(snapshot::ATTEMPTS).fetch_all(&mut *tx).await? {
@@ -109,6 +112,14 @@ pub(super) async fn read_workers_and_limits(
         db.rates
             .insert(r.try_get("provider")?, rows::unsigned("tat_ns", tat)?);
     }
+    for r in &sqlx::query(snapshot::SCHEDULES).fetch_all(&mut *tx).await? {
+        let (_, s) = rows::schedule_row(r)?;
+        db.schedules.insert(s.name.clone(), s);
+    }
+    let ids = sqlx::query(snapshot::SCHEDULE_IDS)
+        .fetch_one(&mut *tx)
+        .await?;
+    db.schedule_ids = rows::unsigned("schedule_ids", ids.try_get("value")?)?;
     for r in &sqlx::query(snapshot::EFFECTS).fetch_all(&mut *tx).await? {
         let n: i64 = r.try_get("requests")?;
         db.effects
