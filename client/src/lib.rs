@@ -48,6 +48,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 mod operator;
+mod schedules;
 mod watch;
 pub mod wire;
 

@@ -1356,6 +1356,18 @@ impl Db {
             .map_or(0, |due| now.ms_since(due))
     }
 
+    /// [`Statement::ScheduleLag`]: how long before `now` the earliest
+    /// planned tick nobody has handled fell due (0: none is due).
+    #[must_use]
+    pub fn schedule_lag(&self, now: Timestamp) -> u64 {
+        self.schedules
+            .values()
+            .map(|s| s.next_tick)
+            .filter(|t| *t > Timestamp::ZERO)
+            .min()
+            .map_or(0, |t| now.ms_since(t))
+    }
+
     /// [`Statement::CountLive`]: as [`Db::count_runs`], for the runs not
     /// finished (the `runs_live` index; finished runs are never scanned).
     #[must_use]

@@ -393,6 +393,53 @@ fn the_dashboard_follows_a_run_through_a_reclaim() {
             finished >= 3,
             "the hour counts the finished runs: {finished}"
         );
+
+        // Schedules: one made in the form shows its next ticks; a bad
+        // expression is refused with the API's reason; Delete asks again.
+        c.goto(&format!("{base}/#/schedules"))
+            .await
+            .expect("the schedules page");
+        for (css, value) in [
+            ("#schedule-name", "nightly"),
+            ("#schedule-kind", "noop"),
+            ("#schedule-cron", "0 3 * * *"),
+            ("#schedule-tz", "Europe/Berlin"),
+        ] {
+            fill(&c, css, value).await;
+        }
+        click(&c, "#schedule-put").await;
+        let ticks = until("the schedule's next ticks", || async {
+            text(
+                &c,
+                "#schedules-table tr[data-schedule='nightly'] .next-ticks",
+            )
+            .await
+        })
+        .await;
+        assert_eq!(ticks.lines().count(), 3, "three next ticks: {ticks}");
+        shot(&c, "11-schedules").await;
+        fill(&c, "#schedule-name", "broken").await;
+        fill(&c, "#schedule-cron", "61 * * * *").await;
+        click(&c, "#schedule-put").await;
+        let error = until("the refusal", || async {
+            text(&c, "#error").await.filter(|e| !e.is_empty())
+        })
+        .await;
+        assert!(error.contains("invalid cron expression"), "{error}");
+        let delete = "#schedules-table tr[data-schedule='nightly'] button";
+        click(&c, delete).await;
+        until("the second ask", || async {
+            (text(&c, delete).await? == "Really delete").then_some(())
+        })
+        .await;
+        click(&c, delete).await;
+        until("the schedule gone", || async {
+            text(&c, "#schedules")
+                .await?
+                .contains("No schedules")
+                .then_some(())
+        })
+        .await;
         c.close().await.expect("the browser closes");
     });
     env.settle();

@@ -1329,6 +1329,20 @@ statements! {
         },
     }
 
+    /// How long the earliest planned tick nobody has handled has been due,
+    /// in ms by Postgres's clock; 0 when none is: the schedulers' lag, the
+    /// first entry of `schedules_next_tick`.
+    ScheduleLag => {
+        name: "schedule_lag",
+        access: Read,
+        class: [],
+        reply: Value,
+        sql: "SELECT GREATEST(coalesce(pelican_now_ms() - (SELECT next_tick FROM schedules \
+                WHERE next_tick > 0 ORDER BY next_tick LIMIT 1), 0), 0) AS value",
+        show: [],
+        model: |db| Rows(db.schedule_lag(db.clock)),
+    }
+
     /// The deployment's stored partition count (0: none stored yet).
     ReadPartitions => {
         name: "read_partitions",

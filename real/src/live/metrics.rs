@@ -41,6 +41,9 @@ pub async fn observe_queue(stream: &RedisStream, db: &PgDb) {
     if let Ok(lag) = db.query(query::DueLag {}).await {
         metrics::gauge!("pelican_due_lag_ms").set(lag as f64);
     }
+    if let Ok(lag) = db.query(query::ScheduleLag {}).await {
+        metrics::gauge!("pelican_schedule_lag_ms").set(lag as f64);
+    }
 }
 
 /// Every live status (delayed, queued, running, retry_wait) with its count in

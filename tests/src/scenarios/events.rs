@@ -241,6 +241,37 @@ pub fn a_late_attempts_progress_is_refused(mutant: Option<&str>) {
     assert_received("the watcher", &watched, &log);
 }
 
+/// The client's schedules: put (and refused with the API's reason),
+/// listed with their next ticks, deleted once.
+async fn client_schedules(c: &Client) {
+    use pelican_client::wire::{Catchup, NewSchedule, Overlap};
+    let mut new = NewSchedule {
+        name: "weekday-report".into(),
+        kind: "noop".into(),
+        input: json!({"report": "daily"}),
+        cron: "0 9 * * 1-5".into(),
+        tz: "Europe/Berlin".into(),
+        overlap: Overlap::Skip,
+        catchup: Catchup::One,
+    };
+    let made = c.put_schedule(&new).await.expect("a schedule is made");
+    assert_eq!(
+        (made.spec.clone(), made.next_ticks_ms.len()),
+        (new.clone(), 3)
+    );
+    let listed = c.schedules().await.expect("the schedules read");
+    assert_eq!(listed, vec![made.clone()]);
+    new.tz = "Nowhere/Else".into();
+    let refused = c.put_schedule(&new).await;
+    assert!(
+        matches!(&refused, Err(Error::Rejected { status: 400, message }) if message.contains("time zone")),
+        "{refused:?}"
+    );
+    let gone = c.delete_schedule("weekday-report").await.expect("deleted");
+    assert_eq!(gone.map(|s| s.id), Some(made.id));
+    assert_eq!(c.delete_schedule("weekday-report").await, Ok(None));
+}
+
 /// `pelican-client` against the live API: keyed submissions answer their
 /// first run, a key reused for another request is a typed error, a bulk
 /// submission answers each item, reads and cancels answer typed errors
@@ -305,6 +336,7 @@ pub fn the_client_library_against_the_api(mutant: Option<&str>) {
         c.cancel(queued.run_id)
             .await
             .expect("cancelling a cancelled run again is no error");
+        client_schedules(&c).await;
         (keyed, again, conflict, bad, bulk, queued.run_id)
     });
     assert_eq!((again.run_id, again.existing), (keyed.run_id, true));

@@ -1,6 +1,7 @@
 // Pelican's dashboard: a page of the API's own routes (GET /queue, /stats,
 // /runs (by filter or key), /runs/count, /runs/{id}, its events over SSE,
-// /dead-letters; cancel and requeue, one run or in bulk), with the
+// /dead-letters, /schedules; cancel and requeue, one run or in bulk;
+// make and delete schedules), with the
 // operator's bearer token. No build step, no dependencies.
 "use strict";
 
@@ -460,6 +461,64 @@ async function bulkRequeue() {
   confirmBulk(count, `Requeue dead ${kind}`, (cursor) => api("POST", "/dead-letters/requeue", { ...body, ...(cursor ? { cursor } : {}) }));
 }
 
+// --- schedules ---------------------------------------------------------------
+
+function date(ms) {
+  return ms == null ? "" : new Date(ms).toLocaleString();
+}
+
+// The schedule whose Delete was clicked once: its button asks again.
+let sureDelete = "";
+
+function schedules(gen) {
+  view.innerHTML = `
+    <p id="error" class="error"></p>
+    <h2>Make or replace a schedule</h2>
+    <form class="inline" id="schedule-form">
+      <input id="schedule-name" placeholder="name" required>
+      <input id="schedule-kind" placeholder="kind" required>
+      <input id="schedule-cron" placeholder="cron, e.g. 0 9 * * 1-5" required>
+      <input id="schedule-tz" placeholder="time zone" value="UTC" size="14">
+      <select id="schedule-overlap"><option>skip</option><option>queue</option><option>cancel</option></select>
+      <select id="schedule-catchup"><option>one</option><option>skip</option></select>
+      <input id="schedule-input" placeholder="input JSON" value="{}" size="16">
+      <button type="submit" id="schedule-put">Save</button>
+    </form>
+    <p class="muted">Overlap: what a tick does while the last run is live. Catch-up: whether ticks missed while no worker ran make one run.</p>
+    <h2>Schedules</h2>
+    <div id="schedules"></div>`;
+  document.getElementById("schedule-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const v = (id) => document.getElementById(id).value.trim();
+    try {
+      await api("POST", "/schedules", {
+        name: v("schedule-name"), kind: v("schedule-kind"), cron: v("schedule-cron"), tz: v("schedule-tz"),
+        overlap: v("schedule-overlap"), catchup: v("schedule-catchup"), input: JSON.parse(v("schedule-input") || "{}"),
+      });
+      showError({ message: "" });
+    } catch (err) { showError(err); }
+  });
+  every(2000, gen, async () => {
+    const all = (await api("GET", "/schedules")).schedules;
+    const el = document.getElementById("schedules");
+    if (!el) return;
+    el.innerHTML = all.length
+      ? `<table id="schedules-table"><tr><th>name</th><th>kind</th><th>cron</th><th>next ticks</th><th>lag</th><th>overlap</th><th>catch-up</th><th>fired</th><th>skipped</th><th>last run</th><th></th></tr>
+        ${all.map((s) => `<tr data-schedule="${esc(s.name)}"><td>${esc(s.name)}</td><td>${esc(s.kind)}</td><td><code>${esc(s.cron)}</code> ${esc(s.tz)}</td>
+          <td class="next-ticks">${s.next_ticks_ms.map(date).map(esc).join("<br>") || "none"}</td>
+          <td class="${s.lag_ms > 60000 ? "error" : ""}">${s.lag_ms ? `${s.lag_ms} ms` : ""}</td>
+          <td>${esc(s.overlap)}</td><td>${esc(s.catchup)}</td><td>${s.fired}</td><td>${s.skipped}</td>
+          <td>${s.last_run ? `<a href="#/runs/${s.last_run}">${s.last_run}</a>` : ""}</td>
+          <td>${s.name === sureDelete ? `<button class="danger" data-delete="${esc(s.name)}">Really delete</button>` : `<button data-delete="${esc(s.name)}">Delete</button>`}</td></tr>`).join("")}</table>`
+      : `<p class="muted">No schedules.</p>`;
+    el.querySelectorAll("button[data-delete]").forEach((b) => b.addEventListener("click", async () => {
+      if (sureDelete !== b.dataset.delete) { sureDelete = b.dataset.delete; b.textContent = "Really delete"; b.className = "danger"; return; }
+      sureDelete = "";
+      try { await api("DELETE", `/schedules/${encodeURIComponent(b.dataset.delete)}`); b.closest("tr").remove(); } catch (e) { showError(e); }
+    }));
+  });
+}
+
 // --- routing ---------------------------------------------------------------
 
 function route() {
@@ -474,6 +533,7 @@ function route() {
   const m = location.hash.match(/^#\/runs\/(\d+)$/);
   if (m) runPage(gen, m[1]);
   else if (location.hash === "#/dead-letters") deadLetters(gen);
+  else if (location.hash === "#/schedules") schedules(gen);
   else overview(gen);
 }
 
