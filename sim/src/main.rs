@@ -46,9 +46,11 @@ mod cli {
             /// Seeds to run, `A..B` (B excluded).
             #[arg(long, default_value = "0..1000", value_parser = parse_range)]
             seeds: Range<u64>,
-            /// Scenario: standard, calm, crashy, redis-loss, busy.
-            #[arg(long, default_value = "standard")]
-            scenario: String,
+            /// Scenario: standard, calm, crashy, redis-loss, busy (default:
+            /// standard; with `--mutant all`, each mutant's own,
+            /// `Scenario::home_of`).
+            #[arg(long)]
+            scenario: Option<String>,
             /// Inject a mutant (NAME, or `all` for each in turn; needs the
             /// `mutants` feature).
             #[arg(long)]
@@ -136,7 +138,7 @@ mod cli {
                 require_events,
             } => sweep(
                 seeds,
-                &scenario,
+                scenario.as_deref(),
                 mutant.as_deref(),
                 json,
                 threads,
@@ -273,7 +275,7 @@ mod cli {
     #[allow(clippy::too_many_arguments)]
     fn sweep(
         seeds: Range<u64>,
-        scenario: &str,
+        scenario: Option<&str>,
         mutant: Option<&str>,
         json: bool,
         threads_n: Option<usize>,
@@ -281,12 +283,13 @@ mod cli {
         fail_fast: bool,
         require_events: bool,
     ) -> Result<ExitCode, String> {
-        let sc = Scenario::named(scenario)?;
         let threads = threads(threads_n);
         let started = Instant::now();
+        let chosen = scenario.map(Scenario::named).transpose()?;
         if mutant == Some("all") {
-            return sweep_mutants(seeds, &sc, json, threads, traces, started);
+            return sweep_mutants(seeds, chosen.as_ref(), json, threads, traces, started);
         }
+        let sc = chosen.unwrap_or_else(Scenario::standard);
         let mutant = mutant.map(parse_mutant).transpose()?;
         let dir = traces.unwrap_or_else(|| default_traces(mutant));
         let pb = bar(seeds.end - seeds.start, &sc.name);
@@ -367,7 +370,7 @@ mod cli {
 
     fn sweep_mutants(
         seeds: Range<u64>,
-        sc: &Scenario,
+        chosen: Option<&Scenario>,
         json: bool,
         threads: usize,
         traces: Option<PathBuf>,
@@ -381,6 +384,8 @@ mod cli {
         let mut caught_all = true;
         let mut ran = 0u64;
         for &m in Mutant::ALL {
+            let home = Scenario::home_of(m);
+            let sc = chosen.unwrap_or(&home);
             let pb = bar(seeds.end - seeds.start, m.name());
             let mut first: Option<SeedOutcome> = None;
             run_parallel(seeds.clone(), sc, Some(m), threads, true, |o| {

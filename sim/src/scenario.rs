@@ -88,6 +88,21 @@ impl Scenario {
         }
     }
 
+    /// The scenario whose first 1,000 seeds must catch mutant `m` (`cargo
+    /// xtask verify`, `sim/tests/seeds.rs`): `standard`, but `busy` for
+    /// ZombieProgress, whose progress write needs a paused worker to wake
+    /// in the few ms between a takeover's claim and its first write (one
+    /// `standard` seed in about 700, one `busy` seed in about 40).
+    #[must_use]
+    pub fn home_of(m: pelican_model::protocol::Mutant) -> Scenario {
+        let name = if m.name() == "ZombieProgress" {
+            "busy"
+        } else {
+            "standard"
+        };
+        Scenario::named(name).expect("a known scenario")
+    }
+
     /// A scenario by name.
     ///
     /// # Errors

@@ -170,28 +170,27 @@ fn every_trace_replays() {
     }
 }
 
-/// Each mutant fails within the first 1,000 seeds of the standard scenario
-/// (ZombieProgress: of the busy one).
+/// Each mutant fails within the first 1,000 seeds of its home scenario
+/// ([`Scenario::home_of`]: standard, or busy for ZombieProgress).
 #[cfg(feature = "mutants")]
 mod mutants {
     use super::*;
     use pelican_model::protocol::Mutant;
 
-    fn caught(m: Mutant, scenario: &str) {
+    fn caught(m: Mutant) {
         pelican_sim::quiet_job_panics();
-        let sc = Scenario::named(scenario).expect("a known scenario");
+        let sc = Scenario::home_of(m);
         let first = (0..1_000).find(|&seed| !run_seed(seed, &sc, Some(m), false).passed());
         assert!(
             first.is_some(),
-            "mutant {m} survived 1,000 seeds of {scenario}"
+            "mutant {m} survived 1,000 seeds of {}",
+            sc.name
         );
     }
 
     macro_rules! mutant_tests {
-        ($($name:ident => $m:ident $(on $sc:literal)?),* $(,)?) => {
-            $(#[test] fn $name() {
-                caught(Mutant::$m, [$($sc,)? "standard"][0]);
-            })*
+        ($($name:ident => $m:ident),* $(,)?) => {
+            $(#[test] fn $name() { caught(Mutant::$m); })*
         };
     }
 
@@ -216,11 +215,7 @@ mod mutants {
         mutant_no_sweep => NoSweep,
         mutant_overbooked => Overbooked,
         mutant_ignore_budget => IgnoreBudget,
-        // A zombie's progress write needs a paused worker to wake in the
-        // few ms between a takeover's claim and its own first write: one
-        // standard seed in about 700 (the first is 1468), one busy seed in
-        // about 40 (the first is 58).
-        mutant_zombie_progress => ZombieProgress on "busy",
+        mutant_zombie_progress => ZombieProgress,
         mutant_reclaim_one_partition => ReclaimOnePartition,
         mutant_promote_early => PromoteEarly,
         mutant_tick_unfenced => TickUnfenced,

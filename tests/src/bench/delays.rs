@@ -1,13 +1,19 @@
-//! Delayed runs' start lateness: how long after its due time each delayed
-//! run's first attempt was claimed, both by Postgres's clock (`due_at` and
-//! the attempt's `claimed_at`), with runs submitted at a steady rate while
-//! the workers run. The bound it measures is the retry pass's period
-//! (`--maintenance-every-ms`, 1 s by default) plus a read.
+//! Time: how late runs start after the time they were given.
+//!
+//! * Delayed runs: how long after its due time each delayed run's first
+//!   attempt was claimed, both by Postgres's clock (`due_at` and the
+//!   attempt's `claimed_at`), with runs submitted at a steady rate while
+//!   the workers run. The bound it measures is the retry pass's period
+//!   (`--promote-every-ms`) plus a read.
+//! * Schedules' ticks: how long after its tick (in its run id) each tick's
+//!   run was claimed, with schedules every second while the workers run:
+//!   the scheduler's period and the retry pass's, plus reads.
 
 use super::{Clients, clients, fresh_env, quantile};
 use crate::Cluster;
 use pelican_model::db::{Delay, query};
 use pelican_model::protocol::SubmitterEnd;
+use pelican_model::schedule::{Catchup, Overlap, tick_of};
 use pelican_model::status::RunStatus;
 use pelican_real::{NewRun, submit};
 use std::sync::Arc;
@@ -122,4 +128,96 @@ async fn submit_delayed(io: &Arc<Clients>, n: u32, rate: u32, delay_ms: u64) {
     while let Some(r) = tasks.join_next().await {
         r.expect("a submission does not panic");
     }
+}
+
+/// Puts `schedules` schedules, each every second, on the plan's workers
+/// for `seconds`, deletes them, waits for their runs to succeed, and
+/// measures how late each tick's run started after its tick. Every second
+/// each schedule saw is handled once (S16): as many runs as ticks fired,
+/// none skipped.
+///
+/// # Panics
+/// A statement fails, a tick is handled twice or skipped, or the runs do
+/// not all succeed within a minute.
+#[must_use]
+pub fn tick_lateness(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &super::BenchPlan,
+    (schedules, seconds): (u32, u32),
+) -> Lateness {
+    let (env, _workers) = fresh_env(cluster, plan);
+    let io = rt.block_on(clients(&env, 8));
+    eprintln!("bench: {schedules} schedules every second, for {seconds} s");
+    let names: Vec<String> = (0..schedules)
+        .map(|i| format!("every-second-{i}"))
+        .collect();
+    for name in &names {
+        let put = query::PutSchedule {
+            name: name.clone(),
+            kind: "noop".into(),
+            input: "{}".into(),
+            cron: "* * * * * *".into(),
+            tz: "UTC".into(),
+            overlap: Overlap::Queue,
+            catchup: Catchup::One,
+        };
+        rt.block_on(io.db.query(put)).expect("a schedule is put");
+    }
+    std::thread::sleep(Duration::from_secs(u64::from(seconds)));
+    let kept = rt
+        .block_on(io.db.query(query::ListSchedules {}))
+        .expect("the schedules read");
+    for name in names {
+        rt.block_on(io.db.query(query::DeleteSchedule { name }))
+            .expect("a schedule is deleted");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rt
+        .block_on(io.db.query(query::CountLive {}))
+        .expect("Postgres answers")
+        .iter()
+        .any(|(_, k)| *k > 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "tick runs still live a minute on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let snapshot = env.db();
+    let fired: u64 = kept.iter().map(|(_, s)| s.fired).sum();
+    let skipped: u64 = kept.iter().map(|(_, s)| s.skipped).sum();
+    let mut late: Vec<f64> = snapshot
+        .runs
+        .values()
+        .map(|r| {
+            assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+            let (_, tick) = tick_of(r.run_id).expect("only schedules make runs here");
+            let first = snapshot
+                .attempts
+                .iter()
+                .find(|((run, _), _)| *run == r.run_id)
+                .and_then(|(_, a)| a.claimed_at)
+                .expect("a succeeded run's first attempt says when it was claimed");
+            first.ms_since(tick) as f64
+        })
+        .collect();
+    // The statement that deleted a schedule may have followed a tick's.
+    assert!(
+        fired <= late.len() as u64 && skipped == 0,
+        "{fired} fired, {skipped} skipped, {} runs",
+        late.len()
+    );
+    let out = Lateness {
+        runs: late.len() as u64,
+        p50_ms: quantile(&mut late, 0.50),
+        p99_ms: quantile(&mut late, 0.99),
+        max_ms: quantile(&mut late, 1.0),
+    };
+    eprintln!(
+        "bench: {} ticks' runs started p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after their tick",
+        out.runs, out.p50_ms, out.p99_ms, out.max_ms
+    );
+    out
 }

@@ -146,6 +146,9 @@ pub struct BenchPlan {
     pub delay_rate: u32,
     /// Their delay.
     pub delay_ms: u64,
+    /// Schedules every second, for `latency_seconds`, to measure how late
+    /// their ticks' runs start ([`delays::tick_lateness`]; 0: skip).
+    pub schedules: u32,
 }
 
 impl Default for BenchPlan {
@@ -175,6 +178,7 @@ impl Default for BenchPlan {
             statement_runs: 100_000,
             delay_rate: 200,
             delay_ms: 1_000,
+            schedules: 20,
         }
     }
 }
@@ -229,6 +233,8 @@ pub struct LiveFigures {
     pub latency_high: Option<(u32, f64, f64)>,
     /// How late delayed runs started ([`delays`]).
     pub delays: Option<delays::Lateness>,
+    /// How late schedules' ticks' runs started.
+    pub ticks: Option<delays::Lateness>,
     /// The worker's instructions per delivery ([`instructions`]).
     pub instructions_per_delivery: Option<f64>,
     /// Runs the kills interrupted.
@@ -486,6 +492,10 @@ impl LiveFigures {
             "delay_start_late_p50_ms": self.delays.map(|d| round(d.p50_ms, 0)),
             "delay_start_late_p99_ms": self.delays.map(|d| round(d.p99_ms, 0)),
             "delay_start_late_max_ms": self.delays.map(|d| round(d.max_ms, 0)),
+            "tick_runs": self.ticks.map(|d| d.runs),
+            "tick_start_late_p50_ms": self.ticks.map(|d| round(d.p50_ms, 0)),
+            "tick_start_late_p99_ms": self.ticks.map(|d| round(d.p99_ms, 0)),
+            "tick_start_late_max_ms": self.ticks.map(|d| round(d.max_ms, 0)),
             "live_jobs_per_s_shipped_statements": median(&self.statements_drains).map(|x| round(x, 0)),
             "cost_drains_shipped_statements": self.statements_drains.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
         });
@@ -847,6 +857,10 @@ pub fn run(plan: &BenchPlan) -> LiveFigures {
     if plan.delay_rate > 0 {
         let at = (plan.delay_rate, plan.latency_seconds, plan.delay_ms);
         figures.delays = Some(delays::lateness(&rt, &cluster, plan, at));
+    }
+    if plan.schedules > 0 {
+        let at = (plan.schedules, plan.latency_seconds);
+        figures.ticks = Some(delays::tick_lateness(&rt, &cluster, plan, at));
     }
     if plan.instructions_runs > 0 {
         figures.instructions_per_delivery = Some(

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use std::process::ExitCode;
 
 /// The live figures the summary carries, under their own names.
-const SUMMARY_LIVE_KEYS: [&str; 38] = [
+const SUMMARY_LIVE_KEYS: [&str; 40] = [
     "live_jobs_per_s",
     "submit_from_file_per_s",
     "submit_api_per_s",
@@ -38,6 +38,8 @@ const SUMMARY_LIVE_KEYS: [&str; 38] = [
     "live_p99_ms_high",
     "delay_start_late_p50_ms",
     "delay_start_late_p99_ms",
+    "tick_start_late_p50_ms",
+    "tick_start_late_p99_ms",
     "recovery_p50_ms",
     "recovery_p99_ms",
     "maintenance_pass_ms_1m_finished",
@@ -81,6 +83,10 @@ struct Args {
     /// late they start after their due time (0: skip them).
     #[arg(long, default_value_t = BenchPlan::default().delay_rate)]
     delay_rate: u32,
+    /// Schedules every second, as long as the latency run, to measure how
+    /// late their ticks' runs start (0: skip them).
+    #[arg(long, default_value_t = BenchPlan::default().schedules)]
+    schedules: u32,
     /// Seconds of the latency run.
     #[arg(long, default_value_t = BenchPlan::default().latency_seconds, value_parser = clap::value_parser!(u32).range(1..))]
     latency_seconds: u32,
@@ -208,6 +214,7 @@ fn main() -> ExitCode {
         partitions: a.partitions,
         statement_runs: a.statement_runs,
         delay_rate: a.delay_rate,
+        schedules: a.schedules,
         ..BenchPlan::default()
     };
     let soak = match parse("soak", a.soak_json.as_deref()) {
@@ -429,6 +436,13 @@ fn main() -> ExitCode {
         summary["delay_start_late_p99_ms"].to_string(),
         summary["delay_start_late_p50_ms"],
         live["delay_runs"]
+    );
+    eprintln!(
+        "  {:<22} {:>14}   (p50 {}; {} ticks' runs of schedules every second, after their tick)",
+        "tick_start_late_p99_ms",
+        summary["tick_start_late_p99_ms"].to_string(),
+        summary["tick_start_late_p50_ms"],
+        live["tick_runs"]
     );
     eprintln!(
         "  {:<22} {:>14}   ({} runs, slowest {} ms)",
