@@ -227,38 +227,30 @@ pub fn plan(s: &ScheduleRow, now: Timestamp, policy: &Policy) -> DbOp {
         (tick, after(tick), true)
     };
     let run = if fire { tick_run(s.id, tick) } else { RunId(0) };
-    let op = DbOp::FireTick {
-        schedule: s.name.clone(),
-        expect: s.next_tick,
+    let (schedule, expect) = (s.name.clone(), s.next_tick);
+    let attempts_max = policy.attempts_max_of(&s.kind);
+    let budget_ms = policy.kind(&s.kind).budget_ms.unwrap_or(0);
+    #[cfg(feature = "mutants")]
+    if crate::injects!(policy, TickUnfenced) {
+        let _ = expect;
+        return DbOp::FireTickUnfenced {
+            schedule,
+            tick,
+            next,
+            run,
+            attempts_max,
+            budget_ms,
+        };
+    }
+    DbOp::FireTick {
+        schedule,
+        expect,
         tick,
         next,
         run,
-        attempts_max: policy.attempts_max_of(&s.kind),
-        budget_ms: policy.kind(&s.kind).budget_ms.unwrap_or(0),
-    };
-    #[cfg(feature = "mutants")]
-    if crate::injects!(policy, TickUnfenced) {
-        return match op {
-            DbOp::FireTick {
-                schedule,
-                tick,
-                next,
-                run,
-                attempts_max,
-                budget_ms,
-                ..
-            } => DbOp::FireTickUnfenced {
-                schedule,
-                tick,
-                next,
-                run,
-                attempts_max,
-                budget_ms,
-            },
-            other => other,
-        };
+        attempts_max,
+        budget_ms,
     }
-    op
 }
 
 #[cfg(test)]

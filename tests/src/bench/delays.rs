@@ -15,6 +15,7 @@ use pelican_model::db::{Delay, query};
 use pelican_model::protocol::SubmitterEnd;
 use pelican_model::schedule::{Catchup, Overlap, tick_of};
 use pelican_model::status::RunStatus;
+use pelican_model::time::Timestamp;
 use pelican_real::{NewRun, submit};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,18 +68,13 @@ pub fn lateness(
         std::thread::sleep(Duration::from_millis(100));
     }
     let snapshot = env.db();
-    let mut late: Vec<f64> = snapshot
+    let late: Vec<f64> = snapshot
         .runs
         .values()
         .map(|r| {
             assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
             let due = r.due_at.expect("every run was delayed");
-            let first = snapshot
-                .attempts
-                .iter()
-                .find(|((run, _), _)| *run == r.run_id)
-                .and_then(|(_, a)| a.claimed_at)
-                .expect("a succeeded run's first attempt says when it was claimed");
+            let first = first_claim(&snapshot, r.run_id);
             assert!(
                 first >= due,
                 "{} started before its due time (S15)",
@@ -88,17 +84,34 @@ pub fn lateness(
         })
         .collect();
     assert_eq!(late.len(), n as usize, "every delayed run is measured");
-    let out = Lateness {
-        runs: late.len() as u64,
-        p50_ms: quantile(&mut late, 0.50),
-        p99_ms: quantile(&mut late, 0.99),
-        max_ms: quantile(&mut late, 1.0),
-    };
-    eprintln!(
-        "bench: delayed runs started p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after due",
-        out.p50_ms, out.p99_ms, out.max_ms
-    );
-    out
+    Lateness::of(late, "delayed runs", "their due time")
+}
+
+impl Lateness {
+    /// The figures of `late` (ms), logged as `what` started after `when`.
+    fn of(mut late: Vec<f64>, what: &str, when: &str) -> Lateness {
+        let out = Lateness {
+            runs: late.len() as u64,
+            p50_ms: quantile(&mut late, 0.50),
+            p99_ms: quantile(&mut late, 0.99),
+            max_ms: quantile(&mut late, 1.0),
+        };
+        eprintln!(
+            "bench: {} {what} started p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after {when}",
+            out.runs, out.p50_ms, out.p99_ms, out.max_ms
+        );
+        out
+    }
+}
+
+/// When `run`'s first attempt was claimed, by Postgres's clock.
+fn first_claim(snapshot: &pelican_model::Db, run: pelican_model::ids::RunId) -> Timestamp {
+    snapshot
+        .attempts
+        .iter()
+        .find(|((r, _), _)| *r == run)
+        .and_then(|(_, a)| a.claimed_at)
+        .expect("a succeeded run's first attempt says when it was claimed")
 }
 
 /// Submits `n` no-op runs delayed `delay_ms`, `rate` a second.
@@ -188,19 +201,13 @@ pub fn tick_lateness(
     let snapshot = env.db();
     let fired: u64 = kept.iter().map(|(_, s)| s.fired).sum();
     let skipped: u64 = kept.iter().map(|(_, s)| s.skipped).sum();
-    let mut late: Vec<f64> = snapshot
+    let late: Vec<f64> = snapshot
         .runs
         .values()
         .map(|r| {
             assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
             let (_, tick) = tick_of(r.run_id).expect("only schedules make runs here");
-            let first = snapshot
-                .attempts
-                .iter()
-                .find(|((run, _), _)| *run == r.run_id)
-                .and_then(|(_, a)| a.claimed_at)
-                .expect("a succeeded run's first attempt says when it was claimed");
-            first.ms_since(tick) as f64
+            first_claim(&snapshot, r.run_id).ms_since(tick) as f64
         })
         .collect();
     // The statement that deleted a schedule may have followed a tick's.
@@ -209,15 +216,5 @@ pub fn tick_lateness(
         "{fired} fired, {skipped} skipped, {} runs",
         late.len()
     );
-    let out = Lateness {
-        runs: late.len() as u64,
-        p50_ms: quantile(&mut late, 0.50),
-        p99_ms: quantile(&mut late, 0.99),
-        max_ms: quantile(&mut late, 1.0),
-    };
-    eprintln!(
-        "bench: {} ticks' runs started p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after their tick",
-        out.runs, out.p50_ms, out.p99_ms, out.max_ms
-    );
-    out
+    Lateness::of(late, "ticks' runs", "their tick")
 }
