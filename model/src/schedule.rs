@@ -253,5 +253,19 @@ pub fn plan(s: &ScheduleRow, now: Timestamp, policy: &Policy) -> DbOp {
     }
 }
 
+impl DbOp {
+    /// The next tick a statement that handles a tick moves its schedule
+    /// to (`None`: not such a statement).
+    #[must_use]
+    pub fn next_tick(&self) -> Option<Timestamp> {
+        match self {
+            DbOp::FireTick { next, .. } => Some(*next),
+            #[cfg(feature = "mutants")]
+            DbOp::FireTickUnfenced { next, .. } => Some(*next),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

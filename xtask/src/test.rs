@@ -162,7 +162,7 @@ fn test_models() -> Result<(), String> {
         "--ignored",
     ]);
     run(
-        "the standard, retention, steps, unknown, budget, limits, partitions, trims and delays configurations, correct build (release)",
+        "the standard, retention, steps, unknown, budget, limits, partitions, trims, delays and schedules configurations, correct build (release)",
         release,
     )?;
     let mut mutants = cargo();

@@ -111,6 +111,12 @@ pub struct PassReport {
     /// (A sweep's full batch whose entries were all still in place is not:
     /// the backlog is the readers' to take.)
     pub full: bool,
+    /// A schedules pass: how soon the earliest next tick it planned falls
+    /// due, in ms from its read by Postgres's clock (`None`: it planned
+    /// none). The driver wakes for it, so that a steady schedule's ticks
+    /// are handled as they fall, not at the next period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_tick_in_ms: Option<u64>,
 }
 
 /// A pass's phase. A listing's candidates are handled a group at a time:
@@ -352,6 +358,7 @@ impl Maintenance {
                 self.report = PassReport {
                     rows: n,
                     full: n >= limit as u64,
+                    next_tick_in_ms: None,
                 };
             }
             (Phase::Promoting | Phase::ListingOutbox, Input::Db(DbReply::Candidates(cs))) => {
@@ -362,14 +369,20 @@ impl Maintenance {
             (Phase::Scheduling, Input::Db(DbReply::Schedules(due))) => {
                 // Each due schedule's tick, planned by Postgres's clock as
                 // the read answered it; all sent at once.
+                let fires: Vec<(Timestamp, DbOp)> = due
+                    .iter()
+                    .map(|(db_now, s)| (*db_now, crate::schedule::plan(s, *db_now, &self.policy)))
+                    .collect();
                 self.report = PassReport {
                     rows: due.len() as u64,
                     full: due.len() >= limit,
+                    next_tick_in_ms: fires
+                        .iter()
+                        .filter_map(|(db_now, op)| op.next_tick().map(|t| t.ms_since(*db_now)))
+                        .min(),
                 };
-                let fires: Vec<Command> = due
-                    .iter()
-                    .map(|(db_now, s)| Command::Db(crate::schedule::plan(s, *db_now, &self.policy)))
-                    .collect();
+                let fires: Vec<Command> =
+                    fires.into_iter().map(|(_, op)| Command::Db(op)).collect();
                 self.send_all(Phase::Firing(fires.len()), fires);
             }
             (Phase::ListingOrphans, Input::Db(DbReply::Candidates(cs))) => {

@@ -952,7 +952,11 @@ fn an_outbox_pass_publishes_a_batch_at_once_and_reports_it() {
         assert!(m.is_idle());
         reports.push(m.report());
     }
-    let report = |rows, full| PassReport { rows, full };
+    let report = |rows, full| PassReport {
+        rows,
+        full,
+        next_tick_in_ms: None,
+    };
     assert_eq!(
         reports,
         [report(2, true), report(1, false), report(0, false)]
@@ -984,7 +988,11 @@ fn a_sweep_reports_full_only_when_it_found_entries_gone() {
         }
         m.report()
     };
-    let report = |rows, full| PassReport { rows, full };
+    let report = |rows, full| PassReport {
+        rows,
+        full,
+        next_tick_in_ms: None,
+    };
     // Runs 1 and 2: in place, a full batch, nothing to do at once.
     assert_eq!(pass(&mut world), report(0, false));
     world.redis_wiped();

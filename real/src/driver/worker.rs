@@ -5,8 +5,8 @@ use super::{Config, DbClient, Io, Probe, RoleId, StreamClient};
 use crate::jobs::Executor;
 use pelican_model::ids::{Partition, WorkerId};
 use pelican_model::protocol::{
-    Command, Input, JobEntry, Maintenance, MaintenanceTask, Reclaimer, ReclaimerEvent, StreamOp,
-    StreamReply,
+    Command, Input, JobEntry, Maintenance, MaintenanceTask, PassReport, Reclaimer, ReclaimerEvent,
+    StreamOp, StreamReply,
 };
 use pelican_model::stream::StreamError;
 use pelican_model::time::Timestamp;
@@ -262,10 +262,12 @@ async fn maintenance_loop<S, D, P>(
     // One loop for the worker's life: the sweeper's cursor lives in it.
     let mut m = Maintenance::new(&io.config.policy);
     let mut behind: BTreeSet<MaintenanceTask> = BTreeSet::new();
+    // The next tick a schedules pass planned, to wake for.
+    let mut tick: Option<tokio::time::Instant> = None;
     for round in 1_u64.. {
         if behind.is_empty() {
             let end = tokio::time::Instant::now() + every;
-            if !promote_until(&io, worker, &mut m, &mut stop, end).await {
+            if !promote_until(&io, worker, (&mut m, &mut tick), &mut stop, end).await {
                 return;
             }
         }
@@ -278,7 +280,7 @@ async fn maintenance_loop<S, D, P>(
                 continue;
             }
             let slice = tokio::time::Instant::now() + every;
-            while super::maintain(&io, worker, &mut m, task).await.full {
+            while pass(&io, worker, &mut m, task, &mut tick).await.full {
                 if tokio::time::Instant::now() >= slice {
                     behind.insert(task);
                     break;
@@ -300,11 +302,14 @@ async fn maintenance_loop<S, D, P>(
 /// `promote_every_ms` (on maintenance loop `m`), so that a schedule's due
 /// tick makes its run, and a due retry, delayed run or tick's run is
 /// queued, within that, not within a round; passes that come back full go
-/// on at once. `false`: the worker is stopping.
+/// on at once. A schedules pass that planned a next tick sooner than the
+/// period wakes the loop as it falls ([`PassReport::next_tick_in_ms`]):
+/// a steady schedule's ticks are handled as they fall. `false`: the
+/// worker is stopping.
 async fn promote_until<S, D, P>(
     io: &Io<S, D, P>,
     worker: WorkerId,
-    m: &mut Maintenance,
+    (m, tick): (&mut Maintenance, &mut Option<tokio::time::Instant>),
     stop: &mut watch::Receiver<bool>,
     end: tokio::time::Instant,
 ) -> bool
@@ -315,7 +320,8 @@ where
 {
     let period = Duration::from_millis(io.config.promote_every_ms.max(1));
     loop {
-        let next = (tokio::time::Instant::now() + period).min(end);
+        let now = tokio::time::Instant::now();
+        let next = tick.map_or(now + period, |t| t.min(now + period)).min(end);
         tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return false,
@@ -324,13 +330,46 @@ where
         if next >= end {
             return true;
         }
+        // A tick this wake was for is handled now; a later one is kept.
+        *tick = tick.filter(|t| *t > tokio::time::Instant::now());
         for task in [MaintenanceTask::Schedules, MaintenanceTask::Retries] {
-            while super::maintain(io, worker, m, task).await.full
-                && tokio::time::Instant::now() < end
-            {}
+            while pass(io, worker, m, task, tick).await.full && tokio::time::Instant::now() < end {}
         }
     }
 }
+
+/// One maintenance pass of `task` ([`super::maintain`]); a schedules pass
+/// that planned a next tick keeps the earliest in `tick`, to wake for.
+async fn pass<S, D, P>(
+    io: &Io<S, D, P>,
+    worker: WorkerId,
+    m: &mut Maintenance,
+    task: MaintenanceTask,
+    tick: &mut Option<tokio::time::Instant>,
+) -> PassReport
+where
+    S: StreamClient,
+    D: DbClient,
+    P: Probe,
+{
+    // The pass's read is its first statement: its clock is about the
+    // pass's start. The wake comes a few ms after the tick: one before it
+    // finds the tick not yet due, and the next is a period away.
+    let started = tokio::time::Instant::now() + TICK_MARGIN;
+    let report = super::maintain(io, worker, m, task).await;
+    if let Some(ms) = report.next_tick_in_ms {
+        // At least a millisecond on (no pass twice at once), at most an
+        // hour (a schedule with no tick left plans one at the end of time).
+        let at = started + Duration::from_millis(ms.clamp(1, 3_600_000));
+        *tick = Some(tick.map_or(at, |t| t.min(at)));
+    }
+    report
+}
+
+/// How long after a planned tick the scheduler wakes for it
+/// ([`promote_until`]): past the gap between the pass's start and its read,
+/// so that the tick is due by Postgres's clock when the pass reads.
+const TICK_MARGIN: Duration = Duration::from_millis(3);
 
 /// How many maintenance passes apart the sweeps run: about a quarter of the
 /// sweep grace, and at least every pass.

@@ -87,6 +87,8 @@ async fn one_view(db: &PgDb, name: &str) -> Result<wire::Schedule, ApiError> {
     responses((status = 200, description = "made, or replaced: planned afresh", body = wire::Schedule),
         (status = 400, description = "bad name, kind, cron expression or time zone", body = wire::ErrorBody),
         (status = 401, body = wire::ErrorBody), (status = 403, body = wire::ErrorBody),
+        (status = 413, description = "body over the limit", body = wire::ErrorBody),
+        (status = 415, description = "the body is not `Content-Type: application/json`", body = wire::ErrorBody),
         (status = 422, description = "missing or unknown fields", body = wire::ErrorBody),
         (status = 503, body = wire::ErrorBody)),
     security(("bearer" = [])))]
