@@ -93,7 +93,7 @@ fn test_live() -> Result<(), String> {
         "browser",
     ]);
     run(
-        "the dashboard in headless Chromium: submit, a reclaim on the timeline, a cancel, a requeue, search, a bulk requeue (screenshots in target/test-artefacts/dashboard)",
+        "the dashboard in headless Chromium: submit, a reclaim on the timeline, a cancel, a requeue, search, a bulk requeue, a schedule (screenshots in target/test-artefacts/dashboard)",
         browser,
     )?;
     let release = build_pelican(true, &[])?;
